@@ -29,6 +29,9 @@ _SYSTEMD_RESERVED = [(60001, 60513, "systemd-homed"), (61184, 65519, "systemd Dy
                      (65534, 65534, "nobody"), (65535, 65535, "16-bit -1"),
                      (524288, 1879048191, "systemd-nspawn containers")]
 
+# mtgpu.accounts.provision.SUBID_UID_MAX: 65536 subordinate IDs per UID from 2**31 up.
+_UID_MAX_WITH_SUBIDS = 33767
+
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _SERVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
 
@@ -83,7 +86,7 @@ class Options:
     state_dir: str = "/var/lib/mtgpu"
     run_dir: str = "/run/mtgpu"
     tenant_home_root: str = "/home"
-    tenant_uid_range: tuple[int, int] = (20000, 59999)
+    tenant_uid_range: tuple[int, int] = (20000, 29999)
     tenant_shell: str = "/bin/bash"
     admins: tuple[str, ...] = ()
     containers: ContainersOptions = field(default_factory=ContainersOptions)
@@ -220,16 +223,20 @@ def _uid_range(v: object) -> tuple[int, int]:
     s = str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else None
     m = re.match(r"^\s*(\d+)\s*-\s*(\d+)\s*$", s or "")
     if not m:
-        raise ValueError(f"expected FIRST-LAST such as 20000-59999, got {_kind(v)}")
+        raise ValueError(f"expected FIRST-LAST such as 20000-29999, got {_kind(v)}")
     lo, hi = int(m.group(1)), int(m.group(2))
     if lo > hi:
         raise ValueError(f"the range {lo}-{hi} is empty; FIRST must not exceed LAST")
     if lo < 1000:
         raise ValueError(f"the range {lo}-{hi} overlaps system accounts (below 1000); start at 1000 or above")
+    if hi > _UID_MAX_WITH_SUBIDS:
+        raise ValueError(f"the range {lo}-{hi} ends above {_UID_MAX_WITH_SUBIDS}: each tenant gets "
+                         "65536 subordinate IDs derived from its UID for rootless podman, and "
+                         f"higher UIDs have none left; end the range at {_UID_MAX_WITH_SUBIDS} or below")
     for a, b, what in _SYSTEMD_RESERVED:
         if lo <= b and a <= hi:
             raise ValueError(f"the range {lo}-{hi} overlaps {what} ({a}-{b}), which systemd "
-                             "reserves; choose a range below 60000, such as 20000-59999")
+                             "reserves; choose a range below 60000, such as 20000-29999")
     return lo, hi
 
 

@@ -1,0 +1,201 @@
+"""The user registry: who may log in, with which keys, and the UID each one keeps.
+
+It is replicated state (a PySyncObj consumer). Every method marked ``@replicated``
+runs on every member in log order, so it must be deterministic: the caller passes
+``now`` and anything read from the local host (``skip_uids``). Records are plain
+dicts replaced as a whole, so readers on the event-loop thread always see a
+complete record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from typing import Any
+
+from pysyncobj import SyncObjConsumer, replicated
+
+
+def hash_code(code: str) -> str:
+    """The stored form of an invite code; the code itself is never kept.
+
+    >>> hash_code("abc") == hash_code("abc") != hash_code("abd")
+    True
+    """
+    return hashlib.sha256(("mtgpu-invite:" + code.strip()).encode()).hexdigest()
+
+
+def key_id(openssh_line: str) -> str:
+    """The identity of a public key line: its type and base64 body, without comment.
+
+    >>> key_id("ssh-ed25519 AAAAC3Nz alice@laptop")
+    'ssh-ed25519 AAAAC3Nz'
+    """
+    parts = openssh_line.split()
+    return " ".join(parts[:2])
+
+
+class Registry(SyncObjConsumer):
+    """Users, invites and UID allocation."""
+
+    def __init__(self, uid_range: tuple[int, int]) -> None:
+        # Set before the base __init__ so they are not part of the replicated state.
+        self.uid_range = uid_range
+        super().__init__()
+        self.users: dict[str, dict[str, Any]] = {}
+        self.invites: dict[str, dict[str, Any]] = {}
+        # Every UID ever given out, retired ones included: a UID is never reused.
+        self.used_uids: set[int] = set()
+        self.audit: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------- reads
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.users.get(name)
+
+    def by_uid(self, uid: int) -> dict[str, Any] | None:
+        for u in list(self.users.values()):
+            if u["uid"] == uid:
+                return u
+        return None
+
+    def names(self) -> list[str]:
+        return sorted(self.users)
+
+    def has_key(self, name: str, openssh_line: str) -> bool:
+        u = self.users.get(name)
+        return bool(u) and key_id(openssh_line) in {key_id(k) for k in u["keys"]}
+
+    def pending_invite(self, name: str, now: float) -> dict[str, Any] | None:
+        inv = self.invites.get(name)
+        if inv and inv["expires"] > now:
+            return inv
+        return None
+
+    # -------------------------------------------------------- internals
+
+    def _allocate_uid(self, skip: Iterable[int]) -> int | None:
+        lo, hi = self.uid_range
+        skip = set(skip)
+        for uid in range(lo, hi + 1):
+            if uid not in self.used_uids and uid not in skip:
+                return uid
+        return None
+
+    def _new_user(self, name: str, keys: list[str], admin: bool, now: float,
+                  skip_uids: Iterable[int]) -> dict[str, Any]:
+        uid = self._allocate_uid(skip_uids)
+        if uid is None:
+            return {"error": "TENANT_UID_RANGE is exhausted; widen it in the configuration",
+                    "code": "uid_exhausted"}
+        self.used_uids.add(uid)
+        self.users[name] = {"name": name, "uid": uid, "keys": list(keys), "admin": bool(admin),
+                            "clusters": [], "created": now, "last_login": None}
+        return {"uid": uid, "name": name}
+
+    def _log(self, now: float, actor: str, action: str, target: str) -> None:
+        self.audit.append({"time": now, "actor": actor, "action": action, "target": target})
+        if len(self.audit) > 10000:
+            del self.audit[:1000]
+
+    # ------------------------------------------------------- replicated
+
+    @replicated
+    def add_user(self, name: str, keys: list[str], admin: bool, now: float,
+                 skip_uids: list[int], actor: str = "") -> dict[str, Any]:
+        if name in self.users:
+            return {"error": f"user {name!r} already exists; use `user key add` to add a key",
+                    "code": "exists"}
+        result = self._new_user(name, keys, admin, now, skip_uids)
+        if "uid" in result:
+            self._log(now, actor, "user add", name)
+        return result
+
+    @replicated
+    def remove_user(self, name: str, now: float, actor: str = "") -> dict[str, Any]:
+        u = self.users.pop(name, None)
+        self.invites.pop(name, None)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        # The UID stays in used_uids: files on shared storage keep their owner.
+        self._log(now, actor, "user remove", name)
+        return {"name": name, "uid": u["uid"]}
+
+    @replicated
+    def add_key(self, name: str, key: str, now: float, actor: str = "") -> dict[str, Any]:
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        if key_id(key) in {key_id(k) for k in u["keys"]}:
+            return {"name": name, "keys": len(u["keys"]), "unchanged": True}
+        self.users[name] = {**u, "keys": [*u["keys"], key]}
+        self._log(now, actor, "key add", name)
+        return {"name": name, "keys": len(u["keys"]) + 1}
+
+    @replicated
+    def remove_key(self, name: str, key: str, now: float, actor: str = "") -> dict[str, Any]:
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        keep = [k for k in u["keys"] if key_id(k) != key_id(key)]
+        if len(keep) == len(u["keys"]):
+            return {"error": f"user {name!r} has no such key", "code": "not_found"}
+        self.users[name] = {**u, "keys": keep}
+        self._log(now, actor, "key remove", name)
+        return {"name": name, "keys": len(keep)}
+
+    @replicated
+    def set_admin(self, name: str, admin: bool, now: float, actor: str = "") -> dict[str, Any]:
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        self.users[name] = {**u, "admin": bool(admin)}
+        self._log(now, actor, "admin " + ("on" if admin else "off"), name)
+        return {"name": name, "admin": bool(admin)}
+
+    @replicated
+    def create_invite(self, name: str, code_hash: str, expires: float, admin: bool,
+                      now: float, actor: str = "") -> dict[str, Any]:
+        self.invites[name] = {"name": name, "code_hash": code_hash, "expires": expires,
+                              "admin": bool(admin), "failures": 0, "created": now}
+        self._log(now, actor, "invite", name)
+        return {"name": name, "expires": expires}
+
+    @replicated
+    def redeem_invite(self, name: str, code_hash: str, key: str, now: float,
+                      skip_uids: list[int], max_failures: int) -> dict[str, Any]:
+        inv = self.invites.get(name)
+        if inv is None:
+            return {"error": "there is no open invite for this user; ask an admin for a new one",
+                    "code": "no_invite"}
+        if inv["expires"] <= now:
+            del self.invites[name]
+            return {"error": "the invite has expired; ask an admin for a new one", "code": "expired"}
+        if not hmac.compare_digest(inv["code_hash"], code_hash):
+            failures = inv["failures"] + 1
+            if failures >= max_failures:
+                del self.invites[name]
+                self._log(now, name, "invite revoked after wrong codes", name)
+                return {"error": "wrong invite code; too many wrong codes, so the invite is "
+                                 "revoked. Ask an admin for a new one", "code": "revoked"}
+            self.invites[name] = {**inv, "failures": failures}
+            return {"error": f"wrong invite code ({max_failures - failures} tries left)",
+                    "code": "wrong_code"}
+        del self.invites[name]
+        u = self.users.get(name)
+        if u is None:
+            result = self._new_user(name, [key], inv["admin"], now, skip_uids)
+        else:
+            if key_id(key) not in {key_id(k) for k in u["keys"]}:
+                self.users[name] = {**u, "keys": [*u["keys"], key]}
+            result = {"uid": u["uid"], "name": name}
+        if "uid" in result:
+            self._log(now, name, "invite redeemed", name)
+        return result
+
+    @replicated
+    def record_login(self, name: str, now: float) -> None:
+        u = self.users.get(name)
+        if u is not None:
+            self.users[name] = {**u, "last_login": now}

@@ -1,0 +1,105 @@
+"""The one API dispatcher behind the Unix socket, the mtgpu-api subsystem and peers.
+
+A request is a JSON object ``{"op": NAME, "args": {...}, "id": ANY}``; the answer is
+``{"id": ANY, "ok": true, "result": ...}`` or ``{"id": ANY, "ok": false, "error":
+TEXT, "code": WORD}``. Every handler gets an authenticated :class:`Caller`, never a
+claimed one: the transports establish it (SO_PEERCRED, the SSH login) before any
+request is read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mtgpu.errors import ApiError, MtgpuError
+
+log = logging.getLogger("mtgpu.api")
+
+MAX_REQUEST_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking. ``uid`` is the OS account's UID (0 for root on the host)."""
+
+    name: str
+    uid: int
+    admin: bool
+    via: str  # "socket", "ssh" or "peer"
+
+
+Handler = Callable[[Caller, dict[str, Any]], Awaitable[Any] | Any]
+
+
+@dataclass(frozen=True)
+class _Op:
+    fn: Handler
+    admin: bool
+    doc: str
+
+
+class Dispatcher:
+    """Maps operation names to handlers and enforces the admin flag."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, _Op] = {}
+
+    def register(self, name: str, fn: Handler, *, admin: bool = False) -> None:
+        self._ops[name] = _Op(fn, admin, (inspect.getdoc(fn) or "").split("\n")[0])
+
+    def ops(self, caller: Caller) -> list[str]:
+        return sorted(n for n, op in self._ops.items() if caller.admin or not op.admin)
+
+    async def handle(self, caller: Caller, request: object) -> dict[str, Any]:
+        """Answer one request; never raises."""
+        rid = request.get("id") if isinstance(request, dict) else None
+        try:
+            if not isinstance(request, dict):
+                raise ApiError("a request must be a JSON object with an \"op\" field", "bad_request")
+            name = request.get("op")
+            args = request.get("args", {})
+            if not isinstance(name, str) or not isinstance(args, dict):
+                raise ApiError("a request needs \"op\" (a string) and \"args\" (an object)",
+                               "bad_request")
+            op = self._ops.get(name)
+            if op is None:
+                raise ApiError(f"unknown operation {name!r}; known: {', '.join(self.ops(caller))}",
+                               "unknown_op")
+            if op.admin and not caller.admin:
+                raise ApiError(f"{name} needs an admin; ask an admin of this cluster",
+                               "forbidden")
+            result = op.fn(caller, args)
+            if inspect.isawaitable(result):
+                result = await result
+            return {"id": rid, "ok": True, "result": result}
+        except ApiError as exc:
+            return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
+        except MtgpuError as exc:
+            return {"id": rid, "ok": False, "error": str(exc), "code": "error"}
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"id": rid, "ok": False, "error": f"bad arguments: {exc}", "code": "bad_request"}
+        except Exception:  # noqa: BLE001 - one bad request must not take the daemon down
+            log.exception("API handler failed for %r", request)
+            return {"id": rid, "ok": False, "error": "internal error; see `mtgpu-admin logs`",
+                    "code": "internal"}
+
+
+def arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """Fetch ``args[name]`` checking its type; raise ApiError naming it if wrong.
+
+    >>> arg({"n": 3}, "n", int)
+    3
+    """
+    if name not in args or args[name] is None:
+        if default is ...:
+            raise ApiError(f"missing argument {name!r}", "bad_request")
+        return default
+    v = args[name]
+    if not isinstance(v, kind) or (isinstance(v, bool) and kind is int):
+        want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ApiError(f"argument {name!r} must be {want}", "bad_request")
+    return v

@@ -1,0 +1,89 @@
+"""The API over a Unix socket (``RUN_DIR/api.sock``), identifying callers by SO_PEERCRED.
+
+The kernel tells who is on the other end; nothing the client says about itself is
+believed. One JSON request per line, one JSON answer per line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
+
+log = logging.getLogger("mtgpu.api")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The UID of the process on the other end of a Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+async def serve_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      dispatcher: Dispatcher, caller: Caller) -> None:
+    """Answer JSON-lines requests from one stream until it closes."""
+    try:
+        while True:
+            try:
+                line = await reader.readline()
+            except (asyncio.LimitOverrunError, ValueError):
+                writer.write(b'{"ok": false, "error": "request too large", "code": "too_large"}\n')
+                break
+            if not line:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                request = json.loads(line)
+            except ValueError:
+                answer = {"id": None, "ok": False, "code": "bad_request",
+                          "error": "not valid JSON; send one JSON object per line"}
+            else:
+                answer = await dispatcher.handle(caller, request)
+            writer.write(json.dumps(answer, default=str).encode() + b"\n")
+            await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        try:
+            writer.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def start_unix_api(path: str, dispatcher: Dispatcher,
+                         identify: Callable[[int], Caller | None]) -> asyncio.AbstractServer:
+    """Listen on ``path`` (mode 0666: any local user may ask, as themselves)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_socket() or p.exists():
+        p.unlink()
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            uid = peer_uid(sock)
+        except OSError:
+            writer.close()
+            return
+        caller = identify(uid)
+        if caller is None:
+            writer.write(json.dumps({"id": None, "ok": False, "code": "unknown_user",
+                                     "error": f"UID {uid} is not an MTGPU user on this host"}
+                                    ).encode() + b"\n")
+            writer.close()
+            return
+        await serve_lines(reader, writer, dispatcher, caller)
+
+    server = await asyncio.start_unix_server(on_client, path=str(p), limit=MAX_REQUEST_BYTES)
+    os.chmod(p, 0o666)
+    return server

@@ -1,0 +1,161 @@
+"""API operations on users and invites: whoami, version, user.*, invite."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Protocol
+
+import asyncssh
+
+import mtgpu
+from mtgpu.accounts.names import check_username
+from mtgpu.accounts.provision import AccountProvisioner
+from mtgpu.accounts.registry import Registry, hash_code
+from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.config import Options, parse_duration
+from mtgpu.errors import AccountError, ApiError
+
+
+class UserHost(Protocol):
+    options: Options
+    registry: Registry
+    accounts: AccountProvisioner
+
+    async def replicate(self, method: Any, *args: Any) -> Any: ...
+
+
+def normalize_key(text: str) -> str:
+    """Check one OpenSSH public key line and return it as ``TYPE BASE64 [COMMENT]``."""
+    text = text.strip()
+    try:
+        key = asyncssh.import_public_key(text)
+    except (asyncssh.KeyImportError, ValueError) as exc:
+        raise ApiError(f"not a valid OpenSSH public key ({exc}); paste one line such as the "
+                       "contents of ~/.ssh/id_ed25519.pub", "bad_key") from exc
+    body = " ".join(key.export_public_key("openssh").decode().split()[:2])
+    parts = text.split(None, 2)
+    return f"{body} {parts[2]}" if len(parts) > 2 else body
+
+
+def new_invite_code() -> str:
+    """A one-time code that is easy to read out: ``XXXX-XXXX-XXXX`` (60 bits)."""
+    alphabet = "23456789abcdefghjkmnpqrstuvwxyz"
+    raw = "".join(secrets.choice(alphabet) for _ in range(12))
+    return f"{raw[:4]}-{raw[4:8]}-{raw[8:]}"
+
+
+def _result(r: dict[str, Any]) -> dict[str, Any]:
+    if "error" in r:
+        raise ApiError(r["error"], r.get("code", "error"))
+    return r
+
+
+def _user_view(u: dict[str, Any]) -> dict[str, Any]:
+    return {"name": u["name"], "uid": u["uid"], "admin": u["admin"], "keys": list(u["keys"]),
+            "clusters": list(u["clusters"]), "created": u["created"],
+            "last_login": u["last_login"]}
+
+
+def register(d: Dispatcher, host: UserHost) -> None:
+    """Register the user operations on ``d``."""
+
+    def whoami(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Who the daemon believes is asking."""
+        return {"name": caller.name, "uid": caller.uid, "admin": caller.admin, "via": caller.via,
+                "server": host.options.server_name}
+
+    def version(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """The MTGPU version of this daemon."""
+        return {"version": mtgpu.__version__, "server": host.options.server_name}
+
+    def _name(args: dict[str, Any]) -> str:
+        name = arg(args, "name", str)
+        try:
+            return check_username(name)
+        except AccountError as exc:
+            raise ApiError(str(exc), "bad_name") from exc
+
+    def _refuse_local(name: str) -> None:
+        if host.registry.get(name) is None and host.accounts.existing(name) is not None:
+            raise ApiError(f"{name!r} is an existing local account on this host; it already "
+                           "logs in with its own ~/.ssh/authorized_keys and needs no MTGPU "
+                           "registration. Choose another name for a new tenant", "exists")
+
+    async def user_add(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Add a user with one or more public keys."""
+        name = _name(args)
+        keys = arg(args, "keys", list)
+        if not keys:
+            raise ApiError("a user needs at least one key (--key), or use `invite` instead",
+                           "bad_request")
+        keys = [normalize_key(k) for k in keys]
+        admin = arg(args, "admin", bool, False)
+        _refuse_local(name)
+        skip = host.accounts.local_uids()
+        r = _result(await host.replicate(host.registry.add_user, name, keys, admin, time.time(),
+                                         skip, caller.name))
+        return {"name": name, "uid": r["uid"], "admin": admin}
+
+    def user_list(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every registered user."""
+        return [_user_view(host.registry.users[n]) for n in host.registry.names()
+                if n in host.registry.users]
+
+    def user_show(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """One user's record."""
+        u = host.registry.get(_name(args))
+        if u is None:
+            raise ApiError(f"no user {args['name']!r}", "not_found")
+        return _user_view(u)
+
+    async def user_remove(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Remove a user from the registry (the OS account and home are kept)."""
+        name = _name(args)
+        return _result(await host.replicate(host.registry.remove_user, name, time.time(),
+                                            caller.name))
+
+    async def key_add(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Add a public key to a user."""
+        return _result(await host.replicate(host.registry.add_key, _name(args),
+                                            normalize_key(arg(args, "key", str)), time.time(),
+                                            caller.name))
+
+    async def key_remove(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Remove a public key from a user."""
+        return _result(await host.replicate(host.registry.remove_key, _name(args),
+                                            normalize_key(arg(args, "key", str)), time.time(),
+                                            caller.name))
+
+    async def invite(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Issue a one-time, expiring invite code for a user."""
+        name = _name(args)
+        expires_in = host.options.invite_ttl
+        if args.get("expires") is not None:
+            try:
+                expires_in = parse_duration(arg(args, "expires", (str, int, float)))
+            except ValueError as exc:
+                raise ApiError(str(exc), "bad_request") from exc
+            if expires_in <= 0:
+                raise ApiError("--expires must be longer than 0", "bad_request")
+        _refuse_local(name)
+        code = new_invite_code()
+        now = time.time()
+        admin = arg(args, "admin", bool, False)
+        await host.replicate(host.registry.create_invite, name, hash_code(code), now + expires_in,
+                             admin, now, caller.name)
+        port = host.options.ssh_listen[1]
+        server = host.options.server_name
+        return {"name": name, "code": code, "expires": now + expires_in,
+                "command": f"ssh -p {port} {name}@{server}",
+                "command_noninteractive": f"ssh -p {port} {name}@{server} mtgpu-join {code}"}
+
+    d.register("whoami", whoami)
+    d.register("version", version)
+    d.register("user.add", user_add, admin=True)
+    d.register("user.list", user_list, admin=True)
+    d.register("user.show", user_show, admin=True)
+    d.register("user.remove", user_remove, admin=True)
+    d.register("user.key.add", key_add, admin=True)
+    d.register("user.key.remove", key_remove, admin=True)
+    d.register("invite", invite, admin=True)

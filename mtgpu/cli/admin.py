@@ -1,0 +1,114 @@
+"""``mtgpu-admin``: users, invites and the host, for admins on a member."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from mtgpu.cli.common import add_common, base_parser, client, emit, run_cli, table
+
+
+def _ago(t: float | None) -> str:
+    if not t:
+        return "never"
+    d = time.time() - t
+    for unit, secs in (("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= secs:
+            return f"{int(d // secs)}{unit} ago"
+    return "just now"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = base_parser("mtgpu-admin", "Manage MTGPU users, invites and hosts.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    user = sub.add_parser("user", help="add, list, show and remove users")
+    add_common(user)
+    us = user.add_subparsers(dest="ucmd", required=True, metavar="ACTION")
+    a = us.add_parser("add", help="register a user with a public key")
+    add_common(a)
+    a.add_argument("name")
+    a.add_argument("--key", action="append", required=True,
+                   help="an OpenSSH public key line (repeatable)")
+    a.add_argument("--admin", action="store_true", help="make the user an MTGPU admin")
+    for name, hlp in (("list", "list users"),):
+        add_common(us.add_parser(name, help=hlp))
+    for name, hlp in (("show", "show one user"), ("remove", "remove a user (keeps the home)")):
+        x = us.add_parser(name, help=hlp)
+        add_common(x)
+        x.add_argument("name")
+    key = us.add_parser("key", help="add or remove a user's keys")
+    add_common(key)
+    ks = key.add_subparsers(dest="kcmd", required=True, metavar="ACTION")
+    for name in ("add", "remove"):
+        k = ks.add_parser(name, help=f"{name} a public key")
+        add_common(k)
+        k.add_argument("name")
+        k.add_argument("key", help="an OpenSSH public key line, quoted")
+
+    inv = sub.add_parser("invite", help="issue a one-time invite code for a user")
+    add_common(inv)
+    inv.add_argument("name")
+    inv.add_argument("--expires", help="how long the code stays valid (default 7d): 30m, 12h, 7d")
+    inv.add_argument("--admin", action="store_true", help="the user becomes an admin")
+
+    who = sub.add_parser("whoami", help="who the daemon believes you are")
+    add_common(who)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_cli("mtgpu-admin", lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    api = client(args)
+    if args.cmd == "whoami":
+        emit(args, api.call("whoami"), lambda r: f"{r['name']} (UID {r['uid']})"
+             + (", admin" if r["admin"] else "") + f" on {r['server']}")
+    elif args.cmd == "invite":
+        r = api.call("invite", name=args.name, expires=args.expires, admin=args.admin or None)
+        emit(args, r, lambda r: _invite_text(r))
+    elif args.cmd == "user":
+        _user(args, api)
+    return 0
+
+
+def _invite_text(r: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(r["expires"]))
+    return (f"Invite code for {r['name']}: {r['code']}  (one use, expires {when})\n\n"
+            f"The user connects with any SSH key and types the code when asked:\n"
+            f"    {r['command']}\n"
+            f"or, without a terminal:\n"
+            f"    {r['command_noninteractive']}")
+
+
+def _user(args: argparse.Namespace, api: Any) -> None:
+    if args.ucmd == "add":
+        r = api.call("user.add", name=args.name, keys=args.key, admin=args.admin or None)
+        emit(args, r, f"added {r['name']} with UID {r['uid']}" + (" (admin)" if r["admin"] else ""))
+    elif args.ucmd == "list":
+        users = api.call("user.list")
+        emit(args, users, lambda us: table(
+            [[u["name"], u["uid"], "yes" if u["admin"] else "", len(u["keys"]),
+              _ago(u["last_login"])] for u in us],
+            ["USER", "UID", "ADMIN", "KEYS", "LAST LOGIN"]))
+    elif args.ucmd == "show":
+        u = api.call("user.show", name=args.name)
+        emit(args, u, lambda u: "\n".join(
+            [f"user:       {u['name']}", f"uid:        {u['uid']}",
+             f"admin:      {'yes' if u['admin'] else 'no'}", f"last login: {_ago(u['last_login'])}",
+             "keys:"] + [f"  {k}" for k in u["keys"]]))
+    elif args.ucmd == "remove":
+        r = api.call("user.remove", name=args.name)
+        emit(args, r, f"removed {r['name']} (UID {r['uid']} stays reserved; the home is kept)")
+    elif args.ucmd == "key":
+        op = "user.key.add" if args.kcmd == "add" else "user.key.remove"
+        r = api.call(op, name=args.name, key=args.key)
+        emit(args, r, f"{args.name} now has {r['keys']} key(s)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,325 @@
+"""The forced-command shell: carry out what :func:`route` decided for one channel.
+
+Every branch runs as the tenant. The daemon only routes bytes; the kernel enforces
+file ownership because the processes really are the tenant's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import asyncssh
+from asyncssh.constants import EXTENDED_DATA_STDERR
+
+from mtgpu.accounts.provision import Account, AccountProvisioner
+from mtgpu.accounts.registry import Registry, hash_code
+from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
+from mtgpu.config import Options
+from mtgpu.errors import MtgpuError
+from mtgpu.gateway.route import Kind, route
+from mtgpu.gateway.spawn import (Spawned, channel_to_fd, exit_status, pipe_to_channel,
+                                 set_winsize, spawn_as)
+
+log = logging.getLogger("mtgpu.gateway")
+
+SFTP_SERVER_PATHS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
+                     "/usr/lib/ssh/sftp-server", "/usr/libexec/sftp-server")
+
+
+@dataclass
+class Principal:
+    """Who authenticated on a connection, as established by the SSH server."""
+
+    username: str
+    kind: str  # "tenant" (registry), "local" (existing OS account) or "invitee"
+    key: str   # the authenticated public key, OpenSSH format
+    peer: tuple[str, int] = ("", 0)
+    local: tuple[str, int] = ("", 0)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Host(Protocol):
+    """What the gateway needs from the daemon."""
+
+    options: Options
+    registry: Registry
+    accounts: AccountProvisioner
+    dispatcher: Dispatcher
+    tools_dir: str
+
+    async def replicate(self, method: Any, *args: Any) -> Any: ...
+
+    def caller_for(self, account: Account, via: str) -> Caller: ...
+
+
+def tenant_env(account: Account, host: Host, principal: Principal,
+               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The clean environment of a tenant session."""
+    env = {
+        "HOME": account.home,
+        "USER": account.name,
+        "LOGNAME": account.name,
+        "SHELL": account.shell,
+        "PATH": f"{host.tools_dir}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "MTGPU_CONFIG": host.options.source or "/etc/mtgpu/mtgpu.yaml",
+        "SSH_CONNECTION": f"{principal.peer[0]} {principal.peer[1]} "
+                          f"{principal.local[0]} {principal.local[1]}",
+        "SSH_CLIENT": f"{principal.peer[0]} {principal.peer[1]} {principal.local[1]}",
+    }
+    # Like OpenSSH's AcceptEnv LANG LC_*: nothing else from the client is believed.
+    for k, v in principal.env.items():
+        if k == "LANG" or k.startswith("LC_"):
+            env[k] = v
+    if extra:
+        env.update(extra)
+    return env
+
+
+class Gateway:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def run(self, process: asyncssh.SSHServerProcess, principal: Principal) -> None:
+        """Serve one session channel to its end."""
+        try:
+            await self._run(process, principal)
+        except MtgpuError as exc:
+            _fail(process, str(exc))
+        except (asyncssh.Error, ConnectionError, BrokenPipeError):
+            pass
+        except Exception:  # noqa: BLE001 - one broken session must not take down the daemon
+            log.exception("session of %s failed", principal.username)
+            _fail(process, "internal error in the MTGPU gateway; the admin can see the log")
+
+    async def _run(self, process: asyncssh.SSHServerProcess, principal: Principal) -> None:
+        env = dict(process.env or {})
+        principal.env = {str(k): str(v) for k, v in env.items()}
+        r = route(invitee=principal.kind == "invitee", command=process.command,
+                  subsystem=process.subsystem, pty=process.term_type is not None)
+        if r.kind is Kind.REFUSE:
+            _fail(process, r.detail)
+            return
+        if r.kind is Kind.JOIN:
+            await self._join(process, principal, r.command or "")
+            return
+        if r.kind is Kind.JOIN_PROMPT:
+            await self._join_prompt(process, principal)
+            return
+        account = await self.account_for(principal)
+        if r.kind is Kind.API:
+            await self._api(process, account)
+            return
+        if r.kind is Kind.SFTP:
+            sftp = next((p for p in SFTP_SERVER_PATHS if os.path.exists(p)), None)
+            if sftp is None:
+                _fail(process, "sftp is not available: install openssh-sftp-server on this host")
+                return
+            await self.pipe_session(process, account, [sftp], tenant_env(account, self.host, principal))
+            return
+        if r.kind in (Kind.TERMINAL, Kind.EXEC_PTY):
+            argv = ([account.shell, "-l"] if r.command is None
+                    else [account.shell, "-c", r.command])
+            env = tenant_env(account, self.host, principal,
+                             {"TERM": process.term_type or "xterm"})
+            await self.pty_session(process, account, argv, env)
+            return
+        argv = [account.shell] if r.command is None else [account.shell, "-c", r.command]
+        await self.pipe_session(process, account, argv, tenant_env(account, self.host, principal))
+
+    async def account_for(self, principal: Principal) -> Account:
+        """The OS account of an authenticated principal, created on first login."""
+        if principal.kind == "local":
+            acct = self.host.accounts.existing(principal.username)
+            if acct is None:
+                raise MtgpuError(f"the local account {principal.username!r} has gone")
+            return acct
+        user = self.host.registry.get(principal.username)
+        if user is None:
+            raise MtgpuError(f"{principal.username!r} is no longer an MTGPU user")
+        acct = await asyncio.to_thread(self.host.accounts.ensure, principal.username, user["uid"])
+        asyncio.get_running_loop().create_task(self._record_login(principal.username))
+        return acct
+
+    async def _record_login(self, name: str) -> None:
+        try:
+            await self.host.replicate(self.host.registry.record_login, name, time.time())
+        except MtgpuError:
+            log.warning("could not record the login of %s", name)
+
+    # ------------------------------------------------------------ sessions
+
+    async def pipe_session(self, process: asyncssh.SSHServerProcess, account: Account,
+                           argv: list[str], env: dict[str, str]) -> None:
+        """Run ``argv`` as the tenant with stdin, stdout and stderr as plain pipes."""
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = await spawn_as(account, argv, env, stdin=in_r, stdout=out_w, stderr=err_w)
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        chan = process.channel
+        child = Spawned(proc)
+        out_done = await pipe_to_channel(out_r, chan, None)
+        err_done = await pipe_to_channel(err_r, chan, EXTENDED_DATA_STDERR)
+        feeder = asyncio.get_running_loop().create_task(channel_to_fd(process, in_w, child))
+        rc = await proc.wait()
+        # The exit status goes out only after every byte of output.
+        await asyncio.gather(out_done, err_done)
+        feeder.cancel()
+        _send_eof(chan)
+        exit_status(process, rc)
+
+    async def pty_session(self, process: asyncssh.SSHServerProcess, account: Account,
+                          argv: list[str], env: dict[str, str]) -> None:
+        """Run ``argv`` as the tenant on a new pty that is its controlling terminal."""
+        master, slave = os.openpty()
+        width, height, pw, ph = process.term_size
+        if width and height:
+            set_winsize(master, width, height, pw, ph)
+        setsid = shutil.which("setsid") or "/usr/bin/setsid"
+        try:
+            # setsid -c makes the pty the controlling terminal without a preexec_fn,
+            # which is unsafe in a threaded daemon.
+            proc = await spawn_as(account, [setsid, "-c", "-w", *argv], env,
+                                  stdin=slave, stdout=slave, stderr=slave)
+        finally:
+            os.close(slave)
+        child = Spawned(proc, master_fd=master)
+        out_done = await pipe_to_channel(os.dup(master), process.channel, None)
+        feeder = asyncio.get_running_loop().create_task(
+            channel_to_fd(process, master, child, close_at_eof=False))
+        rc = await proc.wait()
+        try:
+            await asyncio.wait_for(out_done, 2)
+        except asyncio.TimeoutError:
+            pass
+        feeder.cancel()
+        try:
+            os.close(master)
+        except OSError:
+            pass
+        exit_status(process, rc)
+
+    # ------------------------------------------------------------- the API
+
+    async def _api(self, process: asyncssh.SSHServerProcess, account: Account) -> None:
+        """The mtgpu-api subsystem: JSON lines, answered in process, no subprocess."""
+        caller = self.host.caller_for(account, "ssh")
+        buf = b""
+        while True:
+            try:
+                chunk = await process.stdin.read(1 << 16)
+            except asyncssh.Error:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > MAX_REQUEST_BYTES and b"\n" not in buf:
+                process.stdout.write(b'{"ok": false, "error": "request too large", "code": "too_large"}\n')
+                break
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                try:
+                    req = json.loads(line)
+                except ValueError:
+                    answer = {"id": None, "ok": False, "code": "bad_request",
+                              "error": "not valid JSON; send one JSON object per line"}
+                else:
+                    answer = await self.host.dispatcher.handle(caller, req)
+                process.stdout.write(json.dumps(answer, default=str).encode() + b"\n")
+        process.exit(0)
+
+    # ------------------------------------------------------------- invites
+
+    async def _join(self, process: asyncssh.SSHServerProcess, principal: Principal,
+                    code: str) -> None:
+        ok, message = await self.redeem(principal, code)
+        stream = process.stdout if ok else process.stderr
+        stream.write((message + "\n").encode())
+        process.exit(0 if ok else 1)
+
+    async def _join_prompt(self, process: asyncssh.SSHServerProcess, principal: Principal) -> None:
+        out = process.stdout
+        out.write(f"Welcome to MTGPU, {principal.username}. This key is not registered yet.\r\n"
+                  "Enter the invite code an admin gave you.\r\n".encode())
+        for _ in range(self.host.options.invite_max_failures):
+            out.write(b"Invite code: ")
+            code = await _read_line(process)
+            if code is None:
+                break
+            ok, message = await self.redeem(principal, code)
+            out.write(message.replace("\n", "\r\n").encode() + b"\r\n")
+            if ok or "ask an admin" in message:
+                process.exit(0 if ok else 1)
+                return
+        process.exit(1)
+
+    async def redeem(self, principal: Principal, code: str) -> tuple[bool, str]:
+        """Bind the connection's (already verified) key if ``code`` is right."""
+        host = self.host
+        skip = await asyncio.to_thread(host.accounts.local_uids)
+        result = await host.replicate(host.registry.redeem_invite, principal.username,
+                                      hash_code(code), principal.key, time.time(), skip,
+                                      host.options.invite_max_failures)
+        if "error" in result:
+            log.warning("invite for %s refused from %s: %s", principal.username,
+                        principal.peer[0], result["code"])
+            return False, result["error"]
+        principal.kind = "tenant"
+        acct = await self.account_for(principal)
+        port = host.options.ssh_listen[1]
+        return True, (f"Your key is now registered for {acct.name} (UID {acct.uid}).\n"
+                      f"Log in with: ssh -p {port} {acct.name}@{host.options.server_name}")
+
+
+def _fail(process: asyncssh.SSHServerProcess, message: str) -> None:
+    try:
+        process.stderr.write(f"mtgpu: {message}\n".encode())
+        process.exit(1)
+    except (asyncssh.Error, OSError):
+        pass
+
+
+def _send_eof(chan: asyncssh.SSHServerChannel) -> None:
+    try:
+        chan.write_eof()
+    except (asyncssh.Error, OSError):
+        pass
+
+
+async def _read_line(process: asyncssh.SSHServerProcess) -> str | None:
+    """Read a line typed on the client's terminal, echoing it (no line editor here)."""
+    buf = bytearray()
+    while True:
+        try:
+            data = await process.stdin.read(64)
+        except asyncssh.Error:
+            return None
+        if not data:
+            return None
+        for b in data:
+            if b in (13, 10):
+                process.stdout.write(b"\r\n")
+                return buf.decode(errors="replace").strip()
+            if b in (127, 8):
+                if buf:
+                    buf.pop()
+                    process.stdout.write(b"\b \b")
+            elif b == 3:  # Ctrl-C
+                return None
+            elif b >= 32 and len(buf) < 200:
+                buf.append(b)
+                process.stdout.write(bytes([b]))

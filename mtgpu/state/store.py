@@ -1,0 +1,190 @@
+"""The replicated store: PySyncObj (Raft) holding MTGPU's durable state.
+
+Standalone is a cluster of one: the same :class:`StateStore`, journal and replicated
+methods serve a single host and a cluster. The store is handed its transport at start
+(:class:`LocalTransport` for a cluster of one); it never imports the cluster code.
+
+PySyncObj runs its own tick thread. Replicated methods are called from the asyncio
+loop with a callback, and :meth:`StateStore.call` turns that callback into an
+awaitable, so the event loop never blocks on a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer
+from pysyncobj.node import Node
+from pysyncobj.transport import Transport
+
+from mtgpu.errors import StateError
+
+log = logging.getLogger("mtgpu.state")
+
+_FAIL_TEXT = {
+    FAIL_REASON.QUEUE_FULL: "the command queue is full; retry shortly",
+    FAIL_REASON.MISSING_LEADER: "no scheduler is elected yet; retry shortly",
+    FAIL_REASON.DISCARDED: "the command was discarded by a leader change; retry",
+    FAIL_REASON.NOT_LEADER: "this member is not the leader; retry",
+    FAIL_REASON.LEADER_CHANGED: "the leader changed before the command committed; retry",
+    FAIL_REASON.REQUEST_DENIED: "the request was denied",
+}
+
+
+class LocalTransport(Transport):
+    """The transport of a cluster of one: there is nobody to talk to."""
+
+    def __init__(self, syncObj: SyncObj, selfNode: Node | None, otherNodes: Sequence[Node]) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        if otherNodes:
+            raise StateError("LocalTransport serves a cluster of one; peers need the SSH transport")
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def waitReady(self) -> None:
+        return None
+
+    def addNode(self, node: Node) -> None:
+        raise StateError("a standalone host cannot add members; set CLUSTER_MODE: cluster")
+
+    def dropNode(self, node: Node) -> None:
+        return None
+
+    def send(self, node: Node, message: Any) -> bool:
+        return False
+
+    def destroy(self) -> None:
+        return None
+
+
+def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
+    """The SyncObjConf MTGPU runs with, journaling under ``state_dir``.
+
+    ``appendEntriesUseBatch=False`` lets a commit wake the tick thread at once instead
+    of waiting for the next heartbeat; ``useFork=False`` because forking a threaded
+    asyncio daemon for log compaction is unsafe.
+    """
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    kw: dict[str, Any] = dict(
+        journalFile=str(Path(state_dir) / "raft.journal"),
+        fullDumpFile=str(Path(state_dir) / "raft.dump"),
+        appendEntriesUseBatch=False,
+        useFork=False,
+        dynamicMembershipChange=True,
+        commandsWaitLeader=True,
+        logCompactionMinEntries=20000,
+        logCompactionMinTime=600,
+        connectionRetryTime=1.0,
+        raftMinTimeout=0.4,
+        raftMaxTimeout=1.4,
+        connectionTimeout=3.5,
+    )
+    kw.update(overrides)
+    return SyncObjConf(**kw)
+
+
+class StateStore:
+    """One PySyncObj instance and its consumers (the registry, the job table...)."""
+
+    def __init__(self, self_node: str, consumers: Sequence[SyncObjConsumer], state_dir: str, *,
+                 peers: Sequence[str] = (), transport_factory: Callable[..., Transport] | None = None,
+                 **conf_overrides: Any) -> None:
+        self.consumers = list(consumers)
+        conf = make_conf(state_dir, **conf_overrides)
+        tclass = transport_factory or LocalTransport
+        try:
+            self.sync = SyncObj(Node(self_node), [Node(p) for p in peers], conf=conf,
+                                consumers=self.consumers, nodeClass=Node, transportClass=tclass)
+        except (OSError, ValueError, EOFError) as exc:
+            raise StateError(f"cannot open the state journal in {state_dir}: {exc}; "
+                             "check the disk and the directory's permissions") from exc
+        if not peers:
+            self.sync.addOnTickCallback(self._commit_alone)
+
+    def _commit_alone(self) -> None:
+        # A leader without peers commits an entry on the tick after appending it, but
+        # nothing wakes the tick thread in between: it would sleep a whole tick period
+        # (50 ms) per commit. Wake it when entries wait. Uses PySyncObj 0.3.17 internals,
+        # which is why the version is pinned.
+        s = self.sync
+        if s._SyncObj__getCurrentLogIndex() > s._SyncObj__raftCommitIndex:
+            notifier = getattr(s, "_SyncObj__pipeNotifier", None)
+            if notifier is not None:
+                notifier.notify()
+
+    async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+        """Run a replicated ``method`` and return its result once committed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def done(result: Any, error: int) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, result, error)
+
+        method(*args, callback=done)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError as exc:
+            raise StateError(f"the state change was not committed within {timeout:.0f}s; "
+                             "check `mtgpu-admin cluster status`") from exc
+
+    def call_sync(self, method: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+        """Blocking form of :meth:`call`, for threads outside the event loop."""
+        import threading
+
+        box: dict[str, Any] = {}
+        ev = threading.Event()
+
+        def done(result: Any, error: int) -> None:
+            box["r"], box["e"] = result, error
+            ev.set()
+
+        method(*args, callback=done)
+        if not ev.wait(timeout):
+            raise StateError(f"the state change was not committed within {timeout:.0f}s")
+        if box["e"] != FAIL_REASON.SUCCESS:
+            raise StateError(_FAIL_TEXT.get(box["e"], f"commit failed ({box['e']})"))
+        return box["r"]
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until the journal is replayed and a leader is known."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not (self.sync.isReady() and self.sync._getLeader() is not None):
+            if loop.time() > deadline:
+                raise StateError("the replicated state did not become ready in time; "
+                                 "check the journal under STATE_DIR and the cluster peers")
+            await asyncio.sleep(0.02)
+
+    def status(self) -> dict[str, Any]:
+        st = self.sync.getStatus()
+        leader = st.get("leader")
+        return {"leader": getattr(leader, "id", None), "term": st.get("raft_term"),
+                "commit_idx": st.get("commit_idx"), "state": st.get("state"),
+                "self": getattr(st.get("self"), "id", None)}
+
+    def close(self) -> None:
+        """Stop the tick thread and flush the journal."""
+        try:
+            self.sync.destroy()
+            t = getattr(self.sync, "_SyncObj__thread", None)
+            if t is not None and t.is_alive():
+                t.join(5)
+        except Exception:  # noqa: BLE001 - closing must not raise during shutdown
+            log.exception("closing the state store")
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any, error: int) -> None:
+    if fut.done():
+        return
+    if error == FAIL_REASON.SUCCESS:
+        fut.set_result(result)
+    else:
+        fut.set_exception(StateError(_FAIL_TEXT.get(error, f"commit failed ({error})")))
