@@ -197,16 +197,16 @@ def _keep(new: Options, old: Options, keys: list[str]) -> Options:
 
 async def serve(options: Options, config: str | None) -> int:
     daemon = Daemon(options)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, daemon.stopping.set)
+    loop.add_signal_handler(signal.SIGINT, daemon.stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload, config)
     try:
         await daemon.start()
     except MtgpuError as exc:
         print(f"mtgpu-server: {exc}", file=sys.stderr)
         await daemon.stop()
         return 1
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, daemon.stopping.set)
-    loop.add_signal_handler(signal.SIGINT, daemon.stopping.set)
-    loop.add_signal_handler(signal.SIGHUP, daemon.reload, config)
     await daemon.stopping.wait()
     log.info("stopping")
     await daemon.stop()

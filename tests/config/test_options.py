@@ -1,0 +1,78 @@
+"""The configuration file: every bad value is named with its key and line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mtgpu.config import load_text, parse_size
+from mtgpu.errors import ConfigError
+from mtgpu_testing import REPO, python_env
+
+
+def test_documented_example_is_valid_and_complete():
+    text = (REPO / "etc" / "mtgpu.yaml").read_text()
+    opts = load_text(text, "etc/mtgpu.yaml")
+    assert opts.ssh_listen == ("0.0.0.0", 2222)
+    assert opts.cluster_mode == "standalone"
+    # Every key the loader knows is documented in the example.
+    from mtgpu.config.options import _KEYS
+    for key in _KEYS:
+        assert f"{key}:" in text, f"{key} is not documented in etc/mtgpu.yaml"
+
+
+@pytest.mark.parametrize("text, key, line, words", [
+    ("SSH_LISTEN: 127.0.0.1:2\nUSER_DISK_LIMIT: 20Q\n", "USER_DISK_LIMIT", 2, "not a size"),
+    ("BOGUS: 1\n", "BOGUS", 1, "unknown key"),
+    ("ssh_listen: 1.2.3.4:22\n", "ssh_listen", 1, "did you mean SSH_LISTEN"),
+    ("TENANT_UID_RANGE: 500-900\n", "TENANT_UID_RANGE", 1, "system accounts"),
+    ("TENANT_UID_RANGE: 30000-20000\n", "TENANT_UID_RANGE", 1, "empty"),
+    ("TENANT_UID_RANGE: 20000-61000\n", "TENANT_UID_RANGE", 1, "33767"),
+    ("SSH_LISTEN: nowhere\n", "SSH_LISTEN", 1, "HOST:PORT"),
+    ("CLUSTER_MODE: swarm\n", "CLUSTER_MODE", 1, "standalone or cluster"),
+    ("CLUSTER_MODE: cluster\nCLUSTER_ID: a\n", "CLUSTER_KEY", 1, "must be set"),
+    ("STATE_DIR: relative/path\n", "STATE_DIR", 1, "absolute path"),
+    ("ADMINS: alice\n", "ADMINS", 1, "list of user names"),
+    ("SIMULATED_GPUS:\n  - {type: a100, count: 2}\n", "SIMULATED_GPUS[0]", 2, "needs 'vram'"),
+    ("SIMULATED_GPUS:\n  - {type: a100, vram: 8G, used: 9G}\n", "SIMULATED_GPUS[0].used", 2, "exceed"),
+    ("CONTAINERS:\n  enabled: yes\n  port_publishing: all\n", "CONTAINERS.port_publishing", 3, "none, loopback or any"),
+    ("JOB_RETENTION_DAYS: -1\n", "JOB_RETENTION_DAYS", 1, "above 0"),
+    ("LOG_LEVEL: loud\n", "LOG_LEVEL", 1, "DEBUG"),
+    ("[1, 2]\n", None, 1, "mapping"),
+    ("SSH_LISTEN: [\n", None, 2, "not valid YAML"),
+])
+def test_bad_values_name_key_and_line(text, key, line, words):
+    with pytest.raises(ConfigError) as info:
+        load_text(text, "cfg.yaml")
+    err = info.value
+    assert err.line == line
+    if key:
+        assert err.key == key
+        assert key in str(err)
+    assert words in str(err)
+    assert str(err).startswith(f"cfg.yaml:{line}")
+
+
+def test_sizes_are_binary():
+    assert parse_size("24G") == 24 << 30
+    assert parse_size("1.5T") == int(1.5 * (1 << 40))
+    assert parse_size("512MiB") == 512 << 20
+    with pytest.raises(ValueError):
+        parse_size("-3G")
+
+
+def test_server_exits_2_naming_the_key(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("SERVER_NAME: ok\nUSER_DISK_LIMIT: 20Q\n")
+    r = subprocess.run([sys.executable, "-m", "mtgpu.server", "--config", str(cfg)],
+                       capture_output=True, text=True, env=python_env(), timeout=60)
+    assert r.returncode == 2
+    assert "USER_DISK_LIMIT" in r.stderr and ":2:" in r.stderr
+
+
+def test_missing_explicit_config_is_an_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mtgpu.server", "--config", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True, env=python_env(), timeout=60)
+    assert r.returncode == 2 and "does not exist" in r.stderr

@@ -1,0 +1,46 @@
+"""Fixtures shared by every test: real MTGPU hosts on loopback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mtgpu_testing import Host  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="needs root (accounts, namespaces)")
+        for item in items:
+            if "root" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def make_host() -> Iterator:
+    """A factory of started hosts, each stopped and removed after the test."""
+    hosts: list[Host] = []
+
+    def make(config: dict | None = None, start: bool = True, name: str = "testhost") -> Host:
+        h = Host(config, name=name)
+        hosts.append(h)
+        return h.start() if start else h
+
+    yield make
+    for h in hosts:
+        h.cleanup()
+
+
+@pytest.fixture(scope="module")
+def shared_host() -> Iterator[Host]:
+    """One started host for the read-mostly tests of a module."""
+    h = Host()
+    h.start()
+    yield h
+    h.cleanup()

@@ -1,0 +1,218 @@
+"""Test support: real mtgpu-server processes driven by the real OpenSSH client.
+
+Each :class:`Host` runs ``mtgpu-server`` in a private mount namespace with a private
+copy of ``/etc``, so the accounts it creates never touch the developer's own
+``/etc``. Its state, run and home directories live under a fresh directory in /tmp
+(mode 0755, so tenants can reach their homes), and it listens on a free loopback
+port.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "ConnectTimeout=10"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def world_traversable(path: Path) -> bool:
+    p = path.resolve()
+    for part in [p, *p.parents]:
+        if not os.stat(part).st_mode & 0o001:
+            return False
+    return True
+
+
+def python_env() -> dict[str, str]:
+    """Environment for processes that must import this checkout's mtgpu."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTGPU_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def make_key(directory: Path, name: str) -> Path:
+    """An ed25519 key pair made by OpenSSH's ssh-keygen; returns the private key path."""
+    path = directory / f"key_{name}"
+    if not path.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@test",
+                        "-f", str(path)], check=True)
+    return path
+
+
+class Host:
+    """One real mtgpu-server under test."""
+
+    def __init__(self, extra_config: dict[str, Any] | None = None, name: str = "testhost") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="mtgpu-t-", dir="/tmp"))
+        os.chmod(self.dir, 0o755)
+        self.etc = self.dir / "etc"
+        shutil.copytree("/etc", self.etc, symlinks=True)
+        self.homes = self.dir / "homes"
+        self.homes.mkdir(mode=0o755)
+        os.chmod(self.homes, 0o755)
+        self.keys = self.dir / "keys"
+        self.keys.mkdir(mode=0o700)
+        self.port = free_port()
+        self.config: dict[str, Any] = {
+            "SERVER_NAME": name,
+            "SSH_LISTEN": f"127.0.0.1:{self.port}",
+            "STATE_DIR": str(self.dir / "state"),
+            "RUN_DIR": str(self.dir / "run"),
+            "TENANT_HOME_ROOT": str(self.homes),
+            "SSH_PENALTY_FAILURES": 1000,
+        }
+        self.config.update(extra_config or {})
+        self.config_path = self.dir / "mtgpu.yaml"
+        self.write_config()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.dir / "server.log"
+
+    # -------------------------------------------------------------- process
+
+    def write_config(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config))
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config["RUN_DIR"])
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.config["STATE_DIR"])
+
+    def start(self, timeout: float = 30) -> Host:
+        script = (f"mount --bind {self.etc} /etc && exec {sys.executable} -m mtgpu.server "
+                  f"--config {self.config_path}")
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                                     stdout=log, stderr=log, env=python_env(),
+                                     start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mtgpu-server exited {self.proc.returncode}:\n{self.log()}")
+            if (self.run_dir / "mtgpu.pid").exists() and self._port_open():
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"mtgpu-server did not start in {timeout}s:\n{self.log()}")
+
+    def _port_open(self) -> bool:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def restart(self) -> Host:
+        self.stop()
+        return self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        # Tenants' leftover processes (tmux servers, jobs) run as test UIDs.
+        for uid in self.tenant_uids():
+            subprocess.run(["pkill", "-9", "-U", str(uid)], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tenant_uids(self) -> list[int]:
+        uids = []
+        try:
+            for line in (self.etc / "passwd").read_text().splitlines():
+                f = line.split(":")
+                if len(f) > 4 and "MTGPU tenant" in f[4]:
+                    uids.append(int(f[2]))
+        except OSError:
+            pass
+        return uids
+
+    # ---------------------------------------------------------------- tools
+
+    def in_ns(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside the server's mount namespace (its /etc)."""
+        assert self.proc is not None
+        pid = self._server_pid()
+        return subprocess.run(["nsenter", "-t", str(pid), "-m", *argv], capture_output=True,
+                              text=True, **kw)
+
+    def _server_pid(self) -> int:
+        return int((self.run_dir / "mtgpu.pid").read_text())
+
+    def passwd(self, name: str) -> list[str] | None:
+        for line in (self.etc / "passwd").read_text().splitlines():
+            if line.split(":")[0] == name:
+                return line.split(":")
+        return None
+
+    def admin(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run mtgpu-admin as root against this host."""
+        proc = subprocess.run([sys.executable, "-m", "mtgpu.cli.admin", "--config",
+                               str(self.config_path), *args], capture_output=True, text=True,
+                              env=python_env(), timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"mtgpu-admin {' '.join(args)} failed: {proc.stderr}")
+        return proc
+
+    def key(self, name: str) -> Path:
+        return make_key(self.keys, name)
+
+    def pubkey(self, name: str) -> str:
+        return Path(str(self.key(name)) + ".pub").read_text().strip()
+
+    def add_user(self, name: str, key: str | None = None, *extra: str) -> Path:
+        k = self.key(key or name)
+        self.admin("user", "add", name, "--key", self.pubkey(key or name), *extra)
+        return k
+
+    def ssh_argv(self, user: str, key: Path | None, *cmd: str, opts: list[str] | None = None) -> list[str]:
+        argv = ["ssh", *SSH_OPTS, "-p", str(self.port)]
+        if key is not None:
+            argv += ["-i", str(key)]
+        return argv + (opts or []) + [f"{user}@127.0.0.1", *cmd]
+
+    def ssh(self, user: str, key: Path | None, *cmd: str, input: bytes | None = None,
+            opts: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+        """Run the real OpenSSH client against this host."""
+        return subprocess.run(self.ssh_argv(user, key, *cmd, opts=opts), input=input,
+                              capture_output=True, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+
+    def host_key_fingerprints(self) -> set[str]:
+        scan = subprocess.run(["ssh-keyscan", "-p", str(self.port), "127.0.0.1"],
+                              capture_output=True, text=True, timeout=30)
+        fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
+                            text=True)
+        return {line.split()[1] for line in fp.stdout.splitlines() if line.strip()}

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Install what the tests need on a fresh Debian/Ubuntu machine, then run them.
+# Usage (as root): tests/run.sh [PYTEST ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+    echo "tests/run.sh: the tests create OS accounts and namespaces; run it as root (sudo)" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+PKGS="openssh-client openssh-server openssh-sftp-server rsync git tmux python3-venv uidmap
+      util-linux iproute2 procps passwd"
+missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
+if [ -n "$missing" ]; then
+    apt-get update -q
+    apt-get install -y -q $missing
+fi
+# The tests' virtualenv is built from the system Python in a world-readable place:
+# tenants run MTGPU's tools from it.
+VENV=${MTGPU_TEST_VENV:-/opt/mtgpu-test}
+[ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check ".[test]"
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall .
+chmod -R a+rX "$VENV"
+exec "$VENV/bin/python" -m pytest "$@"
