@@ -1,0 +1,42 @@
+"""The inventory types and their JSON form (the fields DESIGN.md names)."""
+
+from __future__ import annotations
+
+import json
+
+from mtgpu.gpuinfo.types import GpuInfo, GpuProcess, HostUsage, NodeInventory
+
+GiB = 1 << 30
+
+GPU = GpuInfo(index=0, brand="nvidia", type="h100", name="NVIDIA H100 80GB HBM3", uuid="GPU-1",
+              vram_total=80 * GiB, vram_used=82 * GiB, util=4,
+              processes=(GpuProcess(pid=7, uid=20001, used_memory=GiB),), mig_mode=False,
+              visibility_id="GPU-1")
+NODE = NodeInventory(name="gpu01", gpus=(GPU,),
+                     host=HostUsage(cpus=64, cpu_percent=12.5, ram_total=512 * GiB, ram_used=100 * GiB,
+                                    disk_total=4096 * GiB, disk_free=1024 * GiB),
+                     errors=("amd: broken",), sampled_at=1700000000.0)
+
+
+def test_member_fields_of_mt_job_nodes_json():
+    d = NODE.to_dict({0: ["17", "18"]}, state="drain")
+    assert {"name", "state", "cpus", "ram_total", "ram_used", "gpus"} <= set(d)
+    assert (d["name"], d["state"], d["cpus"], d["ram_total"]) == ("gpu01", "drain", 64, 512 * GiB)
+    g = d["gpus"][0]
+    assert {"index", "brand", "type", "vram_total", "vram_used", "util", "jobs"} <= set(g)
+    assert g["jobs"] == ["17", "18"] and g["type"] == "h100"
+    assert "processes" not in g  # tenants see this listing; PIDs and UIDs only on request
+    assert NODE.to_dict(processes=True)["gpus"][0]["processes"] == [
+        {"pid": 7, "uid": 20001, "used_memory": GiB}]
+    json.dumps(d)  # plain JSON, no custom types
+
+
+def test_round_trip():
+    back = NodeInventory.from_dict(json.loads(json.dumps(NODE.to_dict(processes=True))))
+    assert back.gpus[0].processes == GPU.processes
+    assert back.gpus[0].uuid == GPU.uuid and back.host == NODE.host and back.errors == NODE.errors
+    assert back.gpu(0) is not None and back.gpu(5) is None
+
+
+def test_vram_free_never_negative():
+    assert GPU.vram_free == 0
