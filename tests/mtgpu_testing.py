@@ -216,3 +216,53 @@ class Host:
         fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
                             text=True)
         return {line.split()[1] for line in fp.stdout.splitlines() if line.strip()}
+
+
+class ClientTerminal:
+    """An interactive `ssh -tt` running in a client-side tmux: type keys, read the screen."""
+
+    _count = 0
+
+    def __init__(self, host: Host, user: str, key: Path, *cmd: str, cols: int = 120,
+                 rows: int = 30) -> None:
+        ClientTerminal._count += 1
+        self.sock = f"mtgpu-client-{os.getpid()}-{ClientTerminal._count}"
+        import shlex
+
+        argv = host.ssh_argv(user, key, *cmd, opts=["-tt", "-o", "ServerAliveInterval=2"])
+        subprocess.run(["tmux", "-L", self.sock, "new-session", "-d", "-x", str(cols), "-y", str(rows),
+                        shlex.join(argv) + "; echo SSH-EXITED-$?; sleep 600"], check=True)
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p").stdout
+
+    def send(self, *keys: str) -> None:
+        self.tmux("send-keys", *keys)
+
+    def type(self, line: str) -> None:
+        self.tmux("send-keys", "-l", line)
+        self.tmux("send-keys", "Enter")
+
+    def wait_for(self, text: str, timeout: float = 20) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s = self.screen()
+            if text in s:
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} did not appear; screen:\n{self.screen()}")
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.tmux("resize-window", "-x", str(cols), "-y", str(rows))
+
+    def kill(self) -> None:
+        """Drop the connection the hard way: kill the ssh client."""
+        pids = self.tmux("list-panes", "-F", "#{pane_pid}").stdout.split()
+        for pid in pids:
+            subprocess.run(["pkill", "-9", "-P", pid, "-x", "ssh"], capture_output=True)
+
+    def close(self) -> None:
+        self.tmux("kill-server")

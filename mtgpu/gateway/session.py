@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
 from mtgpu.config import Options
 from mtgpu.errors import MtgpuError
 from mtgpu.gateway.route import Kind, route
+from mtgpu.tmux import terminal_argv
 from mtgpu.gateway.spawn import (Spawned, channel_to_fd, exit_status, pipe_to_channel,
                                  set_winsize, spawn_as)
 
@@ -126,7 +128,9 @@ class Gateway:
             await self.pipe_session(process, account, [sftp], tenant_env(account, self.host, principal))
             return
         if r.kind in (Kind.TERMINAL, Kind.EXEC_PTY):
-            argv = ([account.shell, "-l"] if r.command is None
+            # A terminal is the tenant's tmux, run with this daemon's (world-readable)
+            # interpreter; a command with -t runs in the pty directly, as OpenSSH does.
+            argv = (terminal_argv(sys.executable) if r.command is None
                     else [account.shell, "-c", r.command])
             env = tenant_env(account, self.host, principal,
                              {"TERM": process.term_type or "xterm"})
@@ -196,20 +200,27 @@ class Gateway:
         finally:
             os.close(slave)
         child = Spawned(proc, master_fd=master)
+        loop = asyncio.get_running_loop()
         out_done = await pipe_to_channel(os.dup(master), process.channel, None)
-        feeder = asyncio.get_running_loop().create_task(
-            channel_to_fd(process, master, child, close_at_eof=False))
-        rc = await proc.wait()
+        feeder = loop.create_task(channel_to_fd(process, master, child, close_at_eof=False))
+        waiter = loop.create_task(proc.wait())
+        closed = loop.create_task(process.channel.wait_closed())
+        await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            # The client went away: hang up the terminal as a dropped line does. The
+            # tmux client exits on SIGHUP and the tmux session lives on, detached.
+            _close(master)
+            master = -1
+        rc = await waiter
+        closed.cancel()
         try:
             await asyncio.wait_for(out_done, 2)
         except asyncio.TimeoutError:
             pass
         feeder.cancel()
-        try:
-            os.close(master)
-        except OSError:
-            pass
-        exit_status(process, rc)
+        _close(master)
+        if not process.channel.is_closing():
+            exit_status(process, rc)
 
     # ------------------------------------------------------------- the API
 
@@ -291,6 +302,14 @@ def _fail(process: asyncssh.SSHServerProcess, message: str) -> None:
         process.exit(1)
     except (asyncssh.Error, OSError):
         pass
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _send_eof(chan: asyncssh.SSHServerChannel) -> None:

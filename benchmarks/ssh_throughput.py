@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""SSH throughput and login latency: mtgpu-server against OpenSSH's sshd, side by side.
+
+Both servers run on loopback on the same machine, with the same host key and the
+same tenant account (created by MTGPU's first login; sshd gets the same public key in
+the tenant's ~/.ssh/authorized_keys). The client is OpenSSH's ssh/sftp with its
+default algorithms. Every transfer is checked by sha256.
+
+Run as root from the repository root:
+
+    /opt/mtgpu-test/bin/python benchmarks/ssh_throughput.py [--size-mib 1024] [--sftp-mib 512] [--logins 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from mtgpu_testing import SSH_OPTS, Host, free_port  # noqa: E402
+
+
+def zeros_sha256(n: int) -> str:
+    h = hashlib.sha256()
+    block = bytes(1 << 20)
+    for _ in range(n >> 20):
+        h.update(block)
+    return h.hexdigest()
+
+
+class Target:
+    def __init__(self, name: str, port: int, user: str, key: Path) -> None:
+        self.name, self.port, self.user, self.key = name, port, user, key
+
+    def ssh(self, *cmd: str) -> list[str]:
+        return ["ssh", *SSH_OPTS, "-p", str(self.port), "-i", str(self.key),
+                f"{self.user}@127.0.0.1", *cmd]
+
+    def sftp(self, batch: Path) -> list[str]:
+        return ["sftp", *SSH_OPTS, "-P", str(self.port), "-i", str(self.key), "-b", str(batch),
+                f"{self.user}@127.0.0.1"]
+
+
+def timed(argv: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, **kw)
+    return time.perf_counter() - t, r
+
+
+def download(t: Target, size: int, expect: str) -> float:
+    cmd = f"head -c {size} /dev/zero"
+    start = time.perf_counter()
+    p = subprocess.Popen(t.ssh(cmd), stdout=subprocess.PIPE)
+    h = hashlib.sha256()
+    n = 0
+    while chunk := p.stdout.read(1 << 20):
+        h.update(chunk)
+        n += len(chunk)
+    p.wait()
+    dt = time.perf_counter() - start
+    assert n == size and h.hexdigest() == expect, f"{t.name}: download corrupted ({n} bytes)"
+    return size / dt
+
+
+def upload(t: Target, size: int, expect: str, workdir: Path) -> float:
+    src = workdir / "up.bin"
+    if not src.exists() or src.stat().st_size != size:
+        with open(src, "wb") as f:
+            f.truncate(size)
+    with open(src, "rb") as f:
+        dt, r = timed(t.ssh("cat > upload.bin"), stdin=f)
+    assert r.returncode == 0, r.stderr
+    got = subprocess.run(t.ssh("sha256sum upload.bin; rm -f upload.bin"), capture_output=True,
+                         text=True).stdout.split()[0]
+    assert got == expect, f"{t.name}: upload corrupted"
+    return size / dt
+
+
+def sftp_get_put(t: Target, size: int, expect: str, workdir: Path) -> tuple[float, float]:
+    subprocess.run(t.ssh(f"head -c {size} /dev/zero > sftp.bin"), check=True)
+    local = workdir / f"sftp-{t.name}.bin"
+    batch = workdir / "get.batch"
+    batch.write_text(f"get sftp.bin {local}\n")
+    dt_get, r = timed(t.sftp(batch))
+    assert r.returncode == 0, r.stderr
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == expect
+    batch.write_text(f"put {local} sftp-up.bin\n")
+    dt_put, r = timed(t.sftp(batch))
+    assert r.returncode == 0, r.stderr
+    got = subprocess.run(t.ssh("sha256sum sftp-up.bin; rm -f sftp.bin sftp-up.bin"),
+                         capture_output=True, text=True).stdout.split()[0]
+    assert got == expect
+    local.unlink()
+    return size / dt_get, size / dt_put
+
+
+def login_latency(t: Target, n: int) -> float:
+    times = []
+    for _ in range(n):
+        dt, r = timed(t.ssh("true"))
+        assert r.returncode == 0, r.stderr
+        times.append(dt)
+    return statistics.median(times)
+
+
+def start_sshd(host: Host, workdir: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cfg = workdir / "sshd_config"
+    cfg.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {host.state_dir / 'ssh_host_ed25519_key'}
+HostKey {host.state_dir / 'ssh_host_ecdsa_key'}
+PidFile none
+UsePAM yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile .ssh/authorized_keys
+Subsystem sftp /usr/lib/openssh/sftp-server
+AcceptEnv LANG LC_*
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    pid = host._server_pid()
+    proc = subprocess.Popen(["nsenter", "-t", str(pid), "-m", "/usr/sbin/sshd", "-D", "-e",
+                             "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"],
+                          capture_output=True).stdout:
+            return proc, port
+        time.sleep(0.1)
+    raise RuntimeError("sshd did not start")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--sftp-mib", type=int, default=512)
+    ap.add_argument("--logins", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=2, help="best of N for each transfer")
+    args = ap.parse_args()
+    size, ssize = args.size_mib << 20, args.sftp_mib << 20
+    host = Host(name="bench")
+    host.start()
+    workdir = Path(tempfile.mkdtemp(prefix="mtgpu-bench-"))
+    sshd = None
+    try:
+        key = host.add_user("bench")
+        pub = Path(str(key) + ".pub").read_text()
+        r = host.ssh("bench", key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys",
+                     input=pub.encode())
+        assert r.returncode == 0, r.stderr
+        sshd, sport = start_sshd(host, workdir)
+        targets = [Target("mtgpu", host.port, "bench", key), Target("openssh", sport, "bench", key)]
+        expect, sexpect = zeros_sha256(size), zeros_sha256(ssize)
+        results: dict[str, dict[str, float]] = {t.name: {} for t in targets}
+        for t in targets:
+            res = results[t.name]
+            res["exec download MB/s"] = max(download(t, size, expect) for _ in range(args.reps)) / 1e6
+            res["exec upload MB/s"] = max(upload(t, size, expect, workdir) for _ in range(args.reps)) / 1e6
+            gets, puts = zip(*(sftp_get_put(t, ssize, sexpect, workdir) for _ in range(args.reps)))
+            res["sftp get MB/s"] = max(gets) / 1e6
+            res["sftp put MB/s"] = max(puts) / 1e6
+            res["login latency ms (median)"] = login_latency(t, args.logins) * 1e3
+        cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(" :\t")
+        print(f"# ssh_throughput: {args.size_mib} MiB exec, {args.sftp_mib} MiB sftp, "
+              f"{args.logins} logins; sha256 verified; {cpu}")
+        print(f"{'metric':28} {'mtgpu':>10} {'openssh':>10} {'ratio':>7}")
+        for metric in results["mtgpu"]:
+            a, b = results["mtgpu"][metric], results["openssh"][metric]
+            ratio = (a / b) if "MB/s" in metric else (b / a)
+            print(f"{metric:28} {a:10.1f} {b:10.1f} {ratio:7.2f}")
+        print("ratio: mtgpu/openssh for throughput, openssh/mtgpu for latency (above 1 is better)")
+        return 0
+    finally:
+        if sshd is not None:
+            sshd.terminate()
+        host.cleanup()
+        subprocess.run(["rm", "-rf", str(workdir)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
