@@ -56,4 +56,6 @@ def route(*, invitee: bool, command: str | None, subsystem: str | None, pty: boo
         return Route(Kind.REFUSE, detail=f"unknown subsystem {subsystem!r}")
     if command is None:
         return Route(Kind.TERMINAL if pty else Kind.SHELL)
+    if command.split(None, 1)[0:1] == ["mtgpu-join"]:
+        return Route(Kind.REFUSE, detail="this key is already registered; log in without mtgpu-join")
     return Route(Kind.EXEC_PTY if pty else Kind.EXEC, command)

@@ -46,6 +46,7 @@ class Principal:
     peer: tuple[str, int] = ("", 0)
     local: tuple[str, int] = ("", 0)
     env: dict[str, str] = field(default_factory=dict)
+    agent_socket: str | None = None
 
 
 class Host(Protocol):
@@ -81,6 +82,8 @@ def tenant_env(account: Account, host: Host, principal: Principal,
     for k, v in principal.env.items():
         if k == "LANG" or k.startswith("LC_"):
             env[k] = v
+    if principal.agent_socket:
+        env["SSH_AUTH_SOCK"] = principal.agent_socket
     if extra:
         env.update(extra)
     return env
@@ -117,6 +120,7 @@ class Gateway:
             await self._join_prompt(process, principal)
             return
         account = await self.account_for(principal)
+        principal.agent_socket = _agent_socket(process, account)
         if r.kind is Kind.API:
             await self._api(process, account)
             return
@@ -302,6 +306,17 @@ def _fail(process: asyncssh.SSHServerProcess, message: str) -> None:
         process.exit(1)
     except (asyncssh.Error, OSError):
         pass
+
+
+def _agent_socket(process: asyncssh.SSHServerProcess, account: Account) -> str | None:
+    """The forwarded agent's socket, handed to the tenant (ALLOW_AGENT_FORWARDING)."""
+    path = process.channel.get_agent_path()
+    if not path:
+        return None
+    # asyncssh made the socket in a private directory as root: give both to the tenant.
+    for p in (os.path.dirname(path), path):
+        os.chown(p, account.uid, account.gid)
+    return path
 
 
 def _close(fd: int) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +37,7 @@ KEX_ALGS = ["sntrup761x25519-sha512@openssh.com", "mlkem768x25519-sha256",
 CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr"]
 MACS = ["hmac-sha2-256-etm@openssh.com", "hmac-sha2-512-etm@openssh.com",
         "hmac-sha2-256", "hmac-sha2-512"]
+LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 CHANNEL_WINDOW = 8 << 20
 CHANNEL_MAX_PKTSIZE = 256 << 10
 
@@ -150,12 +153,12 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         opts = self.daemon.options
         if self.daemon.penalties.penalized(self.peer[0]):
             log.info("refusing %s: penalized after repeated failures", self.peer[0])
-            conn.close()
+            conn.abort()
             return
         if self.counters["unauthenticated"] >= opts.ssh_max_startups:
             log.warning("refusing %s: %d unauthenticated connections (SSH_MAX_STARTUPS)",
                         self.peer[0], self.counters["unauthenticated"])
-            conn.close()
+            conn.abort()
             return
         self.counters["unauthenticated"] += 1
         self._counted = True
@@ -236,6 +239,84 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         if await self.daemon.local_key_allowed(username, line):
             return "local"
         return None
+
+    # ---------------------------------------------------------- forwarding
+
+    def _uid(self) -> int | None:
+        p = self.principal
+        if p is None or p.kind == "invitee":
+            return None
+        if p.kind == "tenant":
+            u = self.daemon.registry.get(p.username)
+            return u["uid"] if u else None
+        acct = self.daemon.accounts.existing(p.username)
+        return acct.uid if acct else None
+
+    def _refuse(self, what: str, why: str) -> None:
+        who = self.principal.username if self.principal else "?"
+        log.warning("refused %s for %s from %s: %s", what, who, self.peer[0], why)
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, why)
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str,
+                             orig_port: int) -> bool:
+        """``ssh -L`` and ``ssh -D``: loopback destinations only."""
+        if self._uid() is None:
+            self._refuse(f"forwarding to {dest_host}:{dest_port}", "forwarding needs a registered key")
+        if dest_host.lower().rstrip(".") not in LOOPBACK_NAMES:
+            self._refuse(f"forwarding to {dest_host}:{dest_port}",
+                         f"forwarding to {dest_host} is not allowed; only 127.0.0.1, ::1 and "
+                         "localhost on this host can be reached")
+        return True
+
+    def server_requested(self, listen_host: str, listen_port: int) -> Any:
+        """``ssh -R``: listen on loopback only, on ports 1024 and up."""
+        if self._uid() is None or self.conn is None:
+            return False
+        host = listen_host.lower()
+        if listen_port and listen_port < 1024:
+            log.warning("refused remote forward of port %d for %s: privileged port",
+                        listen_port, self.principal.username if self.principal else "?")
+            return False
+        if host not in ("", "localhost", "127.0.0.1", "::1"):
+            log.warning("refused remote forward on %s for %s: loopback only", listen_host,
+                        self.principal.username if self.principal else "?")
+            return False
+        bind = "::1" if host == "::1" else "127.0.0.1"
+        return self.conn.forward_local_port(bind, listen_port, listen_host, listen_port)
+
+    def unix_connection_requested(self, dest_path: str) -> Any:
+        """``ssh -L port:/path``: only to sockets the tenant owns.
+
+        The socket is opened without following a final symlink and checked by its
+        inode, then reached through ``/proc/self/fd``, so swapping the path between
+        the check and the connect cannot redirect the daemon (root) elsewhere.
+        """
+        uid = self._uid()
+        if uid is None or self.conn is None:
+            self._refuse(f"forwarding to {dest_path}", "forwarding needs a registered key")
+        try:
+            fd = os.open(dest_path, os.O_PATH | os.O_NOFOLLOW)
+        except OSError as exc:
+            self._refuse(f"forwarding to {dest_path}", f"{dest_path}: {exc.strerror}")
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
+            os.close(fd)
+            self._refuse(f"forwarding to {dest_path}",
+                         f"{dest_path} is not a socket you own; only your own sockets can be reached")
+        conn = self.conn
+
+        async def connect() -> Any:
+            try:
+                return await conn.forward_unix_connection(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+
+        return connect()
+
+    def unix_server_requested(self, listen_path: str) -> bool:
+        log.warning("refused a remote Unix socket forward for %s",
+                    self.principal.username if self.principal else "?")
+        return False
 
     # ------------------------------------------------------------ sessions
 
