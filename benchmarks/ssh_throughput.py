@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from mtgpu_testing import SSH_OPTS, Host, free_port  # noqa: E402
+from mtgpu_testing import SSH_OPTS, Host, authorize_for_openssh, start_openssh  # noqa: E402
 
 
 def zeros_sha256(n: int) -> str:
@@ -110,33 +110,6 @@ def login_latency(t: Target, n: int) -> float:
     return statistics.median(times)
 
 
-def start_sshd(host: Host, workdir: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    cfg = workdir / "sshd_config"
-    cfg.write_text(f"""Port {port}
-ListenAddress 127.0.0.1
-HostKey {host.state_dir / 'ssh_host_ed25519_key'}
-HostKey {host.state_dir / 'ssh_host_ecdsa_key'}
-PidFile none
-UsePAM yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AuthorizedKeysFile .ssh/authorized_keys
-Subsystem sftp /usr/lib/openssh/sftp-server
-AcceptEnv LANG LC_*
-""")
-    Path("/run/sshd").mkdir(exist_ok=True)
-    pid = host._server_pid()
-    proc = subprocess.Popen(["nsenter", "-t", str(pid), "-m", "/usr/sbin/sshd", "-D", "-e",
-                             "-f", str(cfg)], stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        if subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"],
-                          capture_output=True).stdout:
-            return proc, port
-        time.sleep(0.1)
-    raise RuntimeError("sshd did not start")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mib", type=int, default=1024)
@@ -151,11 +124,8 @@ def main() -> int:
     sshd = None
     try:
         key = host.add_user("bench")
-        pub = Path(str(key) + ".pub").read_text()
-        r = host.ssh("bench", key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys",
-                     input=pub.encode())
-        assert r.returncode == 0, r.stderr
-        sshd, sport = start_sshd(host, workdir)
+        authorize_for_openssh(host, "bench", key)
+        sshd, sport = start_openssh(host)
         targets = [Target("mtgpu", host.port, "bench", key), Target("openssh", sport, "bench", key)]
         expect, sexpect = zeros_sha256(size), zeros_sha256(ssize)
         results: dict[str, dict[str, float]] = {t.name: {} for t in targets}

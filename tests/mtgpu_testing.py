@@ -266,3 +266,40 @@ class ClientTerminal:
 
     def close(self) -> None:
         self.tmux("kill-server")
+
+
+def start_openssh(host: Host, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
+    """OpenSSH's sshd on a loopback port, in ``host``'s mount namespace (its accounts),
+    with the same host keys. Returns the process and its port."""
+    port = free_port()
+    cfg = host.dir / f"sshd_config_{port}"
+    cfg.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {host.state_dir / 'ssh_host_ed25519_key'}
+HostKey {host.state_dir / 'ssh_host_ecdsa_key'}
+PidFile none
+UsePAM yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile .ssh/authorized_keys
+Subsystem sftp /usr/lib/openssh/sftp-server
+AcceptEnv LANG LC_*
+{extra}
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen(["nsenter", "-t", str(host._server_pid()), "-m", "/usr/sbin/sshd", "-D",
+                             "-e", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], capture_output=True).stdout:
+            return proc, port
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("sshd did not start")
+
+
+def authorize_for_openssh(host: Host, user: str, key: Path) -> None:
+    """Put ``key`` in the tenant's own ~/.ssh/authorized_keys (written as the tenant)."""
+    pub = Path(str(key) + ".pub").read_text()
+    r = host.ssh(user, key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys",
+                 input=pub.encode())
+    assert r.returncode == 0, r.stderr

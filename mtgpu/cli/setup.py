@@ -26,7 +26,7 @@ BIN_DIR = "/usr/local/bin"
 UNIT_DIR = "/etc/systemd/system"
 SYSTEM_PYTHON = "/usr/bin/python3"
 LOG_FILE = "/var/log/mtgpu.log"
-SCRIPTS = ("mtgpu-server", "mtgpu-setup", "mtgpu-admin", "mtcode-admin", "mt-job",
+SCRIPTS = ("mtgpu-server", "mtgpu-setup", "mtgpu-admin", "mtgpu-shell", "mtcode-admin", "mt-job",
            "mt-container", "mt-podman", "mt-python", "mt-attach", "remotegpu-cli")
 # Debian/Ubuntu packages the host needs, and what needs them.
 OS_PACKAGES = {"tmux": "tmux", "sftp-server": "openssh-sftp-server", "setsid": "util-linux",
