@@ -28,7 +28,7 @@ from mtgpu.errors import MtgpuError
 from mtgpu.gateway.route import Kind, route
 from mtgpu.tmux import terminal_argv
 from mtgpu.gateway.spawn import (Spawned, channel_to_fd, exit_status, pipe_to_channel,
-                                 set_winsize, spawn_as)
+                                 set_winsize, signal_child, spawn_as)
 
 log = logging.getLogger("mtgpu.gateway")
 
@@ -178,9 +178,10 @@ class Gateway:
                 os.close(fd)
         chan = process.channel
         child = Spawned(proc)
+        _hook_signals(process, child)
         out_done = await pipe_to_channel(out_r, chan, None)
         err_done = await pipe_to_channel(err_r, chan, EXTENDED_DATA_STDERR)
-        feeder = asyncio.get_running_loop().create_task(channel_to_fd(process, in_w, child))
+        feeder = asyncio.get_running_loop().create_task(channel_to_fd(process, in_w))
         rc = await proc.wait()
         # The exit status goes out only after every byte of output.
         await asyncio.gather(out_done, err_done)
@@ -204,9 +205,10 @@ class Gateway:
         finally:
             os.close(slave)
         child = Spawned(proc, master_fd=master)
+        _hook_signals(process, child)
         loop = asyncio.get_running_loop()
         out_done = await pipe_to_channel(os.dup(master), process.channel, None)
-        feeder = loop.create_task(channel_to_fd(process, master, child, close_at_eof=False))
+        feeder = loop.create_task(channel_to_fd(process, master, close_at_eof=False))
         waiter = loop.create_task(proc.wait())
         closed = loop.create_task(process.channel.wait_closed())
         await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
@@ -306,6 +308,19 @@ def _fail(process: asyncssh.SSHServerProcess, message: str) -> None:
         process.exit(1)
     except (asyncssh.Error, OSError):
         pass
+
+
+def _hook_signals(process: asyncssh.SSHServerProcess, child: Spawned) -> None:
+    """Deliver the client's signals and window changes to the child directly."""
+    def on_signal(name: str) -> None:
+        signal_child(child, name)
+
+    def on_resize(cols: int, rows: int, xpix: int, ypix: int) -> None:
+        if child.master_fd is not None and child.master_fd >= 0:
+            set_winsize(child.master_fd, cols, rows, xpix, ypix)
+
+    process.on_signal = on_signal  # type: ignore[attr-defined]
+    process.on_resize = on_resize  # type: ignore[attr-defined]
 
 
 def _agent_socket(process: asyncssh.SSHServerProcess, account: Account) -> str | None:

@@ -104,9 +104,9 @@ async def pipe_to_channel(fd: int, chan: asyncssh.SSHServerChannel,
     return done
 
 
-async def channel_to_fd(process: asyncssh.SSHServerProcess, fd: int, child: Spawned,
+async def channel_to_fd(process: asyncssh.SSHServerProcess, fd: int,
                         *, close_at_eof: bool = True) -> None:
-    """Copy the channel's stdin into ``fd``; forward signals and window changes."""
+    """Copy the channel's stdin into ``fd`` until EOF."""
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
     reader = process.stdin
@@ -114,15 +114,8 @@ async def channel_to_fd(process: asyncssh.SSHServerProcess, fd: int, child: Spaw
         while True:
             try:
                 data = await reader.read(_READ_CHUNK)
-            except asyncssh.SignalReceived as exc:
-                _signal_child(child, exc.signal)
-                continue
-            except asyncssh.TerminalSizeChanged as exc:
-                if child.master_fd is not None:
-                    set_winsize(child.master_fd, exc.width, exc.height, exc.pixwidth, exc.pixheight)
-                continue
-            except asyncssh.BreakReceived:
-                continue
+            except (asyncssh.SignalReceived, asyncssh.TerminalSizeChanged, asyncssh.BreakReceived):
+                continue  # delivered through the session's hooks instead
             except (asyncssh.Error, ConnectionError):
                 break
             if not data:
@@ -158,7 +151,8 @@ async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
         loop.remove_writer(fd)
 
 
-def _signal_child(child: Spawned, name: str) -> None:
+def signal_child(child: Spawned, name: str) -> None:
+    """Send the signal a client named (``INT``, ``TERM``...) to the child's session."""
     signum = getattr(signal, "SIG" + name.upper(), None)
     if signum is None:
         return
