@@ -1,0 +1,573 @@
+"""Placement: where can a job go now, and if nowhere, why.
+
+``place(snapshot, job, now) -> Placement | Reason`` is a pure function. The stages,
+in the shape of Nomad's generic stack::
+
+    candidates   from an index, best fit first (see below), or the pinned servers
+      filters    filters.check_node: pin, GPU model, drain state, CPUs, RAM, GPU
+                 count, VRAM for the mode; each refusal counted under the filter's name
+      limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
+                 size, at least 2, as Nomad ranks log2 n candidates)
+      rankers    rankers.score_node: best fit, then a tie-break seeded by the job id
+      select     the best ``nodes`` members, all or nothing
+
+A :class:`Plan` is the writable side, as in Nomad: it starts from an immutable
+snapshot, answers ``place`` for many jobs, and ``commit`` applies a placement so the
+next answer sees it. The queue runs one plan per pass.
+
+Indexes keep a decision cheap on a large cluster. Each is built the first time a
+request needs it and kept up to date by ``commit``/``release``:
+
+- exclusive jobs: members bucketed by how many matching GPUs are idle; walking from
+  ``gpus`` upwards visits the tightest fit first;
+- shared and overcommit jobs: members sorted by the most VRAM one of their matching
+  GPUs (not held whole) can give in the mode; walking from ``vram`` upwards visits
+  the tightest fit first;
+- CPU-only jobs: members bucketed by free CPUs, members without GPUs first.
+
+Only members that are up are in the indexes. The indexes offer a superset of the
+members that fit, so a refusal is exact: when ``place`` says no, no member fits.
+``exhaustive=True`` skips the indexes and the limit and checks every member: that is
+what ``explain`` uses to give exact per-filter counts, and what the tests compare the
+indexed path against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from bisect import bisect_left, insort
+from collections.abc import Collection, Iterable, Iterator, Sequence
+
+from mtgpu.config.units import format_size
+from mtgpu.schedd.filters import Layout, Usage, apply_member, check_node, member_fits
+from mtgpu.schedd.rankers import score_node
+from mtgpu.schedd.types import (
+    Allocation,
+    ClusterSnapshot,
+    GpuMode,
+    GpuSnapshot,
+    MemberPlacement,
+    NodeSnapshot,
+    PendingJob,
+    Placement,
+    Reason,
+    ResourceRequest,
+)
+
+_EXCLUSIVE = GpuMode.EXCLUSIVE
+
+_FILTER_TEXT = {
+    "server_pin": "are not among the pinned servers",
+    "gpu_model": "have too few {label} GPUs",
+    "node_state": "are down or drained",
+    "gpu_count": "have too few free {label} GPUs",
+    "vram": "lack free VRAM",
+    "cpus": "lack free CPUs",
+    "ram": "lack free RAM",
+    "reserved": "are reserved for a higher-priority job",
+}
+
+
+class _IdleIndex:
+    """Exclusive requests: up members bucketed by their count of idle matching GPUs."""
+
+    __slots__ = ("buckets", "class_ok", "count", "up")
+
+    def __init__(self, layout: Layout, use: Usage, brand: str | None, type_: str | None) -> None:
+        self.up = layout.up
+        self.class_ok = layout.class_matches(brand, type_)
+        self.count = [0] * len(layout)
+        self.buckets: list[set[int]] = [set() for _ in range(layout.max_gpus + 1)]
+        holder, shared = use.gpu_holder, use.gpu_shared
+        for i, ids in enumerate(layout.matching(brand, type_)):
+            if layout.up[i] and ids:
+                c = sum(1 for g in ids if holder[g] is None and not shared[g])
+                self.count[i] = c
+                if c:
+                    self.buckets[c].add(i)
+
+    def shift(self, i: int, delta: int) -> None:
+        """Member ``i`` gained (``delta`` > 0) or lost idle matching GPUs."""
+        if not self.up[i]:
+            return
+        old = self.count[i]
+        new = self.count[i] = old + delta
+        if old:
+            self.buckets[old].discard(i)
+        if new:
+            self.buckets[new].add(i)
+
+    def walk(self, k: int) -> Iterator[int]:
+        for c in range(k, len(self.buckets)):
+            yield from self.buckets[c]
+
+    def copy(self) -> _IdleIndex:
+        new = _IdleIndex.__new__(_IdleIndex)
+        new.up, new.class_ok = self.up, self.class_ok
+        new.count = self.count.copy()
+        new.buckets = [b.copy() for b in self.buckets]
+        return new
+
+
+class _VramIndex:
+    """Shared/overcommit requests: up members sorted by the most VRAM one matching GPU,
+    not held whole, can give in this mode. Walking from ``vram`` upwards visits the
+    members whose best GPU is the tightest fit first."""
+
+    __slots__ = ("class_ok", "entries", "key", "layout", "match", "mode")
+
+    def __init__(self, layout: Layout, use: Usage, brand: str | None, type_: str | None,
+                 mode: GpuMode) -> None:
+        self.layout, self.mode = layout, mode
+        self.class_ok = layout.class_matches(brand, type_)
+        self.match = layout.matching(brand, type_)
+        self.entries: list[tuple[int, int]] = []
+        self.key: dict[int, int] = {}
+        for i, ids in enumerate(self.match):
+            if layout.up[i] and ids:
+                best = self._best(use, i)
+                if best is not None:
+                    self.entries.append((best, i))
+                    self.key[i] = best
+        self.entries.sort()
+
+    def _best(self, use: Usage, i: int) -> int | None:
+        holder, layout, mode = use.gpu_holder, self.layout, self.mode
+        frees = [use.gpu_free(layout, g, mode) for g in self.match[i] if holder[g] is None]
+        return max(frees) if frees else None
+
+    def update(self, use: Usage, i: int) -> None:
+        """Member ``i`` changed: move or drop its entry."""
+        if not self.layout.up[i]:
+            return
+        old = self.key.pop(i, None)
+        if old is not None:
+            del self.entries[bisect_left(self.entries, (old, i))]
+        best = self._best(use, i)
+        if best is not None:
+            insort(self.entries, (best, i))
+            self.key[i] = best
+
+    def walk(self, vram: int) -> Iterator[int]:
+        entries = self.entries
+        for pos in range(bisect_left(entries, (vram, -1)), len(entries)):
+            yield entries[pos][1]
+
+    def copy(self) -> _VramIndex:
+        new = _VramIndex.__new__(_VramIndex)
+        new.layout, new.class_ok, new.match, new.mode = self.layout, self.class_ok, self.match, self.mode
+        new.entries = self.entries.copy()
+        new.key = self.key.copy()
+        return new
+
+
+class _CpuIndex:
+    """CPU-only requests: up members bucketed by free CPUs; [0] without GPUs, [1] with."""
+
+    __slots__ = ("count", "groups", "layout")
+
+    def __init__(self, layout: Layout, use: Usage) -> None:
+        self.layout = layout
+        self.count = [-1] * len(layout)
+        self.groups: tuple[dict[int, set[int]], dict[int, set[int]]] = ({}, {})
+        for i in range(len(layout)):
+            if layout.up[i]:
+                self.update(use, i)
+
+    def update(self, use: Usage, i: int) -> None:
+        if not self.layout.up[i]:
+            return
+        group = self.groups[1 if self.layout.node_gpus[i] else 0]
+        old, new = self.count[i], use.cpus_free[i]
+        if old == new:
+            return
+        if old >= 0:
+            group[old].discard(i)
+        group.setdefault(new, set()).add(i)
+        self.count[i] = new
+
+    def walk(self, cpus: int) -> Iterator[int]:
+        for group in self.groups:
+            for free in range(max(cpus, 0), self.layout.max_cpus + 1):
+                b = group.get(free)
+                if b:
+                    yield from b
+
+    def copy(self) -> _CpuIndex:
+        new = _CpuIndex.__new__(_CpuIndex)
+        new.layout = self.layout
+        new.count = self.count.copy()
+        new.groups = ({k: v.copy() for k, v in self.groups[0].items()},
+                      {k: v.copy() for k, v in self.groups[1].items()})
+        return new
+
+
+class Plan:
+    """A writable view of the cluster for one scheduling pass (Nomad's plan)::
+
+        plan = Plan(snapshot)
+        for job in jobs:
+            got = plan.place(job, now)
+            if isinstance(got, Placement):
+                plan.commit(got)        # the next decision sees it
+
+    ``place`` never changes the plan; ``commit`` and ``release`` do. ``copy`` is cheap
+    (list copies), for what-if plans such as a reservation.
+    """
+
+    snapshot: ClusterSnapshot
+    layout: Layout
+    use: Usage
+    candidate_limit: int
+    _idle: dict[tuple[str | None, str | None], _IdleIndex]
+    _vram: dict[tuple[str | None, str | None, GpuMode], _VramIndex]
+    _cpu: _CpuIndex | None
+    # Both depend only on the layout, so every copy shares them.
+    _ever: dict[tuple[ResourceRequest, bool], Reason | None]
+    _static: dict[tuple[int, str | None, str | None], tuple[int, int]]
+
+    def __init__(self, snapshot: ClusterSnapshot, *, candidate_limit: int | None = None) -> None:
+        base = _base_plan(snapshot)
+        self.snapshot = snapshot
+        self.layout = base.layout
+        self.use = base.use.copy()
+        self.candidate_limit = candidate_limit or base.candidate_limit
+        self._idle = {k: v.copy() for k, v in base._idle.items()}
+        self._vram = {k: v.copy() for k, v in base._vram.items()}
+        self._cpu = base._cpu.copy() if base._cpu else None
+        self._ever, self._static = base._ever, base._static
+
+    @classmethod
+    def _build(cls, snapshot: ClusterSnapshot) -> Plan:
+        plan = cls.__new__(cls)
+        plan.snapshot = snapshot
+        plan.layout = Layout(snapshot)
+        plan.use = Usage(snapshot)
+        plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
+        plan._idle, plan._vram, plan._cpu = {}, {}, None
+        plan._ever, plan._static = {}, {}
+        return plan
+
+    def copy(self) -> Plan:
+        """An independent plan with the same state."""
+        new = Plan.__new__(Plan)
+        new.snapshot, new.layout, new.use = self.snapshot, self.layout, self.use.copy()
+        new.candidate_limit = self.candidate_limit
+        new._idle = {k: v.copy() for k, v in self._idle.items()}
+        new._vram = {k: v.copy() for k, v in self._vram.items()}
+        new._cpu = self._cpu.copy() if self._cpu else None
+        new._ever, new._static = self._ever, self._static
+        return new
+
+    # ------------------------------------------------------------------ writing
+
+    def commit(self, placement: Placement) -> None:
+        """Take the resources of ``placement`` (not checked: call ``place`` or ``fits`` first)."""
+        self._apply(placement, 1)
+
+    def release(self, placement: Placement) -> None:
+        """Give back the resources of ``placement``, as when the job ends."""
+        self._apply(placement, -1)
+
+    def _apply(self, placement: Placement, sign: int, estimate: bool = True) -> None:
+        layout, use = self.layout, self.use
+        holder, shared, gpu_class = use.gpu_holder, use.gpu_shared, layout.gpu_class
+        for member in placement.members:
+            i = layout.index_of[member.node]
+            gids = [layout.gpu_by_index[i][x] for x in member.gpu_indices]
+            was_idle = [holder[g] is None and not shared[g] for g in gids]
+            apply_member(layout, use, member, placement.gpu_mode, placement.job_id, sign, estimate=estimate)
+            # Only the GPUs this member touched can move in an index.
+            touched = set()
+            for g, was in zip(gids, was_idle):
+                cls = gpu_class[g]
+                touched.add(cls)
+                idle = holder[g] is None and not shared[g]
+                if idle != was:
+                    for index in self._idle.values():
+                        if index.class_ok[cls]:
+                            index.shift(i, 1 if idle else -1)
+            for vindex in self._vram.values():
+                if any(vindex.class_ok[cls] for cls in touched):
+                    vindex.update(use, i)
+            if self._cpu is not None:
+                self._cpu.update(use, i)
+
+    def to_snapshot(self, new: Sequence[Allocation] = ()) -> ClusterSnapshot:
+        """A snapshot of the plan as it stands, with ``new`` added to the running work.
+
+        Measured use in it is the plan's estimate (measured plus what was placed).
+        """
+        layout, use = self.layout, self.use
+        nodes = []
+        for i, name in enumerate(layout.names):
+            gpus = tuple(GpuSnapshot(index=layout.gpu_index[g], brand=layout.gpu_brand[g],
+                                     type=layout.gpu_type[g], vram_total=layout.gpu_total[g],
+                                     vram_used=use.gpu_used[g], vram_committed=use.gpu_committed[g],
+                                     exclusive_job=use.gpu_holder[g], shared_jobs=use.gpu_shared[g])
+                         for g in layout.node_gpus[i])
+            nodes.append(NodeSnapshot(name=name, cpus=layout.cpus[i], ram_total=layout.ram_total[i],
+                                      gpus=gpus, ram_used=use.ram_used[i],
+                                      cpus_committed=layout.cpus[i] - use.cpus_free[i],
+                                      ram_committed=use.ram_committed[i], state=layout.states[i]))
+        return ClusterSnapshot(nodes=tuple(nodes), running=self.snapshot.running + tuple(new))
+
+    def fits(self, placement: Placement) -> bool:
+        """True if this exact placement (members and GPU indices) fits the plan now."""
+        return all(member_fits(self.layout, self.use, m, placement.gpu_mode) for m in placement.members)
+
+    # ------------------------------------------------------------------ placing
+
+    def place(self, job: PendingJob, now: float = 0.0, *, exclude: Collection[str] = (),
+              exhaustive: bool = False) -> Placement | Reason:
+        """Place one job: its members on ``request.nodes`` distinct members, or a Reason.
+
+        ``exclude`` names members not to use (counted as ``reserved``). ``now`` is part
+        of the contract so time-aware filters can be added; nothing here reads a clock.
+        """
+        del now
+        req = job.request
+        layout = self.layout
+        match = layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else layout.node_gpus
+        need = req.nodes
+        limit = math.inf if exhaustive else need + self.candidate_limit - 1
+        excluded = {layout.index_of[n] for n in exclude if n in layout.index_of}
+        counts: dict[str, int] = {}
+        seed = zlib.crc32(job.job_id.encode() + b"\0")
+        use = self.use
+        found: list[tuple[float, int, tuple[int, ...]]] = []
+        for i in self._candidates(req, match, exhaustive):
+            if i in excluded:
+                counts["reserved"] = counts.get("reserved", 0) + 1
+                continue
+            failed, chosen = check_node(layout, use, i, req, match)
+            if failed is not None:
+                counts[failed] = counts.get(failed, 0) + 1
+                continue
+            found.append((-score_node(layout, use, i, req, chosen, match, seed)[0], i, chosen))
+            if len(found) >= limit:
+                break
+        if len(found) < need:
+            return self._reason(req, counts, len(found), exhaustive, match)
+        found.sort()
+        members = tuple(
+            MemberPlacement(node=layout.names[i], rank=rank,
+                            gpu_indices=tuple(layout.gpu_index[g] for g in chosen),
+                            cpus=req.cpus, ram=req.ram, vram_per_gpu=req.vram,
+                            scores=score_node(layout, use, i, req, chosen, match, seed, detail=True)[1])
+            for rank, (_, i, chosen) in enumerate(found[:need]))
+        return Placement(job_id=job.job_id, gpu_mode=req.gpu_mode, members=members)
+
+    def warm(self, requests: Iterable[ResourceRequest]) -> None:
+        """Build the indexes these requests will use now, rather than on their first decision."""
+        for req in requests:
+            if not req.servers:
+                match = self.layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else self.layout.node_gpus
+                self._candidates(req, match, exhaustive=False)
+
+    def _candidates(self, req: ResourceRequest, match: list[tuple[int, ...]],
+                    exhaustive: bool) -> Iterator[int]:
+        layout = self.layout
+        if req.servers:
+            return iter([layout.index_of[s] for s in req.servers if s in layout.index_of])
+        if exhaustive:
+            return iter(range(len(layout)))
+        if not req.gpus:
+            if self._cpu is None:
+                self._cpu = _CpuIndex(layout, self.use)
+            return self._cpu.walk(req.cpus)
+        if req.gpu_mode is _EXCLUSIVE:
+            key = (req.gpu_brand, req.gpu_type)
+            idle = self._idle.get(key)
+            if idle is None:
+                idle = self._idle[key] = _IdleIndex(layout, self.use, *key)
+            return idle.walk(req.gpus)
+        vkey = (req.gpu_brand, req.gpu_type, req.gpu_mode)
+        vram = self._vram.get(vkey)
+        if vram is None:
+            vram = self._vram[vkey] = _VramIndex(layout, self.use, req.gpu_brand, req.gpu_type, req.gpu_mode)
+        return vram.walk(req.vram)
+
+    # ------------------------------------------------------------------ reasons
+
+    def never(self, req: ResourceRequest, *, up_only: bool = False) -> Reason | None:
+        """:func:`feasible_ever` on this plan's layout, cached per request shape."""
+        key = (req, up_only)
+        if key not in self._ever:
+            self._ever[key] = _feasible_ever(self.layout, req, up_only)
+        return self._ever[key]
+
+    def _reason(self, req: ResourceRequest, counts: dict[str, int], found: int, exhaustive: bool,
+                match: Sequence[tuple[int, ...]]) -> Reason:
+        layout = self.layout
+        never = self.never(req)
+        if never is not None:
+            return never
+        down = None if layout.all_up else self.never(req, up_only=True)
+        if down is not None:
+            names = [layout.names[i] for i in self._pool(req)
+                     if not layout.up[i] and _could_ever(layout, req, i)]
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            return Reason("ReqNodeNotAvail",
+                          f"the members that could run it are down or drained ({shown}); "
+                          f"it waits for them to come back", dict(counts, node_state=len(names)))
+        n = len(layout)
+        if req.servers:
+            counts["server_pin"] = n - len(self._pool(req))
+        elif not exhaustive:
+            # Members the index never offered: count them under the static filters
+            # (exact, cached) and put the rest under the index's own filter.
+            model, state = self._static_counts(req, match)
+            counts["gpu_model"], counts["node_state"] = model, state
+            index_filter = "cpus" if not req.gpus else ("gpu_count" if req.gpu_mode is _EXCLUSIVE else "vram")
+            rest = n - found - sum(counts.values())
+            if rest > 0:
+                counts[index_filter] = counts.get(index_filter, 0) + rest
+        counts = {k: v for k, v in counts.items() if v}
+        label = req.gpu_label() if req.gpu_label() != "any" else ""
+        parts = [f"{v} {_FILTER_TEXT[k].format(label=label).replace('  ', ' ')}"
+                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
+        have = f"{found} of the {req.nodes} members needed are free now" if req.nodes > 1 else "no member is free now"
+        msg = f"needs {req.describe()}; {have}"
+        if parts:
+            msg += f" (of {n} members: " + ", ".join(parts) + ")"
+        return Reason("Resources", msg, counts)
+
+    def _pool(self, req: ResourceRequest) -> list[int]:
+        if req.servers:
+            return [self.layout.index_of[s] for s in req.servers if s in self.layout.index_of]
+        return list(range(len(self.layout)))
+
+    def _static_counts(self, req: ResourceRequest, match: Sequence[tuple[int, ...]]) -> tuple[int, int]:
+        key = (req.gpus, req.gpu_brand, req.gpu_type)
+        got = self._static.get(key)
+        if got is None:
+            k = req.gpus
+            model = sum(1 for ids in match if len(ids) < k) if k else 0
+            state = sum(1 for i, ids in enumerate(match) if len(ids) >= k and not self.layout.up[i])
+            got = self._static[key] = (model, state)
+        return got
+
+
+def _could_ever(layout: Layout, req: ResourceRequest, i: int) -> bool:
+    if layout.cpus[i] < req.cpus or layout.ram_total[i] < req.ram:
+        return False
+    if not req.gpus:
+        return True
+    ids = layout.matching(req.gpu_brand, req.gpu_type)[i]
+    return sum(1 for g in ids if layout.gpu_total[g] >= req.vram) >= req.gpus
+
+
+def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reason | None:
+    unknown = [s for s in req.servers if s not in layout.index_of]
+    if unknown and len(req.servers) - len(unknown) < req.nodes:
+        return Reason("BadConstraints", f"server {', '.join(unknown)} is not a member of this cluster; "
+                      f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
+                      {"server_pin": len(layout)})
+    # (weight, CPUs, RAM, VRAM of each matching GPU, largest first) per kind of host.
+    pool: list[tuple[int, int, int, tuple[int, ...]]] = []
+    if req.servers:
+        for s in req.servers:
+            i = layout.index_of.get(s)
+            if i is not None and (layout.up[i] or not up_only):
+                cards = [layout.gpu_total[g] for g in layout.matching(req.gpu_brand, req.gpu_type)[i]]
+                pool.append((1, layout.cpus[i], layout.ram_total[i], tuple(sorted(cards, reverse=True))))
+    else:
+        for all_, up, cpus, ram, sizes in layout.profiles_for(req.gpu_brand, req.gpu_type):
+            weight = up if up_only else all_
+            if weight:
+                pool.append((weight, cpus, ram, sizes))
+    k, v, need, want_cpus, want_ram = req.gpus, req.vram, req.nodes, req.cpus, req.ram
+    # One pass, counting members (weights) that survive each stage in filter order.
+    most = largest = has_model = enough = big = with_cpus = with_ram = most_cpus = most_ram = 0
+    for weight, cpus, ram, vram in pool:
+        if k:
+            m = len(vram)
+            if not m:
+                continue
+            most = max(most, m)
+            largest = max(largest, vram[0])
+            has_model += weight
+            if m < k:
+                continue
+            enough += weight
+            if vram[k - 1] < v:  # the k-th largest card is too small
+                continue
+            big += weight
+        most_cpus = max(most_cpus, cpus)
+        if cpus < want_cpus:
+            continue
+        with_cpus += weight
+        most_ram = max(most_ram, ram)
+        if ram < want_ram:
+            continue
+        with_ram += weight
+    label = "" if req.gpu_label() == "any" else req.gpu_label() + " "
+    stages: list[tuple[str, int, str]] = []
+    if k:
+        kinds = sorted({f"{b}:{t}" for b, t in layout.classes}) if not has_model else []
+        none_here = (f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)")
+        stages += [("gpu_model", has_model, f"no member has {label}GPUs{none_here}"),
+                   ("gpu_model", enough, f"no member has {k} {label}GPUs; the most on one member is {most}"),
+                   ("vram", big, (f"no {label}GPU has {format_size(v)} of VRAM; the largest has "
+                                  f"{format_size(largest)}" if k == 1 or largest < v else
+                                  f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"))]
+    stages += [("cpus", with_cpus, f"no member that fits the rest has {want_cpus} CPUs; the most is {most_cpus}"),
+               ("ram", with_ram, (f"no member that fits the rest has {format_size(want_ram)} of RAM; "
+                                  f"the most is {format_size(most_ram)}"))]
+    for name, passed, message in stages:
+        if passed == 0:
+            return Reason("BadConstraints", message, {name: len(layout)})
+        if passed < need:
+            return Reason("BadConstraints", f"only {passed} member(s) could ever take one member of it "
+                          f"({req.describe()}), but nodes={need} needs {need}", {name: len(layout) - passed})
+    return None
+
+
+_BASE_ATTR = "_mtgpu_base_plan"
+
+
+def _base_plan(snapshot: ClusterSnapshot) -> Plan:
+    """The plan built from ``snapshot`` once, kept on it; callers copy before writing."""
+    base = snapshot.__dict__.get(_BASE_ATTR)
+    if base is None:
+        base = Plan._build(snapshot)
+        # The snapshot is immutable, so what is derived from it can be kept with it.
+        object.__setattr__(snapshot, _BASE_ATTR, base)
+    return base
+
+
+def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequence[Allocation]) -> ClusterSnapshot:
+    """A snapshot whose committed figures are those of ``allocations`` on top of ``nodes``.
+
+    For the daemon, which knows the allocations from the replicated state and measured
+    use from heartbeats: measured use in ``nodes`` is kept as it is (it already shows the
+    running work), and CPUs, RAM, VRAM and GPU holders are committed per allocation.
+    """
+    plan = Plan._build(ClusterSnapshot(nodes=tuple(nodes)))
+    for alloc in allocations:
+        plan._apply(alloc.placement, 1, estimate=False)
+    return dataclasses.replace(plan.to_snapshot(), running=tuple(allocations))
+
+
+def place(snapshot: ClusterSnapshot | Plan, job: PendingJob, now: float = 0.0) -> Placement | Reason:
+    """Place ``job`` on ``snapshot`` (or on a plan): a Placement, or the Reason it waits."""
+    plan = snapshot if isinstance(snapshot, Plan) else _base_plan(snapshot)
+    return plan.place(job, now)
+
+
+def explain(snapshot: ClusterSnapshot | Plan, job: PendingJob, now: float = 0.0) -> Placement | Reason:
+    """Like :func:`place` but checks every member, so a Reason's counts are exact (for ``mt-job show``)."""
+    plan = snapshot if isinstance(snapshot, Plan) else _base_plan(snapshot)
+    return plan.place(job, now, exhaustive=True)
+
+
+def feasible_ever(snapshot: ClusterSnapshot, request: ResourceRequest) -> Reason | None:
+    """None if some members could run ``request`` on an empty cluster; else why not (BadConstraints).
+
+    Current use and drain state are ignored: this is the submit-time check that turns
+    away a request no member could ever satisfy.
+    """
+    return _base_plan(snapshot).never(request)
