@@ -27,7 +27,7 @@ from mtgpu.config import Options
 from mtgpu.errors import MtgpuError
 from mtgpu.gateway.route import Kind, route
 from mtgpu.tmux import terminal_argv
-from mtgpu.gateway.spawn import (Spawned, channel_to_fd, exit_status, pipe_to_channel,
+from mtgpu.gateway.spawn import (Spawned, big_pipe, channel_to_fd, exit_status, pipe_to_channel,
                                  set_winsize, signal_child, spawn_as)
 
 log = logging.getLogger("mtgpu.gateway")
@@ -168,8 +168,8 @@ class Gateway:
     async def pipe_session(self, process: asyncssh.SSHServerProcess, account: Account,
                            argv: list[str], env: dict[str, str]) -> None:
         """Run ``argv`` as the tenant with stdin, stdout and stderr as plain pipes."""
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
+        in_r, in_w = big_pipe()
+        out_r, out_w = big_pipe()
         err_r, err_w = os.pipe()
         try:
             proc = await spawn_as(account, argv, env, stdin=in_r, stdout=out_w, stderr=err_w)

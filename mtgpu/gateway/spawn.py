@@ -31,6 +31,24 @@ _HIGH_WATER = 4 << 20
 _READ_CHUNK = 1 << 18
 
 
+_F_SETPIPE_SZ = 1031
+_PIPE_SIZE = 1 << 20
+
+
+def big_pipe() -> tuple[int, int]:
+    """A pipe with a 1 MiB buffer (Linux allows this unprivileged up to pipe-max-size).
+
+    With the default 64 KiB, a chatty writer such as sftp-server fills the pipe in a
+    few responses and both sides pay a system call per small chunk.
+    """
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_SIZE)
+    except OSError:
+        pass
+    return r, w
+
+
 @dataclass
 class Spawned:
     proc: asyncio.subprocess.Process
