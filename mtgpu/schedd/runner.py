@@ -1,0 +1,397 @@
+"""Running jobs on this host: the daemon's side of job execution.
+
+The daemon hands each job member to :meth:`Runner.start` as a :class:`JobLaunch`.
+The runner writes the launch to a root-only directory for the job and starts a
+supervisor for it (``python -m mtgpu.schedd.supervisor SPEC``), in a session of its
+own and re-parented away from the daemon, so that the job and its supervisor live on
+if the daemon is restarted or killed. The supervisor never talks to the daemon: it
+only writes files. A daemon, new or old, learns what happened by reading them.
+
+One job's directory (``STATE_DIR/jobs/ID``, mode 0700, root)::
+
+    spec.json        the launch and the cgroup parents     (written by the runner)
+    supervisor.pid   pid, start time and boot id            (supervisor, at start)
+    supervisor.log   the supervisor's own messages
+    cgroups.json     the job's cgroup directories           (supervisor)
+    cancel.json      a cancel request and its grace period  (runner)
+    result.json      the final JobResult                    (supervisor, last)
+    acked            the daemon has recorded the result     (runner)
+
+Contract for the daemon:
+
+- ``start(launch)`` returns once the supervisor runs (a fraction of a second);
+  it raises :class:`JobAlreadyStarted` if the job was started here before.
+- ``poll()``, called every 0.2-0.5 s (or ``async for r in runner.watch()``),
+  returns each finished job's :class:`JobResult` once per runner object; the
+  first call after a restart also returns results that ended while no daemon ran.
+  After recording a result, call ``ack(job_id)`` so a later daemon does not
+  report it again.
+- ``running()`` lists the jobs whose supervisors are alive (re-adoption).
+- ``cancel(job_id, grace)`` asks for SIGTERM to every process of the job, then
+  SIGKILL after ``grace`` seconds; the result says CANCELLED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import mtgpu
+from mtgpu.errors import CommandError, JobError
+from mtgpu.proc import run
+from mtgpu.schedd import cgroups
+from mtgpu.schedd.jobenv import JobLaunch, JobUser
+
+__all__ = ["FinalState", "JobAlreadyStarted", "JobLaunch", "JobResult", "JobUser", "Runner"]
+
+log = logging.getLogger("mtgpu.schedd.runner")
+
+SPEC, PIDFILE, LOGFILE = "spec.json", "supervisor.pid", "supervisor.log"
+CGROUPS, CANCEL, RESULT, ACKED = "cgroups.json", "cancel.json", "result.json", "acked"
+#: A job directory with a spec but no supervisor after this long was never started
+#: (the daemon stopped between writing the spec and starting the supervisor).
+START_GRACE = 60.0
+
+
+class FinalState(StrEnum):
+    """How a job ended, in Slurm's words."""
+
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    #: The supervisor itself vanished (a reboot, or it was killed) before recording.
+    NODE_FAIL = "NODE_FAIL"
+
+
+class JobAlreadyStarted(JobError):
+    """The job was already started on this host; a second dispatch is refused."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How one job member ended.
+
+    ``exit_code`` is the main process's exit status, or ``None`` when a signal
+    ended it (then ``signal`` says which) or it never started. ``reason`` is one
+    sentence for ``mt-job show``, empty for COMPLETED. Times are seconds since the
+    epoch. ``limits`` says how each limit was enforced (``memory``:
+    ``cgroup v1 (memory+swap)``, ``watchdog``...).
+    """
+
+    job_id: str
+    state: FinalState
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    start_time: float = 0.0
+    end_time: float = 0.0
+    term: int = 0
+    node_rank: int = 0
+    memory_peak: int | None = None
+    limits: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form with snake_case keys."""
+        d = asdict(self)
+        d["state"] = str(self.state)
+        d["limits"] = dict(self.limits)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobResult:
+        """The inverse of :meth:`to_dict`."""
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["state"] = FinalState(known["state"])
+        return cls(**known)
+
+
+# ---------------------------------------------------------------- shared file helpers
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename), mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data, indent=1, sort_keys=True).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or None when it is missing or torn."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's id: a pid recorded before a reboot names nobody after it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot, or None if it is gone.
+
+    Together with the pid it names one process: a recycled pid starts later.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields follow the last ')'.
+    fields_ = stat[stat.rindex(")") + 2:].split()
+    if fields_[0] in ("Z", "X"):
+        return None
+    return int(fields_[19])
+
+
+def pid_record(pid: int) -> dict[str, Any]:
+    """What identifies process ``pid`` for :func:`is_alive` later."""
+    return {"pid": pid, "start": process_start(pid), "boot_id": boot_id()}
+
+
+def is_alive(record: Mapping[str, Any] | None) -> bool:
+    """True if the process ``record`` names still runs (same boot, same start time)."""
+    if not record or record.get("boot_id") != boot_id():
+        return False
+    start = process_start(int(record["pid"]))
+    return start is not None and start == record.get("start")
+
+
+# -------------------------------------------------------------------------- runner
+
+class Runner:
+    """Starts, watches, cancels and re-adopts the jobs of this host.
+
+    ``state_dir`` holds one directory per job (the daemon passes
+    ``STATE_DIR/jobs``). ``python`` runs the supervisor. ``cgroup_root`` is
+    ``auto`` (under the daemon's own cgroup in each v1 hierarchy; ``/mtgpu.jobs``
+    on v2), ``none`` (no cgroups: watchdogs only) or a path inside each hierarchy.
+    ``cgroup_version`` forces ``v1`` or ``v2``. ``memory`` is ``auto`` (cgroup
+    where there is one, else a watchdog) or ``watchdog``.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], python: str = sys.executable,
+                 cgroup_root: str = "auto", *, cgroup_version: str = "auto",
+                 memory: str = "auto") -> None:
+        if memory not in ("auto", "watchdog"):
+            raise ValueError("memory must be 'auto' or 'watchdog'")
+        self.state_dir = Path(state_dir)
+        self.python = python
+        self.memory = memory
+        self.system = cgroups.detect()
+        self.cgroup_parents = ({} if cgroup_root == "none"
+                               else cgroups.parents(self.system, cgroup_root, cgroup_version))
+        self._active: set[str] = set()
+        self._reported: set[str] = set()
+        self._scanned = False
+
+    def job_dir(self, job_id: str) -> Path:
+        """The root-only directory of ``job_id`` on this host."""
+        return self.state_dir / job_id
+
+    # ---------------------------------------------------------------- start
+
+    def start(self, launch: JobLaunch) -> None:
+        """Start ``launch`` under a supervisor of its own; return once it runs.
+
+        Blocks for about the start-up time of Python (call it in a thread from
+        asyncio). Raises :class:`JobAlreadyStarted` for a job started here before,
+        and :class:`JobError` if the supervisor cannot start (the job's result
+        then says FAILED).
+        """
+        job_dir = self.job_dir(launch.job_id)
+        if launch.user.uid == 0:
+            raise JobError(f"job {launch.job_id}: jobs never run as root")
+        if launch.state_dir and os.path.normpath(launch.state_dir) != str(job_dir):
+            raise JobError(f"job {launch.job_id}: its state_dir {launch.state_dir} is not "
+                           f"{job_dir}, where this runner keeps it")
+        launch = replace(launch, state_dir=str(job_dir))
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            job_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            old = read_json(job_dir / SPEC) or {}
+            raise JobAlreadyStarted(
+                f"job {launch.job_id} was already started on this host (term "
+                f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
+        spec = {"version": 1, "launch": launch.to_dict(), "cgroup_parents": self.cgroup_parents,
+                "memory": self.memory, "created": time.time()}
+        write_json(job_dir / SPEC, spec)
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "LANG": "C.UTF-8",
+               # The supervisor runs this very code, wherever it was installed from.
+               "PYTHONPATH": str(Path(mtgpu.__file__).resolve().parent.parent)}
+        try:
+            run([self.python, "-m", "mtgpu.schedd.supervisor", str(job_dir / SPEC)],
+                env=env, timeout=60)
+        except CommandError as exc:
+            now = time.time()
+            write_json(job_dir / RESULT, JobResult(
+                launch.job_id, FinalState.FAILED, reason=f"its supervisor could not start: {exc}",
+                start_time=now, end_time=now, term=launch.term,
+                node_rank=launch.node_rank).to_dict())
+            raise JobError(f"job {launch.job_id}: the supervisor could not start: {exc}") from exc
+        self._active.add(launch.job_id)
+        log.info("job %s started (term %d) as %s", launch.job_id, launch.term, launch.user.name)
+
+    # ---------------------------------------------------------------- status
+
+    def _job_ids(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.state_dir)
+                          if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+
+    def running(self) -> list[str]:
+        """Jobs whose supervisors are alive now (and have not recorded a result)."""
+        out = []
+        for job_id in self._job_ids():
+            d = self.job_dir(job_id)
+            if not (d / RESULT).exists() and is_alive(read_json(d / PIDFILE)):
+                out.append(job_id)
+                self._active.add(job_id)
+        return out
+
+    def result(self, job_id: str) -> JobResult | None:
+        """How ``job_id`` ended, or None while it runs (or if it is unknown here).
+
+        A supervisor that vanished without a result (a reboot, a kill -9) is
+        recorded here as NODE_FAIL, and the job's leftover processes are killed.
+        """
+        d = self.job_dir(job_id)
+        data = read_json(d / RESULT)
+        if data is not None:
+            return JobResult.from_dict(data)
+        if not (d / SPEC).exists():
+            return None
+        pid = read_json(d / PIDFILE)
+        if pid is None:
+            try:
+                age = time.time() - (d / SPEC).stat().st_mtime
+            except FileNotFoundError:
+                return None
+            if age < START_GRACE:
+                return None
+            return self._record_lost(job_id, "its supervisor never started (the daemon "
+                                     "stopped while starting it)")
+        if is_alive(pid):
+            return None
+        # The supervisor writes the result and then exits: look again before
+        # calling it lost.
+        data = read_json(d / RESULT)
+        if data is not None:
+            return JobResult.from_dict(data)
+        return self._record_lost(job_id, f"its supervisor (pid {pid.get('pid')}) stopped without "
+                                 "recording an exit status; the host may have rebooted")
+
+    def _record_lost(self, job_id: str, reason: str) -> JobResult:
+        d = self.job_dir(job_id)
+        spec = read_json(d / SPEC) or {}
+        launch = spec.get("launch", {})
+        dirs = read_json(d / CGROUPS)
+        if dirs:
+            cg = cgroups.JobCgroup(dirs)
+            if cg.procs():
+                cg.signal_all(signal.SIGKILL)
+                reason += "; its remaining processes were killed"
+            cg.remove(timeout=2.0)
+        result = JobResult(job_id, FinalState.NODE_FAIL, reason=reason,
+                           start_time=spec.get("created", 0.0), end_time=time.time(),
+                           term=launch.get("term", 0), node_rank=launch.get("node_rank", 0))
+        write_json(d / RESULT, result.to_dict())
+        log.warning("job %s: %s", job_id, reason)
+        return result
+
+    def poll(self) -> list[JobResult]:
+        """Results of jobs that ended since the last call (each once per runner).
+
+        Cheap enough to call several times a second: it looks only at the jobs
+        this runner knows to be running. The first call also scans every job
+        directory, to pick up jobs started (or ended) under an earlier daemon.
+        """
+        if not self._scanned:
+            self._scanned = True
+            for job_id in self._job_ids():
+                if not (self.job_dir(job_id) / ACKED).exists():
+                    self._active.add(job_id)
+        out = []
+        for job_id in sorted(self._active):
+            r = self.result(job_id)
+            if r is not None:
+                self._active.discard(job_id)
+                if job_id not in self._reported:
+                    self._reported.add(job_id)
+                    out.append(r)
+        return out
+
+    async def watch(self, interval: float = 0.5) -> AsyncIterator[JobResult]:
+        """Yield each finished job's result, polling every ``interval`` seconds."""
+        while True:
+            for r in self.poll():
+                yield r
+            await asyncio.sleep(interval)
+
+    def ack(self, job_id: str) -> None:
+        """The daemon has recorded ``job_id``'s result; later runners will not report it."""
+        d = self.job_dir(job_id)
+        if (d / RESULT).exists():
+            (d / ACKED).touch(mode=0o600)
+
+    def remove(self, job_id: str) -> None:
+        """Delete a finished job's directory (after ``JOB_RETENTION_DAYS``)."""
+        d = self.job_dir(job_id)
+        if not (d / RESULT).exists():
+            raise JobError(f"job {job_id} has not finished; cancel it before removing it")
+        for entry in os.scandir(d):
+            os.unlink(entry.path)
+        d.rmdir()
+        self._active.discard(job_id)
+
+    # ---------------------------------------------------------------- cancel
+
+    def cancel(self, job_id: str, grace: float = 10.0) -> bool:
+        """Ask the job's supervisor to stop the job: SIGTERM, then SIGKILL after ``grace``.
+
+        Returns False if the job has already ended or is unknown here. The request
+        is a file, so it holds even if the signal that wakes the supervisor is lost;
+        a second call with a shorter grace shortens the wait.
+        """
+        d = self.job_dir(job_id)
+        if not (d / SPEC).exists() or (d / RESULT).exists():
+            return False
+        write_json(d / CANCEL, {"grace": max(0.0, float(grace)), "time": time.time()})
+        pid = read_json(d / PIDFILE)
+        if is_alive(pid):
+            try:
+                os.kill(int(pid["pid"]), signal.SIGUSR1)  # type: ignore[index]
+            except ProcessLookupError:
+                pass
+            return True
+        return self.result(job_id) is None

@@ -1,0 +1,496 @@
+"""The supervisor of one job member: ``python -m mtgpu.schedd.supervisor SPEC``.
+
+Like Slurm's slurmstepd or podman's conmon, one small root process per job:
+
+1. detaches from whoever started it (fork, ``setsid``), writes its pid file and
+   only then lets the starter return, so the daemon knows it is running;
+2. makes the job's cgroups (memory, devices, pids, cpuset, freezer) before the job
+   exists, and becomes a child subreaper, so double-forked children of the job
+   come back to it rather than to init;
+3. forks the job: the child joins the cgroups and pins its CPUs while still root,
+   then becomes the tenant (groups, gid, uid, new session, umask 022) and only
+   then enters the working directory and opens the output files, so every tenant
+   path is resolved with the tenant's rights, never root's;
+4. waits, enforcing the time limit, cancel requests (``cancel.json``, woken by
+   SIGUSR1) and, without a memory cgroup, a memory watchdog;
+5. when the main process ends, kills what is left of the job, writes
+   ``result.json`` atomically, removes the cgroups and exits.
+
+It never talks to the daemon; it only writes files in the job's directory, so a
+restart or crash of the daemon does not touch it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
+from mtgpu.schedd.jobenv import JobLaunch, build_env, job_argv, output_paths
+from mtgpu.schedd.runner import (
+    CANCEL,
+    CGROUPS,
+    LOGFILE,
+    PIDFILE,
+    RESULT,
+    FinalState,
+    JobResult,
+    pid_record,
+    write_json,
+)
+
+log = logging.getLogger("mtgpu.schedd.supervisor")
+
+#: How often the memory watchdog measures the job, in seconds.
+WATCHDOG_INTERVAL = 0.25
+#: How often cancel.json is looked at even without a signal.
+CANCEL_CHECK = 1.0
+#: How long to keep killing leftovers after the main process ends.
+REAP_TIMEOUT = 10.0
+_PR_SET_CHILD_SUBREAPER = 36
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    return str(exc) or type(exc).__name__
+
+
+def _oom_score_adj(value: int) -> None:
+    try:
+        Path("/proc/self/oom_score_adj").write_text(str(value))
+    except OSError:
+        pass  # not root, or a kernel without it: nothing to protect or undo
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g}{unit}"
+    return f"{n}B"
+
+
+class Supervisor:
+    """Runs one job member to its end and records how it ended."""
+
+    def __init__(self, launch: JobLaunch, spec: dict, job_dir: Path) -> None:
+        self.launch = launch
+        self.dir = job_dir
+        self.parents: dict[str, str] = spec.get("cgroup_parents") or {}
+        self.memory_mode: str = spec.get("memory", "auto")
+        self.cg: JobCgroup | None = None
+        self.limits: dict[str, str] = {}
+        self.watchdog = False
+        self.pid: int | None = None
+        self.status: int | None = None  # the main process's wait status
+        self.start_error = ""
+        self.cause: FinalState | None = None
+        self.cause_reason = ""
+        self.terminated = False
+        self.kill_at: float | None = None
+        self.cancel_grace: float | None = None
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # ----------------------------------------------------------------- setup
+
+    def install_signals(self) -> None:
+        """Route our signals through the wakeup pipe that the main loop selects on."""
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, lambda *_: None)  # the wakeup fd carries the number
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _cgroups(self) -> None:
+        la = self.launch
+        allowed = []
+        for node in la.device_nodes:
+            try:
+                st = os.stat(node)
+            except OSError as exc:
+                log.warning("reserved device %s: %s", node, exc)
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                allowed.append((os.major(st.st_rdev), os.minor(st.st_rdev)))
+        try:
+            majors = gpu_majors(Path("/proc/devices").read_text())
+        except OSError:
+            majors = set()
+        self.cg, self.limits = JobCgroup.create(
+            self.parents, job_cgroup_name(la.job_id, str(self.dir)), ram=la.ram, cpus=la.cpus,
+            pids_max=la.pids_max, deny=device_deny_rules(allowed, majors),
+            use_memory=self.memory_mode != "watchdog")
+        if not self.cg.dirs:
+            self.cg = None
+        else:
+            write_json(self.dir / CGROUPS, self.cg.dirs)
+        mem = self.limits.get("memory", "")
+        if la.ram is not None and not mem.startswith("cgroup"):
+            self.watchdog = True
+            self.limits["memory"] = "watchdog (polls the job's resident memory)"
+        self.limits.setdefault("devices", "none: no devices cgroup (GPU variables only)")
+        self.limits["cpus"] = ("affinity" + (" + cpuset" if self.limits.get("cpuset", "").startswith(
+            "cgroup") else "")) if la.cpus else "all"
+        log.info("job %s limits: %s", la.job_id, self.limits)
+
+    # ----------------------------------------------------------------- the job
+
+    def _spawn(self) -> int:
+        """Fork the job; returns the read end of the pipe that carries start errors."""
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, reported through err_w
+            os.close(err_r)
+            self._child(err_w)
+        os.close(err_w)
+        self.pid = pid
+        return err_r
+
+    def _child(self, report: int) -> None:
+        la, u = self.launch, self.launch.user
+        stage = "setting up"
+        try:
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            signal.set_wakeup_fd(-1)
+            for sig in range(1, signal.NSIG):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)  # ignored signals survive exec
+                except (OSError, ValueError):
+                    pass
+            _oom_score_adj(0)  # the job must not inherit our protection
+            stage = "joining the job's cgroups"
+            if self.cg is not None:
+                self.cg.attach(os.getpid())
+            if la.cpus:
+                stage = f"pinning the job to CPUs {list(la.cpus)}"
+                os.sched_setaffinity(0, la.cpus)
+            stage = f"becoming {u.name} (uid {u.uid})"
+            if os.geteuid() == 0:
+                os.setgroups(list(u.groups) or [u.gid])
+                os.setresgid(u.gid, u.gid, u.gid)
+                os.setresuid(u.uid, u.uid, u.uid)
+            elif os.geteuid() != u.uid:
+                raise PermissionError(f"the supervisor runs as uid {os.geteuid()}, not root")
+            os.setsid()
+            os.umask(0o022)
+            if la.container is not None:
+                stage = f"starting container {la.container}"
+                raise NotImplementedError("containerized jobs are not supported on this host yet")
+            # From here on every path is the tenant's and is opened with the tenant's rights.
+            stage = f"entering the working directory {la.workdir}"
+            os.chdir(la.workdir)
+            out, err, default = output_paths(la)
+            stage = f"opening the output file {out}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            if default:
+                os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
+                flags |= os.O_NOFOLLOW  # our own default file is never a link
+            fd_out = os.open(out, flags, 0o644)
+            stage = f"opening the error file {err}"
+            fd_err = fd_out if err == out else os.open(err, flags, 0o644)
+            fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            stage = "loading the job script"
+            # The script goes to an anonymous file the tenant owns: nothing to
+            # find on disk, and the interpreter opens it by /proc/self/fd path.
+            script = os.memfd_create(f"mtgpu-job-{la.job_id}", 0)
+            os.write(script, la.script.encode())
+            os.lseek(script, 0, os.SEEK_SET)
+            for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
+                os.dup2(fd, target)
+            argv = job_argv(la, f"/proc/self/fd/{script}")
+            stage = f"starting {argv[0]}"
+            os.execvpe(argv[0], argv, build_env(la))
+        except BaseException as exc:  # noqa: BLE001 - reported, then _exit: never back into our loop
+            try:
+                os.write(report, f"{stage}: {_describe(exc)}".encode()[:4000])
+            finally:
+                os._exit(127)
+
+    def _procs(self) -> set[int]:
+        """Every process of the job: its cgroup, or else our descendants (we are subreaper)."""
+        if self.cg is not None:
+            return self.cg.procs()
+        me, children = os.getpid(), dict[int, list[int]]()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    text = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                ppid = int(text[text.rindex(")") + 2:].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+        out, todo = set[int](), [me]
+        while todo:
+            for c in children.get(todo.pop(), ()):
+                if c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+    def _signal_all(self, sig: int) -> int:
+        if self.cg is not None:
+            return self.cg.signal_all(sig)
+        pids = self._procs()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def _terminate(self, cause: FinalState, reason: str, grace: float) -> None:
+        """SIGTERM every process of the job now, SIGKILL after ``grace``; first cause wins."""
+        if self.cause is None:
+            self.cause, self.cause_reason = cause, reason
+        deadline = time.monotonic() + grace
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+        if not self.terminated:
+            self.terminated = True
+            self._signal_all(signal.SIGCONT)  # a stopped process must run to see SIGTERM
+            self._signal_all(signal.SIGTERM)
+
+    def _check_cancel(self, signalled: bool) -> None:
+        data = None
+        try:
+            data = json.loads((self.dir / CANCEL).read_text())
+        except (OSError, ValueError):
+            pass
+        if data is None and not signalled:
+            return
+        grace = float(data.get("grace", self.launch.kill_grace)) if data else self.launch.kill_grace
+        if self.cancel_grace is not None and grace >= self.cancel_grace:
+            return
+        self.cancel_grace = grace
+        who = "on request" if data else "by a signal to its supervisor"
+        self._terminate(FinalState.CANCELLED, f"the job was cancelled {who}; SIGTERM was sent "
+                        f"to all its processes, then SIGKILL after {grace:g}s", grace)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.status = status
+
+    def _watch_memory(self) -> None:
+        ram = self.launch.ram or 0
+        used = 0
+        for pid in self._procs():
+            try:
+                used += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+            except (OSError, IndexError, ValueError):
+                pass
+        if used > ram and self.cause is None:
+            self._terminate(FinalState.OUT_OF_MEMORY,
+                            f"the memory watchdog stopped the job: its processes held {_size(used)}, "
+                            f"over its limit of {_size(ram)}", 0.0)
+
+    # ----------------------------------------------------------------- main loop
+
+    def run(self) -> int:
+        """Run the job to its end and write ``result.json``; returns our exit status."""
+        la = self.launch
+        started = time.time()
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            # Like slurmstepd: a host-wide OOM should take a job's process, not the
+            # small process that records how the job ended.
+            _oom_score_adj(-1000)
+            self._cgroups()
+            self._check_cancel(False)
+            err_r = None if self.cause else self._spawn()
+            self._loop(err_r, time.monotonic())
+            self._drain()
+            self._finish_leftovers()
+        except Exception as exc:  # whatever went wrong, the job still gets an end
+            log.exception("supervisor failed")
+            self.start_error = self.start_error or f"the job's supervisor failed: {_describe(exc)}"
+            try:
+                self._finish_leftovers()
+            except Exception:  # the result matters more than the traceback
+                log.exception("cannot kill the job's processes")
+        result = self._result(started)
+        if self.cg is not None:
+            self.cg.remove()
+        write_json(self.dir / RESULT, result.to_dict())
+        log.info("job %s ended: %s %s", la.job_id, result.state, result.reason)
+        return 0
+
+    def _loop(self, err_r: int | None, t0: float) -> None:
+        la = self.launch
+        limit_at = t0 + la.time_limit if la.time_limit else None
+        next_cancel = next_watch = t0
+        err_buf = b""
+        while self.pid is not None and self.status is None:
+            now = time.monotonic()
+            waits = [next_cancel + CANCEL_CHECK - now]
+            if limit_at is not None and not self.terminated:
+                waits.append(limit_at - now)
+            if self.kill_at is not None:
+                waits.append(self.kill_at - now)
+            if self.watchdog:
+                waits.append(next_watch + WATCHDOG_INTERVAL - now)
+            fds = [self.wake_r] + ([err_r] if err_r is not None else [])
+            ready, _, _ = select.select(fds, [], [], max(0.0, min(waits)))
+            signalled = False
+            if self.wake_r in ready:
+                try:
+                    signalled = any(s != signal.SIGCHLD for s in os.read(self.wake_r, 512))
+                except BlockingIOError:
+                    pass
+            if err_r is not None and err_r in ready:
+                chunk = os.read(err_r, 4096)
+                err_buf += chunk
+                if not chunk:  # end of file: the job has exec'd, or died trying
+                    os.close(err_r)
+                    err_r = None
+                    self.start_error = err_buf.decode(errors="replace")
+            self._reap()
+            now = time.monotonic()
+            if signalled or now >= next_cancel + CANCEL_CHECK:
+                next_cancel = now
+                self._check_cancel(signalled)
+            if limit_at is not None and now >= limit_at and not self.terminated:
+                self._terminate(FinalState.TIMEOUT,
+                                f"the job ran past its time limit of {la.time_limit:g}s; SIGTERM was "
+                                f"sent to all its processes, then SIGKILL after {la.kill_grace:g}s",
+                                la.kill_grace)
+            if self.kill_at is not None and now >= self.kill_at:
+                self._signal_all(signal.SIGKILL)
+                self.kill_at = now + 0.5  # again, until the main process is gone
+            if self.watchdog and now >= next_watch + WATCHDOG_INTERVAL:
+                next_watch = now
+                self._watch_memory()
+        if err_r is not None:  # the child died before exec: collect its message
+            while chunk := os.read(err_r, 4096):
+                err_buf += chunk
+            os.close(err_r)
+            self.start_error = err_buf.decode(errors="replace")
+
+    def _drain(self) -> None:
+        """After SIGTERM, give the job's other processes their grace period to exit."""
+        while self.kill_at is not None and time.monotonic() < self.kill_at:
+            self._reap()
+            if not self._procs():
+                return
+            self._check_cancel(False)  # a second cancel may shorten the grace
+            time.sleep(0.05)
+
+    def _finish_leftovers(self) -> None:
+        """Kill every process of the job still alive, as Slurm does when a batch script ends."""
+        deadline = time.monotonic() + REAP_TIMEOUT
+        while time.monotonic() < deadline:
+            self._reap()
+            if not self._procs():
+                return
+            self._signal_all(signal.SIGKILL)
+            time.sleep(0.02)
+        log.warning("job %s: processes %s would not die", self.launch.job_id, sorted(self._procs()))
+
+    def _result(self, started: float) -> JobResult:
+        la = self.launch
+        code = sig = None
+        if self.status is not None and not self.start_error:
+            if os.WIFEXITED(self.status):
+                code = os.WEXITSTATUS(self.status)
+            elif os.WIFSIGNALED(self.status):
+                sig = os.WTERMSIG(self.status)
+        ooms = self.cg.oom_kills() if self.cg is not None else None
+        if self.cause is not None:
+            state, reason = self.cause, self.cause_reason
+        elif self.start_error:
+            state, reason = FinalState.FAILED, f"the job could not start: {self.start_error}"
+        elif ooms:
+            state = FinalState.OUT_OF_MEMORY
+            reason = (f"the kernel's OOM killer stopped {ooms} process{'es' if ooms > 1 else ''} "
+                      f"of the job at its memory limit of {_size(la.ram or 0)}")
+        elif code == 0:
+            state, reason = FinalState.COMPLETED, ""
+        elif code is not None:
+            state, reason = FinalState.FAILED, f"the job exited with status {code}"
+        else:
+            name = signal.Signals(sig).name if sig else "?"
+            state, reason = FinalState.FAILED, f"the job was killed by {name}"
+        return JobResult(la.job_id, state, code, sig, reason, started, time.time(), la.term,
+                         la.node_rank, self.cg.memory_peak() if self.cg is not None else None,
+                         self.limits)
+
+
+# --------------------------------------------------------------------- entry point
+
+def _detach(job_dir: Path) -> int:
+    """Fork away from the starter; returns, in the supervisor, the fd to report ready on.
+
+    The starter exits 0 only once :func:`_ready` has run, so the daemon can trust
+    ``running()`` (and send cancels) as soon as ``start()`` returns.
+    """
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    if os.fork():
+        os.close(ready_w)
+        ok = os.read(ready_r, 16) == b"ok"
+        if not ok:
+            print(f"the supervisor did not start; see {job_dir / LOGFILE}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if ok else 1)
+    os.close(ready_r)
+    os.setsid()
+    os.chdir("/")
+    logfd = os.open(job_dir / LOGFILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    nullfd = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(nullfd, 0)
+    os.dup2(logfd, 1)
+    os.dup2(logfd, 2)
+    os.close(logfd)
+    os.close(nullfd)
+    return ready_w
+
+
+def _ready(job_dir: Path, ready_w: int) -> None:
+    """Write the pid file, then let the starter return."""
+    write_json(job_dir / PIDFILE, pid_record(os.getpid()))
+    os.write(ready_w, b"ok")
+    os.close(ready_w)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: supervise the job described by the spec file given as argument."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m mtgpu.schedd.supervisor SPECFILE", file=sys.stderr)
+        return 2
+    spec_path = Path(args[0]).resolve()
+    try:
+        spec = json.loads(spec_path.read_text())
+        launch = JobLaunch.from_dict(spec["launch"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"cannot read the job spec {spec_path}: {exc}", file=sys.stderr)
+        return 2
+    job_dir = spec_path.parent
+    ready_w = _detach(job_dir)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s supervisor[{os.getpid()}] %(levelname)s %(message)s")
+    sup = Supervisor(launch, spec, job_dir)
+    # Handlers first: a cancel's SIGUSR1 may come as soon as the pid file exists,
+    # and its default action would kill us.
+    sup.install_signals()
+    _ready(job_dir, ready_w)
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

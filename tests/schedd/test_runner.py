@@ -1,0 +1,464 @@
+"""Job execution on a real host: real tenants, real supervisors, real cgroups.
+
+Every test starts real jobs through :class:`Runner` as a throwaway OS account made
+with ``useradd``, and reads what the job saw from the files it wrote. They need
+root; the cgroup checks also need the v1 controllers these machines mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from mtgpu_testing import REPO, python_env
+
+from mtgpu.errors import JobError
+from mtgpu.proc import run
+from mtgpu.schedd.cgroups import detect
+from mtgpu.schedd.runner import (
+    CGROUPS,
+    PIDFILE,
+    FinalState,
+    JobAlreadyStarted,
+    JobLaunch,
+    JobResult,
+    JobUser,
+    Runner,
+    process_start,
+    read_json,
+)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+#: Tenants cannot run the interpreter under /root; the system one is theirs too.
+PY = "/usr/bin/python3"
+_ids = itertools.count(1)
+V1 = detect().v1
+needs_v1 = pytest.mark.skipif(not {"memory", "devices", "freezer"} <= set(V1),
+                              reason="needs the cgroup v1 memory, devices and freezer controllers")
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="mtgpu-runner-", dir="/tmp"))
+    os.chmod(d, 0o755)  # tenants reach their homes and the stand-in devices below it
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _useradd(name: str, home: Path) -> None:
+    # Another useradd or userdel may hold /etc/passwd's lock for a moment.
+    for _ in range(20):
+        r = run(["useradd", "-m", "-d", str(home), "-s", "/bin/bash", "-K", "SUB_UID_COUNT=0",
+                 "-K", "SUB_GID_COUNT=0", "-c", "MTGPU runner test", name], check=False)
+        if r.returncode == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"useradd {name}: {r.stderr}")
+
+
+@pytest.fixture(scope="module")
+def tenant(base: Path) -> Iterator[JobUser]:
+    """One throwaway tenant for the module, removed (with its processes) at the end."""
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd")
+    name = f"mtr{os.getpid() % 100000}"
+    _useradd(name, base / name)
+    pw = pwd.getpwnam(name)
+    yield JobUser(name, pw.pw_uid, pw.pw_gid, pw.pw_dir, "/bin/bash", (pw.pw_gid,))
+    # Whatever a failed test left running as this tenant ends by pid.
+    procs = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == pw.pw_uid]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+    run(["userdel", "-r", name], check=False)
+
+
+@pytest.fixture
+def make_runner(base: Path) -> Iterator[Callable[..., Runner]]:
+    """A factory of runners, each with its own state directory; jobs left running
+    by a failed test are cancelled at the end."""
+    made: list[Runner] = []
+
+    def make(**kw: object) -> Runner:
+        r = Runner(base / f"state{next(_ids)}" / "jobs", **kw)  # type: ignore[arg-type]
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        for job_id in r.running():
+            r.cancel(job_id, grace=0)
+            wait_result(r, job_id)
+
+
+@pytest.fixture
+def runner(make_runner: Callable[..., Runner]) -> Runner:
+    return make_runner()
+
+
+@pytest.fixture
+def launch(tenant: JobUser) -> Callable[..., JobLaunch]:
+    def make(script: str, **kw: Any) -> JobLaunch:
+        kw.setdefault("workdir", tenant.home)
+        user = kw.pop("user", tenant)
+        return JobLaunch(kw.pop("job_id", f"j{next(_ids)}"), user, textwrap.dedent(script), **kw)
+    return make
+
+
+def wait_result(runner: Runner, job_id: str, timeout: float = 30) -> JobResult:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = runner.result(job_id)
+        if r is not None:
+            return r
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not end within {timeout}s")
+
+
+def wait_file(path: Path, timeout: float = 15) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def out(tenant: JobUser, job_id: str, stream: str = "stdout") -> str:
+    return (Path(tenant.home) / ".mtgpu" / "jobs" / job_id / f"{stream}.log").read_text()
+
+
+def dead(pid: int) -> bool:
+    return process_start(pid) is None
+
+
+# ------------------------------------------------------------------ environment
+
+def test_env_shows_reserved_gpus_uid_and_pinned_cpus(runner: Runner, launch, tenant: JobUser) -> None:
+    la = launch("""\
+        id -u; id -g
+        env | sort
+        grep Cpus_allowed_list /proc/self/status
+        cat /proc/self/cgroup
+        cat /proc/self/oom_score_adj
+        pwd; umask
+        """, name="envjob", gpu_indices=(1, 3), cpus=(0,), ram=256 << 20,
+        gpu_env={"CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-3333"}, env={"FOO": "bar", "SLURM_JOB_ID": "x"},
+        nnodes=2, node_rank=1, nodelist=("gpu01", "gpu02"), node_name="gpu02", master_port=29999)
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.COMPLETED and r.exit_code == 0, r
+    lines = out(tenant, la.job_id).splitlines()
+    assert lines[:2] == [str(tenant.uid), str(tenant.gid)]
+    env = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("/"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1111,GPU-3333"
+    assert env["HOME"] == tenant.home and env["USER"] == tenant.name and env["FOO"] == "bar"
+    assert env["MTGPU_JOB_ID"] == env["SLURM_JOB_ID"] == env["SLURM_JOBID"] == la.job_id
+    assert env["MTGPU_NODE_RANK"] == env["SLURM_NODEID"] == env["SLURM_PROCID"] == "1"
+    assert env["MTGPU_NNODES"] == env["SLURM_NNODES"] == env["SLURM_JOB_NUM_NODES"] == "2"
+    assert env["MTGPU_NODELIST"] == env["SLURM_JOB_NODELIST"] == "gpu01,gpu02"
+    assert env["MASTER_ADDR"] == "gpu01" and env["MASTER_PORT"] == "29999"
+    assert env["MTGPU_RDZV_ENDPOINT"] == "gpu01:29999"
+    assert env["SLURM_GPUS_ON_NODE"] == "2" and env["SLURM_MEM_PER_NODE"] == "256"
+    assert env["SLURM_JOB_USER"] == tenant.name and env["SLURM_JOB_NAME"] == "envjob"
+    assert not any(k.startswith(("SSH_", "PYTEST", "VIRTUAL_ENV")) for k in env)
+    assert "Cpus_allowed_list:\t0" in lines
+    assert lines[-3:] == ["0", tenant.home, "0022"]  # not the supervisor's OOM protection
+    if V1:
+        assert "mtgpu_job_" + la.job_id in "\n".join(lines)
+    assert r.limits["cpus"].startswith("affinity")
+
+
+def test_shebang_picks_the_interpreter(runner: Runner, launch, tenant: JobUser) -> None:
+    la = launch("#!/usr/bin/python3\nimport os, sys\nprint(os.getuid(), sys.argv[0][:14])\n")
+    runner.start(la)
+    assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
+    assert out(tenant, la.job_id) == f"{tenant.uid} /proc/self/fd/\n"
+
+
+# ------------------------------------------------------------------ exit and restarts
+
+def test_exit_code_recorded_across_a_new_runner(runner: Runner, launch, base: Path) -> None:
+    la = launch("sleep 2; exit 3")
+    runner.start(la)
+    state_dir = runner.state_dir
+    del runner  # the daemon goes away; the supervisor does not
+    again = Runner(state_dir)
+    assert la.job_id in again.running()
+    assert again.result(la.job_id) is None
+    deadline = time.monotonic() + 30
+    results: list[JobResult] = []
+    while not results and time.monotonic() < deadline:
+        results = again.poll()
+        time.sleep(0.2)
+    assert [(r.job_id, r.state, r.exit_code) for r in results] == [(la.job_id, FinalState.FAILED, 3)]
+    assert again.poll() == []
+    again.ack(la.job_id)
+    assert Runner(state_dir).poll() == []  # acknowledged: a later daemon does not report it
+    assert again.running() == []
+    again.remove(la.job_id)
+    assert not again.job_dir(la.job_id).exists() and again.result(la.job_id) is None
+
+
+def test_kill_9_of_the_daemon_keeps_the_job(base: Path, launch, tenant: JobUser) -> None:
+    state = base / f"state{next(_ids)}" / "jobs"
+    la = launch("sleep 2; exit 3")
+    daemon = textwrap.dedent(f"""
+        import json, sys, time
+        from mtgpu.schedd.runner import JobLaunch, Runner
+        Runner({str(state)!r}).start(JobLaunch.from_dict(json.loads(sys.stdin.readline())))
+        print("started", flush=True)
+        time.sleep(300)
+        """)
+    import json
+    proc = subprocess.Popen([sys.executable, "-c", daemon], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=python_env(), cwd=REPO)
+    try:
+        proc.stdin.write(json.dumps(la.to_dict()) + "\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        assert proc.stdout.readline() == "started\n"  # type: ignore[union-attr]
+    finally:
+        proc.kill()  # kill -9 of the "daemon"
+        proc.wait()
+    restarted = Runner(state)
+    assert restarted.running() == [la.job_id]
+    r = wait_result(restarted, la.job_id)
+    assert (r.state, r.exit_code, r.reason) == (FinalState.FAILED, 3, "the job exited with status 3")
+
+
+def test_a_second_dispatch_is_refused(runner: Runner, launch) -> None:
+    la = launch("true", term=4)
+    runner.start(la)
+    with pytest.raises(JobAlreadyStarted, match=r"already started on this host \(term 4\)"):
+        runner.start(la)
+    assert wait_result(runner, la.job_id).term == 4
+
+
+def test_lost_supervisor_is_node_fail_and_job_is_killed(runner: Runner, launch, tenant: JobUser) -> None:
+    la = launch("echo $$ > lost.pid; sleep 300")
+    runner.start(la)
+    job_pid = int(wait_file(Path(tenant.home) / "lost.pid"))
+    sup = read_json(runner.job_dir(la.job_id) / PIDFILE)
+    assert sup is not None
+    os.kill(sup["pid"], signal.SIGKILL)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.NODE_FAIL and "stopped without recording" in r.reason
+    if V1:
+        assert "remaining processes were killed" in r.reason
+        deadline = time.monotonic() + 5
+        while not dead(job_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dead(job_pid)
+    else:
+        os.kill(job_pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ stopping jobs
+
+@pytest.mark.parametrize("cgroup_root", ["auto", "none"])
+def test_cancel_kills_a_double_forked_setsid_child(make_runner, launch, tenant: JobUser,
+                                                   cgroup_root: str) -> None:
+    runner = make_runner(cgroup_root=cgroup_root)
+    marker = f"escapee-{next(_ids)}.pid"
+    la = launch(f"""\
+        echo $$ > {marker}.main
+        {PY} -c '
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open("{marker}", "w").write(f"{{os.getpid()}}\\n")
+                time.sleep(300)
+            os._exit(0)
+        os.wait()
+        '
+        sleep 300
+        """)
+    runner.start(la)
+    escapee = int(wait_file(Path(tenant.home) / marker))
+    main = int(wait_file(Path(tenant.home) / f"{marker}.main"))
+    # Its own session, and its parent gone: neither the job's process group nor its
+    # session nor its parent leads to it any more.
+    assert os.getsid(escapee) != os.getsid(main)
+    assert runner.cancel(la.job_id, grace=1)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.CANCELLED and "cancelled on request" in r.reason
+    assert dead(escapee)
+    assert not runner.cancel(la.job_id)  # already over
+
+
+def test_cancel_sends_sigterm_then_sigkill_after_grace(runner: Runner, launch, tenant: JobUser) -> None:
+    la = launch("""\
+        trap 'echo got-term >> term.log' TERM
+        echo ready > ready.txt
+        while true; do sleep 0.1; done
+        """)
+    runner.start(la)
+    wait_file(Path(tenant.home) / "ready.txt")
+    t0 = time.monotonic()
+    runner.cancel(la.job_id, grace=1.5)
+    r = wait_result(runner, la.job_id)
+    took = time.monotonic() - t0
+    assert r.state is FinalState.CANCELLED and r.signal == signal.SIGKILL
+    assert "got-term" in (Path(tenant.home) / "term.log").read_text()
+    assert 1.0 < took < 10
+
+
+def test_time_limit_ends_the_job_with_timeout(runner: Runner, launch) -> None:
+    la = launch("sleep 60", time_limit=2, kill_grace=1)
+    t0 = time.monotonic()
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.TIMEOUT and "time limit of 2s" in r.reason
+    assert r.signal == signal.SIGTERM
+    assert 1.5 < time.monotonic() - t0 < 15
+
+
+# ------------------------------------------------------------------ limits
+
+@needs_v1
+def test_job_over_its_ram_is_out_of_memory_and_others_live(runner: Runner, launch,
+                                                             tenant: JobUser) -> None:
+    bystander = subprocess.Popen(["sleep", "300"], user=tenant.uid, group=tenant.gid,
+                                 start_new_session=True)
+    try:
+        la = launch(f"""\
+            {PY} -c 'x = b"x" * (512 << 20)'
+            echo "python ended with $?"
+            """, ram=64 << 20)
+        runner.start(la)
+        r = wait_result(runner, la.job_id)
+        assert r.state is FinalState.OUT_OF_MEMORY, r
+        assert "OOM killer" in r.reason and "64M" in r.reason
+        assert r.limits["memory"].startswith("cgroup v1")
+        assert "python ended with 137" in out(tenant, la.job_id)
+        assert bystander.poll() is None  # the tenant's other process lives on
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_memory_watchdog_without_a_cgroup(make_runner, launch) -> None:
+    runner = make_runner(memory="watchdog")
+    la = launch(f"{PY} -c 'import time; x = b\"x\" * (256 << 20); time.sleep(60)'", ram=64 << 20)
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.OUT_OF_MEMORY
+    assert "memory watchdog" in r.reason and r.limits["memory"].startswith("watchdog")
+
+
+@needs_v1
+def test_unreserved_gpu_device_is_eperm(runner: Runner, launch, base: Path) -> None:
+    dev = base / f"dev{next(_ids)}"
+    dev.mkdir(mode=0o755)
+    os.chmod(dev, 0o755)
+    for minor in (0, 1):  # stand-ins for /dev/nvidia0 (reserved) and /dev/nvidia1
+        os.mknod(dev / f"nvidia{minor}", 0o666 | 0o020000, os.makedev(195, minor))
+        os.chmod(dev / f"nvidia{minor}", 0o666)
+    la = launch(f"""\
+        {PY} -c '
+        import errno, os
+        for n in ("nvidia0", "nvidia1"):
+            try:
+                os.open("{dev}/" + n, os.O_RDWR)
+                print(n, "opened")
+            except OSError as e:
+                print(n, errno.errorcode[e.errno])
+        '
+        """, device_nodes=(str(dev / "nvidia0"),), gpu_indices=(0,),
+        gpu_env={"CUDA_VISIBLE_DEVICES": "0"})
+    runner.start(la)
+    assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
+    # No driver behind 195:0, so the allowed open reaches the kernel's lookup and
+    # fails there; the cgroup refuses 195:1 before that.
+    lines = dict(line.split() for line in out(la.user, la.job_id).splitlines())
+    assert lines["nvidia0"] in (errno.errorcode[errno.ENXIO], errno.errorcode[errno.ENODEV])
+    assert lines["nvidia1"] == "EPERM"
+
+
+@needs_v1
+def test_pids_and_cpuset_limits_are_in_the_cgroup(runner: Runner, launch) -> None:
+    la = launch("""\
+        p=$(grep :pids: /proc/self/cgroup | cut -d: -f3)
+        cat /sys/fs/cgroup/pids$p/pids.max
+        c=$(grep :cpuset: /proc/self/cgroup | cut -d: -f3)
+        cat /sys/fs/cgroup/cpuset$c/cpuset.cpus
+        """, pids_max=64, cpus=(1,))
+    runner.start(la)
+    assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
+    assert out(la.user, la.job_id).split() == ["64", "1"]
+    dirs = read_json(runner.job_dir(la.job_id) / CGROUPS)
+    assert dirs and not any(Path(d).exists() for d in dirs.values())  # removed at the end
+
+
+# ------------------------------------------------------------------ files and failures
+
+def test_output_and_error_substitutions(runner: Runner, launch, tenant: JobUser) -> None:
+    outdir = Path(tenant.home) / "logs"
+    outdir.mkdir(exist_ok=True)
+    os.chown(outdir, tenant.uid, tenant.gid)
+    la = launch("echo to-out; echo to-err >&2", job_id=f"{next(_ids)}_4", name="train",
+                array_task_id=4, array_job_id="77", stdout="logs/%x-%A_%a-%j-%u.out",
+                stderr="~/logs/%x-%%.err")
+    runner.start(la)
+    assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
+    o = outdir / f"train-77_4-{la.job_id}-{tenant.name}.out"
+    assert o.read_text() == "to-out\n" and o.stat().st_uid == tenant.uid
+    assert (outdir / "train-%.err").read_text() == "to-err\n"
+
+    both = launch("echo one; echo two >&2", stdout="logs/both-%j.log")
+    runner.start(both)
+    wait_result(runner, both.job_id)
+    assert (outdir / f"both-{both.job_id}.log").read_text() == "one\ntwo\n"
+
+
+def test_missing_workdir_fails_with_reason(runner: Runner, launch) -> None:
+    la = launch("echo never", workdir="/nonexistent/work")
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.FAILED and r.exit_code is None
+    assert r.reason == ("the job could not start: entering the working directory /nonexistent/work: "
+                        "No such file or directory: /nonexistent/work")
+
+
+def test_output_where_the_tenant_cannot_write_is_refused(runner: Runner, launch) -> None:
+    evil = Path(f"/etc/mtgpu-evil-{next(_ids)}")
+    la = launch("echo pwned", stdout=str(evil))
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.FAILED
+    assert r.reason == f"the job could not start: opening the output file {evil}: Permission denied: {evil}"
+    assert not evil.exists()
+
+
+def test_unknown_jobs_and_root_jobs(runner: Runner, launch, tenant: JobUser) -> None:
+    with pytest.raises(JobError, match="never run as root"):
+        runner.start(launch("id", user=JobUser("root", 0, 0, "/root")))
+    assert runner.result("nope") is None
+    assert not runner.cancel("nope")
+    assert runner.running() == [] and runner.poll() == []
+
+
+def test_container_jobs_fail_clearly_for_now(runner: Runner, launch) -> None:
+    la = launch("echo hi", container="localhost/img:1")
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.FAILED and "containerized jobs are not supported" in r.reason
