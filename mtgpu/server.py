@@ -15,6 +15,7 @@ import os
 import pwd
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,19 @@ import asyncssh
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
+from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.unix import start_unix_api
 from mtgpu.config import Options, load
 from mtgpu.errors import ConfigError, MtgpuError
 from mtgpu.gateway.session import Gateway
+from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.schedd.agent import Agent
+from mtgpu.schedd.jobenv import JobUser
+from mtgpu.schedd.jobtable import FINAL_STATES, JobTable
+from mtgpu.schedd.runner import Runner
+from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.sshd.server import Penalties, start_ssh_server
 from mtgpu.state.store import StateStore
 
@@ -49,8 +57,13 @@ class Daemon:
         self.dispatcher = Dispatcher()
         self.penalties = Penalties(options.ssh_penalty_failures, options.ssh_penalty_seconds)
         self.tools_dir = str(Path(options.run_dir) / "bin")
+        self.jobs = JobTable()
+        self.sampler = Sampler(options)
         self.store: StateStore | None = None
+        self.scheduler: Scheduler | None = None
+        self.agent: Agent | None = None
         self._servers: list[Any] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
     # ------------------------------------------------------------- helpers
@@ -58,6 +71,35 @@ class Daemon:
     async def replicate(self, method: Any, *args: Any) -> Any:
         assert self.store is not None
         return await self.store.call(method, *args)
+
+    def term(self) -> int:
+        assert self.store is not None
+        return int(self.store.status().get("term") or 0)
+
+    def home_of(self, caller: Caller) -> str | None:
+        try:
+            return pwd.getpwuid(caller.uid).pw_dir
+        except KeyError:
+            return None
+
+    def job_user(self, name: str, uid: int) -> JobUser:
+        """The account a job runs as, as far as this host knows it now."""
+        try:
+            pw = pwd.getpwuid(uid)
+            return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell or "/bin/sh")
+        except KeyError:
+            return JobUser(name, uid, uid, str(Path(self.options.tenant_home_root) / name),
+                           self.options.tenant_shell)
+
+    async def user_for(self, name: str, uid: int) -> JobUser:
+        """The account a job runs as on this host, created now if it is a new tenant's."""
+        if self.registry.get(name) is not None:
+            acct = await asyncio.to_thread(self.accounts.ensure, name, uid)
+        else:
+            acct = self.accounts.existing(name)
+            if acct is None or acct.uid != uid:
+                raise MtgpuError(f"the account {name!r} (UID {uid}) does not exist on this host")
+        return JobUser.from_account(acct)
 
     def is_admin_name(self, name: str) -> bool:
         u = self.registry.get(name)
@@ -143,9 +185,23 @@ class Daemon:
     async def start(self) -> None:
         self._prepare_dirs()
         o = self.options
-        self.store = StateStore(o.server_name, [self.registry], o.state_dir)
+        self.store = StateStore(o.server_name, [self.registry, self.jobs], o.state_dir)
         await self.store.wait_ready()
+        runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
+        self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate,
+                           self.user_for)
+        self.scheduler = Scheduler(self.jobs, self.replicate, self.agent.dispatch, term=self.term,
+                                   aging_per_hour=o.priority_aging)
+        self.agent.on_change = self.scheduler.kick
+        self.scheduler.report(await self.sample())
+        self.scheduler.start()
+        self.agent.start()
+        loop = asyncio.get_running_loop()
+        self._tasks += [loop.create_task(self._sample_loop()),
+                        loop.create_task(self._retention_loop())]
         user_api.register(self.dispatcher, self)
+        job_api.register(self.dispatcher, self)
+        self._register_host_ops()
         self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
         gateway = Gateway(self)
         self._servers.append(await start_ssh_server(self, gateway))
@@ -153,7 +209,102 @@ class Daemon:
         log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen,
                  o.server_name)
 
+    async def sample(self) -> Any:
+        """This member's inventory, with SIMULATED_CPUS applied."""
+        import dataclasses
+
+        inv = await asyncio.to_thread(self.sampler.sample)
+        if self.options.simulated_cpus:
+            inv = dataclasses.replace(inv, host=dataclasses.replace(
+                inv.host, cpus=self.options.simulated_cpus))
+        return inv
+
+    async def _sample_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.usage_sample_interval)
+            try:
+                inv = await self.sample()
+            except Exception:  # noqa: BLE001 - sampling must never stop the daemon
+                log.exception("sampling failed")
+                continue
+            if self.scheduler is not None:
+                self.scheduler.report(inv)
+
+    async def _retention_loop(self) -> None:
+        """Remove finished job records older than JOB_RETENTION_DAYS, and their logs."""
+        while True:
+            try:
+                await self.purge_jobs(time.time())
+            except Exception:  # noqa: BLE001
+                log.exception("job retention failed")
+            # Hourly, or ten times per retention period when that is shorter.
+            await asyncio.sleep(max(1.0, min(3600.0, self.options.job_retention_days * 8640)))
+
+    async def purge_jobs(self, now: float) -> int:
+        cutoff = now - self.options.job_retention_days * 86400
+        old = [j for j in self.jobs.all()
+               if j["state"] in FINAL_STATES and (j.get("end_time") or 0) < cutoff]
+        if not old:
+            return 0
+        assert self.agent is not None
+        for j in old:
+            await self._remove_job_files(j)
+        return int(await self.replicate(self.jobs.purge, [j["job_id"] for j in old]))
+
+    async def _remove_job_files(self, j: dict[str, Any]) -> None:
+        """The runner's directory (root's), and the default log directory in the home,
+        removed by a process running as the tenant, never by root."""
+        assert self.agent is not None
+        try:
+            self.agent.runner.remove(j["job_id"])
+        except (MtgpuError, OSError):
+            pass
+        user = self.job_user(j["user"], j["uid"])
+        if user.uid == 0 or not os.path.isdir(user.home):
+            return
+        target = os.path.join(user.home, ".mtgpu", "jobs", j["job_id"])
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "rm", "-rf", "--one-file-system", "--", target, user=user.uid, group=user.gid,
+                extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            await proc.wait()
+        except OSError:
+            log.warning("could not remove the logs of job %s", j["job_id"])
+
+    def _register_host_ops(self) -> None:
+        from mtgpu.api.dispatcher import arg
+        from mtgpu.config import parse_size
+        from mtgpu.errors import ApiError, GpuProbeError
+
+        async def simulate(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+            """Set a simulated GPU's outside use (for tests and demos)."""
+            node = arg(args, "node", str)
+            if node != self.options.server_name:
+                raise ApiError(f"no member {node!r} here; this is {self.options.server_name}",
+                               "not_found")
+            if self.sampler.simulated is None:
+                raise ApiError("this member has no SIMULATED_GPUS", "bad_request")
+            try:
+                used = parse_size(arg(args, "used", (str, int)))
+                self.sampler.simulated.set_outside_used(arg(args, "index", int), used)
+            except (ValueError, GpuProbeError) as exc:
+                raise ApiError(str(exc), "bad_request") from exc
+            inv = await self.sample()
+            assert self.scheduler is not None
+            self.scheduler.report(inv)
+            self.scheduler.kick()
+            return {"node": node, "index": args["index"], "used": used}
+
+        self.dispatcher.register("simulate", simulate, admin=True)
+
     async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+        if self.agent is not None:
+            await self.agent.stop()
         for s in self._servers:
             s.close()
         for s in self._servers:

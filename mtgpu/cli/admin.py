@@ -55,6 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     who = sub.add_parser("whoami", help="who the daemon believes you are")
     add_common(who)
+
+    nodes = sub.add_parser("nodes", help="members, GPUs, VRAM, CPUs, RAM and the jobs on them")
+    add_common(nodes)
+    jobs = sub.add_parser("jobs", help="every tenant's jobs")
+    add_common(jobs)
+    jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
+    sim = sub.add_parser("simulate", help="set a simulated GPU's outside use (tests, demos)")
+    add_common(sim)
+    sim.add_argument("node")
+    sim.add_argument("gpu_index", type=int)
+    sim.add_argument("--used", required=True, help="VRAM taken by work outside MTGPU, e.g. 20G")
     return p
 
 
@@ -73,6 +84,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         emit(args, r, lambda r: _invite_text(r))
     elif args.cmd == "user":
         _user(args, api)
+    elif args.cmd == "nodes":
+        from mtgpu.gpuinfo.report import format_nodes_table
+
+        emit(args, api.call("nodes"), format_nodes_table)
+    elif args.cmd == "jobs":
+        jobs = api.call("job.list", all=args.all or None)
+        emit(args, jobs, lambda js: table(
+            [[j["job_id"], j["name"][:20], j["user"], j["state"], ",".join(j["nodes"]) or
+              f"({j['reason']})"] for j in js], ["JOBID", "NAME", "USER", "STATE", "NODES (REASON)"]))
+    elif args.cmd == "simulate":
+        r = api.call("simulate", node=args.node, index=args.gpu_index, used=args.used)
+        emit(args, r, f"{r['node']} GPU {r['index']}: outside use set to {args.used}")
     return 0
 
 

@@ -97,7 +97,9 @@ class Options:
     tenant_retention_days: float | None = None
     gpu_probes: tuple[GpuProbeSpec, ...] = ()
     simulated_gpus: tuple[SimulatedGpuSpec, ...] = ()
+    simulated_cpus: int | None = None
     usage_sample_interval: float = 5.0
+    priority_aging: float = 10.0
     invite_ttl: float = 7 * 86400
     invite_max_failures: int = 3
     ssh_login_grace_time: float = 120.0
@@ -446,7 +448,9 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "TENANT_RETENTION_DAYS": _days,
     "GPU_PROBES": _probes,
     "SIMULATED_GPUS": _simulated,
+    "SIMULATED_CPUS": lambda v: None if v is None else _posint(v),
     "USAGE_SAMPLE_INTERVAL": _posnum,
+    "PRIORITY_AGING": _posnum,
     "INVITE_TTL": _duration,
     "INVITE_MAX_FAILURES": _posint,
     "SSH_LOGIN_GRACE_TIME": _duration,

@@ -74,6 +74,7 @@ def tenant_env(account: Account, host: Host, principal: Principal,
         "PATH": f"{host.tools_dir}:/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "MTGPU_CONFIG": host.options.source or "/etc/mtgpu/mtgpu.yaml",
+        "MTGPU_API_SOCKET": host.options.api_socket,
         "SSH_CONNECTION": f"{principal.peer[0]} {principal.peer[1]} "
                           f"{principal.local[0]} {principal.local[1]}",
         "SSH_CLIENT": f"{principal.peer[0]} {principal.peer[1]} {principal.local[1]}",

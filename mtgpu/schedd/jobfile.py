@@ -38,8 +38,6 @@ from mtgpu.schedd.types import (
 
 #: The most tasks one ``array=`` may expand into.
 MAX_ARRAY_TASKS = 100_000
-DEFAULT_OUTPUT = "mtgpu-%j.out"
-DEFAULT_ARRAY_OUTPUT = "mtgpu-%A_%a.out"
 
 #: Every ``#MTGPU`` key, with what it expects (used in error messages).
 DIRECTIVES: dict[str, str] = {
@@ -430,12 +428,11 @@ def _build(raw: Mapping[str, _Raw], script: str, default_workdir: str, default_n
     workdir = get("workdir", _text, default_workdir)
     if not posixpath.isabs(workdir):
         workdir = posixpath.normpath(posixpath.join(default_workdir, workdir))
-    default_out = DEFAULT_ARRAY_OUTPUT if array else DEFAULT_OUTPUT
     return JobSpec(request=request, script=script, name=get("name", _text, default_name),
                    array=array[0] if array else None, array_limit=array[1][1] if array else None,
                    priority=get("priority", _priority, DEFAULT_PRIORITY),
                    time_limit=get("time", parse_time_limit, None),
-                   output=get("output", _text, default_out), error=get("error", _text, None),
+                   output=get("output", _text, None), error=get("error", _text, None),
                    workdir=workdir, container=get("container", _text, None),
                    requeue=get("requeue", _requeue, False), warnings=tuple(warnings))
 

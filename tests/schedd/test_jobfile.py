@@ -88,14 +88,14 @@ def test_defaults() -> None:
     assert spec.request.cpus == DEFAULT_CPUS and spec.request.ram == DEFAULT_RAM
     assert spec.priority == DEFAULT_PRIORITY and spec.time_limit is None
     assert spec.name == "job" and spec.workdir == "/home/ann/proj"
-    assert spec.output == "mtgpu-%j.out" and spec.error is None
+    assert spec.output is None and spec.error is None  # the runner's ~/.mtgpu/jobs/ID/
     assert not spec.requeue and spec.container is None and spec.array is None
     assert spec.warnings == ()
 
 
 def test_array_default_output_and_name() -> None:
     spec = parse("#MTGPU array=1-3", default_name="train.sh")
-    assert spec.output == "mtgpu-%A_%a.out" and spec.name == "train.sh"
+    assert spec.output is None and spec.name == "train.sh"
 
 
 def test_many_directives_on_lines_like_the_design() -> None:

@@ -1,0 +1,164 @@
+"""API operations on jobs and nodes: job.submit/list/show/cancel, nodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.config import Options
+from mtgpu.errors import ApiError, JobError
+from mtgpu.schedd.agent import job_output_paths
+from mtgpu.schedd.jobenv import JobUser
+from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file
+from mtgpu.schedd.jobtable import FINAL_STATES, PENDING, JobTable, spec_to_dict
+from mtgpu.schedd.scheduler import Scheduler
+from mtgpu.schedd.types import KNOWN_BRANDS
+
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+class JobHost(Protocol):
+    options: Options
+    jobs: JobTable
+    scheduler: Scheduler
+
+    async def replicate(self, method: Any, *args: Any) -> Any: ...
+
+    def home_of(self, caller: Caller) -> str | None: ...
+
+    def job_user(self, name: str, uid: int) -> JobUser: ...
+
+
+def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[str, Any]:
+    """The public form of a job record (``mt-job show --json``)."""
+    stdout, stderr = job_output_paths(j, user)
+    p = j.get("placement") or {}
+    members = p.get("members", [])
+    view = {
+        "job_id": j["job_id"], "array_id": j.get("array_id"), "array_task": j.get("array_task"),
+        "name": j["name"], "user": j["user"], "state": j["state"],
+        "nodes": [m["node"] for m in members],
+        "gpus": [{"node": m["node"], "index": i} for m in members for i in m["gpu_indices"]],
+        "cpus": j["spec"]["request"]["cpus"], "ram": j["spec"]["request"]["ram"],
+        "exit_code": j.get("exit_code"), "reason": j.get("reason") or "",
+        "submit_time": j["submit_time"], "start_time": j.get("start_time"),
+        "end_time": j.get("end_time"), "workdir": j["workdir"],
+        "stdout": stdout, "stderr": stderr, "priority": j["spec"]["priority"],
+        "time_limit": j["spec"].get("time_limit"), "warnings": list(j["spec"].get("warnings", ())),
+    }
+    if j["state"] == PENDING and sched is not None:
+        info = sched.pending_info.get(j["job_id"]) or (
+            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None)
+        if info is not None:
+            view["position"] = info.position
+            view["reason"] = info.reason
+            view["reason_detail"] = info.message
+        else:
+            view["position"] = None
+            view["reason"] = view["reason"] or "None"
+    return view
+
+
+def register(d: Dispatcher, host: JobHost) -> None:
+    """Register the job operations on ``d``."""
+
+    def _own(caller: Caller, j: dict[str, Any]) -> bool:
+        return caller.admin or j["user"] == caller.name
+
+    async def submit(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Submit a job file."""
+        if caller.uid == 0:
+            raise ApiError("root cannot submit jobs; submit as the tenant who should run them",
+                           "forbidden")
+        script = arg(args, "script", str)
+        if len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise ApiError("the job file is larger than 1 MiB; keep data out of the script",
+                           "too_large")
+        overrides = arg(args, "overrides", dict, {})
+        home = host.home_of(caller) or "/"
+        workdir = arg(args, "workdir", str, "") or home
+        if not workdir.startswith("/"):
+            raise ApiError("workdir must be an absolute path", "bad_request")
+        brands = set(KNOWN_BRANDS) | {p.brand for p in host.options.gpu_probes}
+        try:
+            spec = parse_job_file(script, {str(k): str(v) for k, v in overrides.items()},
+                                  default_workdir=workdir, brands=brands)
+            check_priority(spec.priority, is_admin=caller.admin)
+            host.scheduler.check_submit(spec.request)
+        except JobError as exc:
+            raise ApiError(str(exc), "rejected") from exc
+        tasks = expand_array(spec) if spec.array else None
+        record = {"user": caller.name, "uid": caller.uid, "name": spec.name,
+                  "spec": spec_to_dict(spec), "workdir": spec.workdir}
+        token = arg(args, "token", str, None)
+        r = await host.replicate(host.jobs.submit, record, tasks, time.time(), token)
+        host.scheduler.accepted(r["tasks"])
+        return {"job_id": r["job_id"], "tasks": len(r["tasks"]), "warnings": list(spec.warnings),
+                "duplicate": r.get("duplicate", False)}
+
+    def list_(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """Jobs: your active ones, or with all=true your finished ones too (admins: everyone's)."""
+        show_all = arg(args, "all", bool, False)
+        user = arg(args, "user", str, None)
+        out = []
+        for j in host.jobs.all():
+            if not _own(caller, j) or (user and j["user"] != user):
+                continue
+            if not show_all and j["state"] in FINAL_STATES:
+                continue
+            out.append(job_view(j, host.scheduler, host.job_user(j['user'], j['uid'])))
+        out.sort(key=lambda v: (v["submit_time"], v["job_id"]))
+        return out
+
+    def show(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """One job; an array's id shows its tasks."""
+        jid = str(arg(args, "job_id", (str, int)))
+        tasks = [j for j in host.jobs.tasks_of(jid) if _own(caller, j)]
+        if not tasks:
+            raise ApiError(f"no job {jid} of yours; `mt-job list --all` shows your jobs",
+                           "not_found")
+        if len(tasks) == 1 and tasks[0]["job_id"] == jid:
+            return job_view(tasks[0], host.scheduler, host.job_user(tasks[0]['user'], tasks[0]['uid']))
+        views = [job_view(t, host.scheduler, host.job_user(t['user'], t['uid'])) for t in sorted(tasks, key=lambda t: t["array_task"])]
+        states = sorted({v["state"] for v in views})
+        return {"job_id": jid, "array": True, "state": states[0] if len(states) == 1 else "MIXED",
+                "user": tasks[0]["user"], "name": tasks[0]["name"], "tasks": views,
+                "nodes": sorted({n for v in views for n in v["nodes"]}),
+                "gpus": [g for v in views for g in v["gpus"]], "exit_code": None, "reason": ""}
+
+    async def cancel(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Cancel jobs (an array's id cancels every task)."""
+        ids = arg(args, "job_ids", list)
+        targets, missing = [], []
+        for raw in ids:
+            jid = str(raw)
+            tasks = [j for j in host.jobs.tasks_of(jid) if _own(caller, j)]
+            if not tasks:
+                missing.append(jid)
+            targets += [t["job_id"] for t in tasks]
+        if missing and not targets:
+            raise ApiError(f"no job {', '.join(missing)} of yours to cancel", "not_found")
+        r = await host.replicate(host.jobs.cancel, targets, caller.name, time.time())
+        host.scheduler.forget(r["cancelled"])
+        return {**r, "not_found": missing}
+
+    def nodes(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU."""
+        held: dict[str, dict[int, list[str]]] = {}
+        for j in host.jobs.active():
+            for m in (j.get("placement") or {}).get("members", []):
+                for i in m["gpu_indices"]:
+                    held.setdefault(m["node"], {}).setdefault(i, []).append(j["job_id"])
+        out = []
+        for name, inv in sorted(host.scheduler.nodes.items()):
+            state = str(host.scheduler.node_state.get(name, "up"))
+            out.append(inv.to_dict(held.get(name, {}), state=state))
+        return out
+
+    d.register("job.submit", submit)
+    d.register("job.list", list_)
+    d.register("job.show", show)
+    d.register("job.cancel", cancel)
+    d.register("nodes", nodes)
+

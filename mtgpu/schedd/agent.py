@@ -1,0 +1,201 @@
+"""The agent part of every member: starts its share of placed jobs as the tenant,
+reports how they end, and carries out cancels.
+
+The scheduler journals a placement, then calls :meth:`Agent.dispatch` on each member
+in the placement (directly on a standalone host). The agent hands the job to the
+:class:`~mtgpu.schedd.runner.Runner`, whose per-job supervisor outlives the daemon;
+after a restart the agent re-adopts what still runs and records what ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.schedd.jobenv import JobLaunch, JobUser, output_paths
+from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, spec_from_dict
+from mtgpu.schedd.runner import JobAlreadyStarted, JobResult, Runner
+
+log = logging.getLogger("mtgpu.agent")
+
+Replicate = Callable[..., Awaitable[Any]]
+UserLookup = Callable[[str, int], Awaitable[JobUser]]
+
+
+def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
+    for m in (job.get("placement") or {}).get("members", []):
+        if m["node"] == node:
+            return m
+    return None
+
+
+def launch_for(job: dict[str, Any], user: JobUser, *, node: str = "", member: dict[str, Any] | None = None,
+               sampler: Sampler | None = None, cpus: tuple[int, ...] = (), master_addr: str = "",
+               term: int = 0) -> JobLaunch:
+    """The runner's description of this member's part of ``job``."""
+    spec = spec_from_dict(job["spec"])
+    members = (job.get("placement") or {}).get("members", [])
+    gpus = tuple(member["gpu_indices"]) if member else ()
+    return JobLaunch(
+        job_id=job["job_id"], user=user, script=spec.script, workdir=job["workdir"],
+        name=job["name"], array_task_id=job.get("array_task"), array_job_id=job.get("array_id"),
+        stdout=spec.output, stderr=spec.error,
+        gpu_env=sampler.visibility_env(list(gpus)) if sampler and gpus else {},
+        gpu_indices=gpus,
+        device_nodes=tuple(sampler.device_nodes(list(gpus))) if sampler and gpus else (),
+        cpus=cpus, ram=spec.request.ram or None, time_limit=spec.time_limit,
+        node_rank=member["rank"] if member else 0, nnodes=max(1, len(members)),
+        nodelist=tuple(m["node"] for m in members) or (node,), node_name=node,
+        master_addr=master_addr, submit_dir=job["workdir"], term=term)
+
+
+def job_output_paths(job: dict[str, Any], user: JobUser) -> tuple[str, str]:
+    """Where the job's stdout and stderr go (as ``mt-job show`` reports them)."""
+    out, err, _ = output_paths(launch_for(job, user))
+    return out, err
+
+
+class Agent:
+    """Runs this member's share of jobs."""
+
+    def __init__(self, node: str, table: JobTable, runner: Runner, sampler: Sampler,
+                 replicate: Replicate, user_for: UserLookup, *, address: str = "127.0.0.1",
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node = node
+        self.table = table
+        self.runner = runner
+        self.sampler = sampler
+        self.replicate = replicate
+        self.user_for = user_for
+        self.address = address
+        self.clock = clock
+        self.cores: dict[str, tuple[int, ...]] = {}
+        self._cancelling: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.on_change: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------ dispatch
+
+    def _pick_cores(self, job_id: str, n: int) -> tuple[int, ...]:
+        """The least-used cores, so jobs share cores only when CPUs are overcommitted."""
+        total = os.cpu_count() or 1
+        use = [0] * total
+        for cs in self.cores.values():
+            for c in cs:
+                if c < total:
+                    use[c] += 1
+        order = sorted(range(total), key=lambda c: (use[c], c))
+        picked = tuple(sorted(order[:max(1, min(n, total))]))
+        self.cores[job_id] = picked
+        return picked
+
+    async def dispatch(self, job: dict[str, Any], term: int) -> None:
+        """Start this member's part of a placed job."""
+        member = member_of(job, self.node)
+        if member is None:
+            raise RuntimeError(f"job {job['job_id']} has no part on {self.node}")
+        user = await self.user_for(job["user"], job["uid"])
+        cpus = self._pick_cores(job["job_id"], member["cpus"])
+        members = job["placement"]["members"]
+        master = members[0]["node"]
+        launch = launch_for(job, user, node=self.node, member=member, sampler=self.sampler,
+                            cpus=cpus, term=term,
+                            master_addr=self.address if master == self.node else master)
+        try:
+            await asyncio.to_thread(self.runner.start, launch)
+        except JobAlreadyStarted:
+            log.warning("job %s was already started here; not starting it twice", job["job_id"])
+            return
+        except Exception:
+            self.cores.pop(job["job_id"], None)
+            raise
+        self._declare()
+        await self.replicate(self.table.started, job["job_id"], self.node, self.clock())
+
+    def _declare(self) -> None:
+        """Tell simulated GPUs what the jobs placed on them declared."""
+        declared: dict[int, int] = {}
+        for j in self.table.active():
+            m = member_of(j, self.node) if j["state"] == RUNNING else None
+            if m is None:
+                continue
+            for i in m["gpu_indices"]:
+                declared[i] = declared.get(i, 0) + m["vram_per_gpu"]
+        self.sampler.set_declared(declared)
+
+    # ---------------------------------------------------------------- loop
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        await self._adopt()
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - keep watching jobs whatever one did
+                log.exception("agent tick failed")
+            await asyncio.sleep(0.2)
+
+    async def _adopt(self) -> None:
+        """After a restart: jobs the table says run here but no supervisor knows."""
+        known = set(await asyncio.to_thread(self.runner.running))
+        for j in list(self.table.active()):
+            if j["state"] != RUNNING or member_of(j, self.node) is None:
+                continue
+            if j["job_id"] in known:
+                self.cores[j["job_id"]] = ()
+                log.info("re-adopted job %s", j["job_id"])
+                continue
+            if self.runner.result(j["job_id"]) is None and j.get("start_time") is None \
+                    and not self.runner.job_dir(j["job_id"]).exists():
+                # Placed but never started (the daemon died in between): start it now.
+                try:
+                    await self.dispatch(j, j.get("term") or 0)
+                except Exception as exc:  # noqa: BLE001
+                    await self.replicate(self.table.finish, j["job_id"], "FAILED", None,
+                                         f"could not start after a restart: {exc}", self.clock())
+            elif self.runner.result(j["job_id"]) is None:
+                await self.replicate(self.table.finish, j["job_id"], "NODE_FAIL", None,
+                                     f"its supervisor on {self.node} is gone", self.clock())
+        self._declare()
+
+    async def tick(self) -> None:
+        results = await asyncio.to_thread(self.runner.poll)
+        for r in results:
+            await self._record(r)
+        for j in list(self.table.active()):
+            if (j["state"] == RUNNING and j.get("cancel_requested")
+                    and j["job_id"] not in self._cancelling and member_of(j, self.node)):
+                self._cancelling.add(j["job_id"])
+                ok = await asyncio.to_thread(self.runner.cancel, j["job_id"])
+                if not ok and self.runner.result(j["job_id"]) is None:
+                    await self.replicate(self.table.finish, j["job_id"], "CANCELLED", None,
+                                         j.get("reason") or "cancelled", self.clock())
+
+    async def _record(self, r: JobResult) -> None:
+        j = self.table.get(r.job_id)
+        self.cores.pop(r.job_id, None)
+        self._cancelling.discard(r.job_id)
+        if j is not None and j["state"] not in FINAL_STATES:
+            reason = r.reason
+            if r.signal and not reason:
+                reason = f"killed by signal {r.signal}"
+            await self.replicate(self.table.finish, r.job_id, str(r.state), r.exit_code, reason,
+                                 r.end_time or self.clock())
+        self.runner.ack(r.job_id)
+        self._declare()
+        self.on_change()

@@ -1,0 +1,165 @@
+"""The job table: every job and every transition, as replicated state.
+
+A PySyncObj consumer, like the user registry. Each transition (submitted, placed,
+started, finished, cancel requested) is one log entry, applied in log order on every
+member, so a new scheduler rebuilds its queue from here after a failover and nobody
+resubmits anything. Methods are deterministic: callers pass ``now``.
+
+Records are plain dicts (stable to pickle across versions) replaced as a whole, so
+readers on the event-loop thread always see a complete record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from pysyncobj import SyncObjConsumer, replicated
+
+from mtgpu.schedd.types import GpuMode, JobSpec, ResourceRequest
+
+PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY = (
+    "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY})
+ACTIVE_STATES = frozenset({PENDING, RUNNING})
+
+
+def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
+    """A plain-dict form of a job spec (what the log stores)."""
+    d = dataclasses.asdict(spec)
+    d["request"]["gpu_mode"] = str(spec.request.gpu_mode)
+    return d
+
+
+def spec_from_dict(d: dict[str, Any]) -> JobSpec:
+    """Inverse of :func:`spec_to_dict`."""
+    r = dict(d["request"])
+    r["gpu_mode"] = GpuMode(r["gpu_mode"])
+    r["servers"] = tuple(r.get("servers", ()))
+    rest = {k: v for k, v in d.items() if k != "request"}
+    rest["warnings"] = tuple(rest.get("warnings", ()))
+    return JobSpec(request=ResourceRequest(**r), **rest)
+
+
+class JobTable(SyncObjConsumer):
+    """Jobs by id, plus the next id and submission tokens (idempotent retries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.next_id = 1
+        self.tokens: dict[str, str] = {}
+
+    # ------------------------------------------------------------- reads
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        return self.jobs.get(job_id)
+
+    def tasks_of(self, job_id: str) -> list[dict[str, Any]]:
+        """A job, or every task of an array when ``job_id`` is the array's id."""
+        j = self.jobs.get(job_id)
+        if j is not None:
+            return [j]
+        return [r for r in list(self.jobs.values()) if r.get("array_id") == job_id]
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self.jobs.values())
+
+    def active(self) -> Iterable[dict[str, Any]]:
+        return (j for j in list(self.jobs.values()) if j["state"] in ACTIVE_STATES)
+
+    # -------------------------------------------------------- replicated
+
+    @replicated
+    def submit(self, record: dict[str, Any], tasks: list[int] | None, now: float,
+               token: str | None = None) -> dict[str, Any]:
+        """Add a job (or one record per array task); returns the id(s)."""
+        if token and token in self.tokens:
+            jid = self.tokens[token]
+            return {"job_id": jid, "tasks": [j["job_id"] for j in self.tasks_of(jid)],
+                    "duplicate": True}
+        jid = str(self.next_id)
+        self.next_id += 1
+        base = {**record, "state": PENDING, "submit_time": now, "start_time": None,
+                "end_time": None, "placement": None, "exit_code": None, "reason": "",
+                "term": None, "cancel_requested": False}
+        ids = []
+        if tasks is None:
+            self.jobs[jid] = {**base, "job_id": jid, "array_id": None, "array_task": None}
+            ids.append(jid)
+        else:
+            for i in tasks:
+                tid = f"{jid}_{i}"
+                self.jobs[tid] = {**base, "job_id": tid, "array_id": jid, "array_task": i}
+                ids.append(tid)
+        if token:
+            self.tokens[token] = jid
+            if len(self.tokens) > 100_000:
+                for k in list(self.tokens)[:10_000]:
+                    del self.tokens[k]
+        return {"job_id": jid, "tasks": ids}
+
+    @replicated
+    def place(self, job_id: str, placement: dict[str, Any], term: int, now: float) -> dict[str, Any]:
+        """The scheduler gave the job its members; it is RUNNING from here, as in Slurm."""
+        j = self.jobs.get(job_id)
+        if j is None or j["state"] != PENDING:
+            return {"error": f"job {job_id} is not pending", "code": "not_pending"}
+        self.jobs[job_id] = {**j, "state": RUNNING, "placement": placement, "term": term,
+                             "placed_time": now, "reason": ""}
+        return {"job_id": job_id}
+
+    @replicated
+    def started(self, job_id: str, node: str, now: float) -> None:
+        j = self.jobs.get(job_id)
+        if j is not None and j["state"] == RUNNING and j["start_time"] is None:
+            self.jobs[job_id] = {**j, "start_time": now}
+
+    @replicated
+    def finish(self, job_id: str, state: str, exit_code: int | None, reason: str,
+               now: float) -> dict[str, Any]:
+        j = self.jobs.get(job_id)
+        if j is None or j["state"] in FINAL_STATES:
+            return {"error": f"job {job_id} has already ended", "code": "final"}
+        if j["cancel_requested"] and state in (FAILED, COMPLETED, CANCELLED):
+            state = CANCELLED  # killed by the cancel, whatever status it ended with
+            reason = f"{j['reason']}; {reason}" if reason and reason != j["reason"] else j["reason"]
+        self.jobs[job_id] = {**j, "state": state, "exit_code": exit_code, "reason": reason,
+                             "end_time": now, "start_time": j["start_time"] or j.get("placed_time")}
+        return {"job_id": job_id, "state": state}
+
+    @replicated
+    def cancel(self, job_ids: list[str], by: str, now: float) -> dict[str, Any]:
+        """Cancel pending jobs at once; mark running ones for their member to stop."""
+        done, asked = [], []
+        for jid in job_ids:
+            j = self.jobs.get(jid)
+            if j is None or j["state"] in FINAL_STATES:
+                continue
+            if j["state"] == PENDING:
+                self.jobs[jid] = {**j, "state": CANCELLED, "end_time": now,
+                                  "reason": f"cancelled by {by}"}
+                done.append(jid)
+            elif not j["cancel_requested"]:
+                self.jobs[jid] = {**j, "cancel_requested": True, "reason": f"cancelled by {by}"}
+                asked.append(jid)
+        return {"cancelled": done, "stopping": asked}
+
+    @replicated
+    def requeue(self, job_id: str, reason: str, now: float) -> None:
+        j = self.jobs.get(job_id)
+        if j is not None and j["state"] == RUNNING:
+            self.jobs[job_id] = {**j, "state": PENDING, "placement": None, "term": None,
+                                 "start_time": None, "reason": reason,
+                                 "requeues": j.get("requeues", 0) + 1}
+
+    @replicated
+    def purge(self, job_ids: list[str]) -> int:
+        n = 0
+        for jid in job_ids:
+            j = self.jobs.get(jid)
+            if j is not None and j["state"] in FINAL_STATES:
+                del self.jobs[jid]
+                n += 1
+        return n

@@ -1,0 +1,176 @@
+"""The scheduler service: the queue, the scheduling loop and submit-time checks.
+
+It runs on the leader (on a standalone host, always). Its queue is rebuilt from the
+job table whenever it starts, so losing the scheduler loses no job. Measured usage
+comes from node reports kept in memory (never in the log); committed capacity comes
+from the running jobs in the table. Each placement is journaled before it is
+dispatched, with the leader's term, so a deposed leader cannot start a job twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mtgpu.errors import JobError
+from mtgpu.gpuinfo.types import NodeInventory
+from mtgpu.schedd.jobtable import PENDING, RUNNING, JobTable, spec_from_dict
+from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
+from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
+from mtgpu.schedd.types import (Allocation, GpuMode, GpuSnapshot, MemberPlacement, NodeSnapshot,
+                                NodeState, Placement, ResourceRequest)
+
+log = logging.getLogger("mtgpu.schedd")
+
+Replicate = Callable[..., Awaitable[Any]]
+Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
+
+
+def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP) -> NodeSnapshot:
+    """The scheduler's view of one member from its latest report."""
+    gpus = tuple(GpuSnapshot(index=g.index, brand=g.brand, type=g.type, vram_total=g.vram_total,
+                             vram_used=g.vram_used) for g in inv.gpus)
+    return NodeSnapshot(name=inv.name, cpus=inv.host.cpus, ram_total=inv.host.ram_total,
+                        gpus=gpus, ram_used=inv.host.ram_used, state=state)
+
+
+def placement_from_dict(d: Mapping[str, Any]) -> Placement:
+    return Placement(job_id=d["job_id"], gpu_mode=GpuMode(d["gpu_mode"]), members=tuple(
+        MemberPlacement(node=m["node"], rank=m["rank"], gpu_indices=tuple(m["gpu_indices"]),
+                        cpus=m["cpus"], ram=m["ram"], vram_per_gpu=m["vram_per_gpu"])
+        for m in d["members"]))
+
+
+class Scheduler:
+    """Places pending jobs on members; one instance, on the leader."""
+
+    def __init__(self, table: JobTable, replicate: Replicate, dispatch: Dispatch, *,
+                 term: Callable[[], int], clock: Callable[[], float] = time.time,
+                 policy: QueuePolicy | None = None, aging_per_hour: float = 10.0) -> None:
+        self.table = table
+        self.replicate = replicate
+        self.dispatch = dispatch
+        self.term = term
+        self.clock = clock
+        self.policy = policy or QueuePolicy()
+        self.nodes: dict[str, NodeInventory] = {}
+        self.node_state: dict[str, NodeState] = {}
+        self.age_weight = aging_per_hour / 3600
+        self.queue = PendingQueue(self.age_weight)
+        self.pending_info: dict[str, PendingInfo] = {}
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -------------------------------------------------------------- state
+
+    def report(self, inv: NodeInventory) -> None:
+        """A member's inventory and measured use (from its sampler or a peer)."""
+        self.nodes[inv.name] = inv
+
+    def rebuild(self) -> None:
+        """Refill the queue from the job table (start, or a new leader)."""
+        self.queue = PendingQueue(self.age_weight)
+        for j in self.table.all():
+            if j["state"] == PENDING:
+                self._enqueue(j)
+
+    def _enqueue(self, j: dict[str, Any]) -> None:
+        from mtgpu.schedd.types import PendingJob
+
+        spec = spec_from_dict(j["spec"])
+        self.queue.add(PendingJob(job_id=j["job_id"], tenant=j["user"], request=spec.request,
+                                  priority=spec.priority, submit_time=j["submit_time"],
+                                  time_limit=spec.time_limit, array_id=j["array_id"],
+                                  array_task=j["array_task"], array_limit=spec.array_limit))
+
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        nodes = [node_snapshot(inv, self.node_state.get(name, NodeState.UP))
+                 for name, inv in sorted(self.nodes.items())]
+        allocs = []
+        for j in self.table.active():
+            if j["state"] == RUNNING and j["placement"]:
+                tl = j["spec"].get("time_limit")
+                start = j.get("placed_time") or j["submit_time"]
+                allocs.append(Allocation(placement_from_dict(j["placement"]),
+                                         start + tl if tl else None, j["array_id"]))
+        return snapshot_with_allocations(nodes, allocs)
+
+    def check_submit(self, request: ResourceRequest) -> None:
+        """Refuse at once what no member could ever run."""
+        why = feasible_ever(self.snapshot(), request)
+        if why is not None:
+            raise JobError(f"rejected: {why.message}", )
+
+    def accepted(self, job_ids: list[str]) -> None:
+        """Jobs newly in the table: queue them and schedule soon."""
+        for jid in job_ids:
+            j = self.table.get(jid)
+            if j is not None and j["state"] == PENDING and jid not in self.queue:
+                self._enqueue(j)
+        self.kick()
+
+    def forget(self, job_ids: list[str]) -> None:
+        for jid in job_ids:
+            self.queue.remove(jid)
+            self.pending_info.pop(jid, None)
+        self.kick()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    # --------------------------------------------------------------- loop
+
+    def start(self) -> None:
+        self.rebuild()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
+            try:
+                await self.run_pass()
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
+                log.exception("scheduling pass failed")
+                await asyncio.sleep(1)
+
+    async def run_pass(self) -> int:
+        """Place what fits now; journal and dispatch each placement. Returns the count."""
+        if not self.nodes or not len(self.queue):
+            self.pending_info = {}
+            return 0
+        now = self.clock()
+        result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
+        self.pending_info = dict(result.pending)
+        started = 0
+        term = self.term()
+        for p in result.placements:
+            self.queue.remove(p.job_id)
+            r = await self.replicate(self.table.place, p.job_id, p.to_dict(), term, now)
+            if "error" in r:
+                continue
+            job = self.table.get(p.job_id)
+            if job is None:
+                continue
+            try:
+                await self.dispatch(job, term)
+                started += 1
+            except Exception as exc:  # noqa: BLE001 - a failed start fails that job only
+                log.exception("dispatch of %s failed", p.job_id)
+                await self.replicate(self.table.finish, p.job_id, "FAILED", None,
+                                     f"could not start: {exc}", self.clock())
+        return started
