@@ -295,6 +295,16 @@ def status(args: argparse.Namespace) -> int:
     return 0 if pid else 3
 
 
+def gpu_check(args: argparse.Namespace) -> int:
+    """Run each probe, then a one-device job under its visibility setting; say what works."""
+    from mtgpu.config import load
+    from mtgpu.gpuinfo.check import format_check, gpu_check as check
+
+    results = check(load(args.config))
+    print(format_check(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
 def uninstall(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise SetupFailed("uninstall needs root: run it with sudo")
@@ -364,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--code-changed", action="store_true", help=argparse.SUPPRESS)
     s = sub.add_parser("status", help="is the daemon running, its version, port and host keys")
     common(s)
+    g = sub.add_parser("gpu-check", help="test every GPU probe, built-in and configured")
+    common(g)
     u = sub.add_parser("uninstall", help="stop and remove MTGPU (keeps config, state and homes)")
     common(u)
     u.add_argument("--purge", action="store_true", help="also remove the configuration and state")
@@ -379,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             return status(args)
         if args.cmd == "uninstall":
             return uninstall(args)
+        if args.cmd == "gpu-check":
+            return gpu_check(args)
     except SetupFailed as exc:
         say(str(exc))
         return 1
