@@ -210,9 +210,11 @@ def test_placement_avoids_measured_use(gpu_host):
     try:
         nodes = json.loads(host.ssh("gina", key, "mt-job nodes --json").stdout)
         assert nodes[0]["gpus"][0]["vram_used"] >= 20 << 30
-        jid = submit(host, key, "gina", job("sleep 1", "gpus=1 vram=10G cpus=1 ram=50M"))
-        j = wait_state(host, key, "gina", jid, {"RUNNING", "COMPLETED"})
+        jid = submit(host, key, "gina", job("sleep 3", "gpus=1 vram=10G cpus=1 ram=50M"))
+        j = wait_state(host, key, "gina", jid, {"RUNNING"})
         assert j["gpus"][0]["index"] == 1
+        table = host.admin("nodes").stdout
+        assert "rtx4090" in table and jid in table  # the admin view names the job on the GPU
     finally:
         host.admin("simulate", "testhost", "0", "--used", "0")
 
