@@ -27,7 +27,8 @@ from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
-from mtgpu.api.unix import start_unix_api
+from mtgpu.api.unix import serve_lines, start_unix_api
+from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.config import Options, load
 from mtgpu.errors import ConfigError, MtgpuError
 from mtgpu.gateway.session import Gateway
@@ -62,6 +63,9 @@ class Daemon:
         self.store: StateStore | None = None
         self.scheduler: Scheduler | None = None
         self.agent: Agent | None = None
+        self.identity = (ClusterIdentity.derive(options.cluster_id, options.cluster_key)
+                         if options.cluster_mode == "cluster" else None)
+        self.raft: Any = None  # the Raft transport over peer channels, in a cluster
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
@@ -100,6 +104,17 @@ class Daemon:
             if acct is None or acct.uid != uid:
                 raise MtgpuError(f"the account {name!r} (UID {uid}) does not exist on this host")
         return JobUser.from_account(acct)
+
+    async def peer_session(self, process: asyncssh.SSHServerProcess, name: str) -> None:
+        """A channel from another member (authenticated by its cluster certificate)."""
+        if process.subsystem == "mtgpu-raft" and self.raft is not None:
+            await self.raft.accept(process.stdin, process.stdout, name)
+        elif process.subsystem == "mtgpu-peer":
+            await serve_lines(process.stdin, process.stdout, self.dispatcher,
+                              Caller(f"mtgpu-peer.{name}", 0, True, "peer"))
+        else:
+            process.stderr.write(b"mtgpu: this member serves no such peer channel yet\n")
+            process.exit(1)
 
     def is_admin_name(self, name: str) -> bool:
         u = self.registry.get(name)

@@ -7,7 +7,6 @@ file ownership because the processes really are the tenant's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -22,7 +21,8 @@ from asyncssh.constants import EXTENDED_DATA_STDERR
 
 from mtgpu.accounts.provision import Account, AccountProvisioner
 from mtgpu.accounts.registry import Registry, hash_code
-from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
+from mtgpu.api.dispatcher import Caller, Dispatcher
+from mtgpu.api.unix import serve_lines
 from mtgpu.config import Options
 from mtgpu.errors import MtgpuError
 from mtgpu.gateway.route import Kind, route
@@ -233,32 +233,8 @@ class Gateway:
 
     async def _api(self, process: asyncssh.SSHServerProcess, account: Account) -> None:
         """The mtgpu-api subsystem: JSON lines, answered in process, no subprocess."""
-        caller = self.host.caller_for(account, "ssh")
-        buf = b""
-        while True:
-            try:
-                chunk = await process.stdin.read(1 << 16)
-            except asyncssh.Error:
-                break
-            if not chunk:
-                break
-            buf += chunk
-            if len(buf) > MAX_REQUEST_BYTES and b"\n" not in buf:
-                process.stdout.write(b'{"ok": false, "error": "request too large", "code": "too_large"}\n')
-                break
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if not line.strip():
-                    continue
-                try:
-                    req = json.loads(line)
-                except ValueError:
-                    answer = {"id": None, "ok": False, "code": "bad_request",
-                              "error": "not valid JSON; send one JSON object per line"}
-                else:
-                    answer = await self.host.dispatcher.handle(caller, req)
-                process.stdout.write(json.dumps(answer, default=str).encode() + b"\n")
-        process.exit(0)
+        await serve_lines(process.stdin, process.stdout, self.host.dispatcher,
+                          self.host.caller_for(account, "ssh"))
 
     # ------------------------------------------------------------- invites
 

@@ -21,6 +21,7 @@ from asyncssh.constants import EXTENDED_DATA_STDERR
 from asyncssh.stream import SSHReader, SSHWriter
 
 from mtgpu.accounts.names import check_username
+from mtgpu.cluster.identity import peer_name
 from mtgpu.errors import AccountError, MtgpuError
 from mtgpu.gateway.session import Gateway, Principal
 from mtgpu.sshd import fastpath
@@ -40,6 +41,7 @@ CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "ae
 MACS = ["umac-64-etm@openssh.com", "umac-128-etm@openssh.com", "hmac-sha2-256-etm@openssh.com",
         "hmac-sha2-512-etm@openssh.com", "hmac-sha2-256", "hmac-sha2-512"]
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
+PEER_SUBSYSTEMS = ("mtgpu-peer", "mtgpu-raft")
 CHANNEL_WINDOW = 8 << 20
 CHANNEL_MAX_PKTSIZE = 256 << 10
 
@@ -148,6 +150,19 @@ class _TenantProcess(asyncssh.SSHServerProcess):
         super().session_started()
 
 
+class _PeerProcess(asyncssh.SSHServerProcess):
+    """A session of another member: only the peer subsystems, never a shell."""
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem in PEER_SUBSYSTEMS
+
+    def shell_requested(self) -> bool:
+        return False
+
+    def exec_requested(self, command: str) -> bool:
+        return False
+
+
 class MtgpuSSHServer(asyncssh.SSHServer):
     """Authentication for one connection; the gateway serves its channels."""
 
@@ -199,7 +214,8 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         assert self._candidate is not None
         user, kind, key = self._candidate
         self.principal = Principal(user, kind, key, self.peer, self.local)
-        log.info("accepted %s key for %s (%s) from %s", key.split()[0], user, kind, self.peer[0])
+        log.info("accepted %s for %s (%s) from %s", key.split()[0] if key else "certificate",
+                 user, kind, self.peer[0])
 
     # ---------------------------------------------------------------- auth
 
@@ -216,6 +232,20 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         return False
 
     def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_ca_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """A member of this cluster, proving its name with a certificate from the user CA."""
+        ident = getattr(self.daemon, "identity", None)
+        name = peer_name(username)
+        if name is None or ident is None:
+            return False
+        if not ident.is_user_ca(key):
+            log.warning("refused member %r from %s: its certificate is not signed by this "
+                        "cluster's CA (another CLUSTER_ID or CLUSTER_KEY)", name, self.peer[0])
+            self._refused += 1
+            return False
+        self._candidate = (username, "peer", "")
         return True
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
@@ -242,6 +272,10 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         return True
 
     async def _kind_for(self, username: str, key: asyncssh.SSHKey) -> str | None:
+        if peer_name(username) is not None:
+            log.warning("refused %r from %s: a member must present its cluster certificate",
+                        username, self.peer[0])
+            return None
         try:
             check_username(username)
         except AccountError as exc:
@@ -347,7 +381,11 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             return False
         principal = self.principal
         chan = self.conn.create_server_channel(None, "strict", CHANNEL_WINDOW, CHANNEL_MAX_PKTSIZE)
-        process = _TenantProcess(lambda p: self.gateway.run(p, principal), None, 0, False)
+        if principal.kind == "peer":
+            name = peer_name(principal.username) or ""
+            process = _PeerProcess(lambda p: self.daemon.peer_session(p, name), None, 0, False)
+        else:
+            process = _TenantProcess(lambda p: self.gateway.run(p, principal), None, 0, False)
         return chan, process
 
 
@@ -356,7 +394,12 @@ async def start_ssh_server(daemon: Any, gateway: Gateway) -> asyncssh.SSHAccepto
     fastpath.apply()
     opts = daemon.options
     host, port = opts.ssh_listen
-    keys = ensure_host_keys(opts.state_dir)
+    keys: list[Any] = list(ensure_host_keys(opts.state_dir))
+    ident = getattr(daemon, "identity", None)
+    if ident is not None:
+        # Each member signs its own host key with the cluster's host CA at start.
+        principals = host_principals(opts.server_name, opts.ssh_listen[0])
+        keys = [(k, ident.host_certificate(k, principals)) for k in keys]
     counters = {"unauthenticated": 0}
     try:
         return await asyncssh.create_server(
@@ -376,6 +419,26 @@ async def start_ssh_server(daemon: Any, gateway: Gateway) -> asyncssh.SSHAccepto
         raise MtgpuError(f"cannot listen on {host}:{port} (SSH_LISTEN): {exc.strerror}. "
                          "Another program may hold the port; choose another with SSH_LISTEN "
                          "or stop that program") from exc
+
+
+def host_principals(server_name: str, listen_host: str) -> list[str]:
+    """Names and addresses a member answers to, for its host certificate."""
+    import socket
+
+    import psutil
+
+    names = [server_name, socket.gethostname(), socket.getfqdn(), "localhost"]
+    if listen_host not in ("0.0.0.0", "::", ""):
+        names.append(listen_host)
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                names.append(a.address.split("%")[0])
+    seen: list[str] = []
+    for n in names:
+        if n and n not in seen:
+            seen.append(n)
+    return seen
 
 
 def _available(wanted: list[str], supported: list[bytes]) -> list[str]:
