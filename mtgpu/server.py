@@ -26,6 +26,7 @@ from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
+from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.cluster.identity import ClusterIdentity
@@ -40,6 +41,7 @@ from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.sshd.server import Penalties, start_ssh_server
 from mtgpu.state.store import StateStore
+from mtgpu.workspaces.service import Workspaces
 
 log = logging.getLogger("mtgpu.server")
 
@@ -69,6 +71,7 @@ class Daemon:
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
+        self.workspaces: Workspaces | None = None  # container workspaces
 
     # ------------------------------------------------------------- helpers
 
@@ -217,6 +220,10 @@ class Daemon:
         user_api.register(self.dispatcher, self)
         job_api.register(self.dispatcher, self)
         self._register_host_ops()
+        # Container workspaces: reservations in the job table, podman as the tenant.
+        self.workspaces = Workspaces(self)
+        workspace_api.register(self.dispatcher, self.workspaces)
+        self.workspaces.start()
         self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
         gateway = Gateway(self)
         self._servers.append(await start_ssh_server(self, gateway))
@@ -316,6 +323,8 @@ class Daemon:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.workspaces is not None:
+            await self.workspaces.stop()
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.agent is not None:

@@ -177,6 +177,8 @@ def stage_two(args: argparse.Namespace) -> int:
     Path(options.state_dir).mkdir(parents=True, exist_ok=True)
     os.chmod(options.state_dir, 0o700)
     ensure_host_keys(options.state_dir)
+    if options.containers.enabled and os.geteuid() == 0:
+        podman_check(argparse.Namespace(config=str(config), fix=True))  # workspaces' host needs
     for name in SCRIPTS:
         src = prefix / "venv" / "bin" / name
         if not src.exists():
@@ -305,6 +307,18 @@ def gpu_check(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def podman_check(args: argparse.Namespace) -> int:
+    """What rootless podman needs on this host (mtgpu.workspaces.hostcheck); --fix sets it up."""
+    from mtgpu.config import load
+    from mtgpu.workspaces.hostcheck import check
+
+    findings, done = check(load(args.config), apply=args.fix)
+    for line in done:
+        say(line)
+    print("\n".join(f.line() for f in findings))
+    return 0 if all(f.ok for f in findings) else 1
+
+
 def uninstall(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise SetupFailed("uninstall needs root: run it with sudo")
@@ -376,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(s)
     g = sub.add_parser("gpu-check", help="test every GPU probe, built-in and configured")
     common(g)
+    pc = sub.add_parser("podman-check", help="what rootless podman needs here; --fix sets it up")
+    common(pc)
+    pc.add_argument("--fix", action="store_true", help="set up what can be set up (as root)")
     u = sub.add_parser("uninstall", help="stop and remove MTGPU (keeps config, state and homes)")
     common(u)
     u.add_argument("--purge", action="store_true", help="also remove the configuration and state")
@@ -393,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             return uninstall(args)
         if args.cmd == "gpu-check":
             return gpu_check(args)
+        if args.cmd == "podman-check":
+            return podman_check(args)
     except SetupFailed as exc:
         say(str(exc))
         return 1

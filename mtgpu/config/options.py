@@ -61,7 +61,15 @@ class GpuProbeSpec:
 
 @dataclass(frozen=True)
 class ContainersOptions:
-    """The ``CONTAINERS`` mapping (workspaces). Details are validated per key."""
+    """The ``CONTAINERS`` mapping (workspaces). Details are validated per key.
+
+    ``templates`` maps a name to a plain dict with ``image`` (always), ``gpus``,
+    ``gpu_type``, ``cpus``, ``ram`` (bytes), ``ports`` (container ports), ``env``,
+    ``mounts`` (``{source, target, readonly}``; a source may start with ``~/``),
+    ``command`` and ``description``. ``registry`` is ``{url, credentials,
+    tls_verify}``. ``archive_dir`` holds the pre-pulled images as archives that
+    tenants' own podman loads.
+    """
 
     enabled: bool = False
     templates: Mapping[str, Any] = field(default_factory=dict)
@@ -71,6 +79,7 @@ class ContainersOptions:
     network: bool = True
     port_publishing: str = "loopback"
     allow_user_images: bool = False
+    archive_dir: str = "/var/cache/mtgpu/images"
 
 
 @dataclass(frozen=True)
@@ -398,13 +407,136 @@ def _mapping(v: object) -> dict:
     return v
 
 
+_TEMPLATE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+def _port(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+        raise ValueError(f"expected a port number from 1 to 65535, got {_kind(v)}")
+    return v
+
+
+def _env_map(v: object) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a mapping of NAME: value, got {_kind(v)}")
+    out = {}
+    for k, val in v.items():
+        if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise ValueError(f"{k!r} is not an environment variable name")
+        if isinstance(val, (dict, list)) or val is None:
+            raise ValueError(f"the value of {k} must be a string or a number, got {_kind(val)}")
+        out[k] = str(val).lower() if isinstance(val, bool) else str(val)
+    return out
+
+
+def _mount(v: object) -> dict[str, Any]:
+    """``SOURCE:TARGET[:ro]`` or ``{source, target, readonly}``; SOURCE absolute or ``~/``."""
+    if isinstance(v, str):
+        parts = v.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise ValueError(f"expected SOURCE:TARGET or SOURCE:TARGET:ro, got {v!r}")
+        d: dict[str, Any] = {"source": parts[0], "target": parts[1],
+                             "readonly": len(parts) == 3 and parts[2] == "ro"}
+    elif isinstance(v, dict):
+        d = _sub(v, {"source": _str, "target": _str, "readonly": _bool}, "a mount",
+                 required=("source", "target"))
+        d.setdefault("readonly", False)
+    else:
+        raise ValueError(f"expected SOURCE:TARGET[:ro] or a mapping, got {_kind(v)}")
+    if not (d["source"].startswith("/") or d["source"].startswith("~/")):
+        raise ValueError(f"the source {d['source']!r} must be an absolute path or start with ~/")
+    if not d["target"].startswith("/"):
+        raise ValueError(f"the target {d['target']!r} must be an absolute path in the container")
+    return d
+
+
+def _template_gpus(v: object) -> tuple[int, str | None]:
+    """``2`` or ``"rtx4090:2"``/``"nvidia:1"``: a count and an optional type or brand."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v, None
+    if isinstance(v, str):
+        kind, _, count = v.rpartition(":")
+        if count.isdigit() and (not kind or re.match(r"^[a-z0-9][a-z0-9_.-]*$", kind)):
+            return int(count), kind or None
+    raise ValueError(f"expected a GPU count such as 1, or TYPE:COUNT such as nvidia:1, got {_kind(v)}")
+
+
+def _template(v: object) -> dict[str, Any]:
+    d = _sub(v, {"image": _str, "gpus": _template_gpus, "cpus": _posint, "ram": parse_size,
+                 "ports": lambda x: tuple(_port(p) for p in _list(x, "container ports")),
+                 "env": _env_map, "mounts": lambda x: [_mount(m) for m in _list(x, "mounts")],
+                 "command": _argv, "description": _str}, "a template", required=("image",))
+    if not d["image"]:
+        raise _SubKeyError("image", "the image name is empty")
+    gpus, gpu_type = d.pop("gpus", (0, None))
+    return {"image": d["image"], "gpus": gpus, "gpu_type": gpu_type, "cpus": d.get("cpus", 1),
+            "ram": d.get("ram", 1 << 30), "ports": d.get("ports", ()), "env": d.get("env", {}),
+            "mounts": d.get("mounts", []), "command": d.get("command", ()),
+            "description": d.get("description", "")}
+
+
+def _list(v: object, what: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of {what}, got {_kind(v)}")
+    return v
+
+
+def _templates(v: object) -> dict[str, dict[str, Any]]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a mapping of template name to {{image: ..., gpus: ...}}, got {_kind(v)}")
+    out = {}
+    for name, t in v.items():
+        if not isinstance(name, str) or not _TEMPLATE_NAME_RE.match(name):
+            raise _SubKeyError(str(name), "a template name is lower-case letters, digits, '.', '_' or '-'")
+        try:
+            out[name] = _template(t)
+        except _SubKeyError as exc:
+            raise _SubKeyError(f"{name}.{exc.sub}", str(exc)) from exc
+        except ValueError as exc:
+            raise _SubKeyError(name, str(exc)) from exc
+    return out
+
+
+def _registry(v: object) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    d = _sub(v, {"url": _str, "credentials": lambda x: None if x is None else _abspath(x),
+                 "tls_verify": _bool}, "the registry", required=("url",))
+    url = d["url"].strip()
+    for scheme in ("https://", "http://", "docker://"):
+        if url.startswith(scheme):
+            url = url[len(scheme):]
+    if not url or "/" in url.rstrip("/") or " " in url:
+        raise _SubKeyError("url", f"expected a registry host[:port] such as registry.example.com, got {d['url']!r}")
+    return {"url": url.rstrip("/"), "credentials": d.get("credentials"),
+            "tls_verify": d.get("tls_verify", True)}
+
+
 def _containers(v: object) -> ContainersOptions:
     if v is None:
         return ContainersOptions()
-    d = _sub(v, {"enabled": _bool, "templates": _mapping, "prepull": _image_list,
-                 "registry": lambda x: None if x is None else _mapping(x),
-                 "cache_volumes": _volume_list, "network": _bool,
-                 "port_publishing": _port_policy, "allow_user_images": _bool}, "CONTAINERS")
+    keys: dict[str, Callable[[Any], Any]] = {
+        "enabled": _bool, "templates": _templates, "prepull": _image_list, "registry": _registry,
+        "cache_volumes": _volume_list, "network": _bool, "port_publishing": _port_policy,
+        "allow_user_images": _bool, "archive_dir": _abspath}
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a mapping for CONTAINERS, got {_kind(v)}")
+    d = {}
+    for k, val in v.items():
+        if k not in keys:
+            raise _SubKeyError(str(k), f"unknown key; expected one of {', '.join(sorted(keys))}")
+        try:
+            d[k] = keys[k](val)
+        except _SubKeyError as exc:  # a nested key: CONTAINERS.templates.NAME.ports
+            raise _SubKeyError(f"{k}.{exc.sub}", str(exc)) from exc
+        except ValueError as exc:
+            raise _SubKeyError(str(k), str(exc)) from exc
     return ContainersOptions(**d)
 
 
