@@ -306,7 +306,7 @@ def _check_run_options(opts: list[tuple[str, str | None]], policy: Policy, cwd: 
         elif name == "--network":
             network_given = True
             for net in (value or "").split(","):
-                check_namespace(name, net.split(":", 1)[0] if net.startswith("ns:") else net, policy)
+                check_namespace(name, net, policy)
                 if not policy.network and net != "none":
                     raise PolicyRefusal("network", f"--network {net}: containers have no network "
                                                    "on this host; use --network none")

@@ -430,8 +430,8 @@ class Workspaces:
             if job["state"] == RUNNING and job.get("start_time"):
                 await self.apply(rec.key)
                 break
-            if job["state"] == PENDING and not queue and rec.reservation in self.host.scheduler.pending_info:
-                break
+            if job["state"] == PENDING and rec.reservation in self.host.scheduler.pending_info:
+                break  # the scheduler has looked and it waits: say so now
             await asyncio.sleep(0.1)
         job = self.host.jobs.get(rec.reservation or "")
         if not queue and job is not None and job["state"] == PENDING:
@@ -460,7 +460,7 @@ class Workspaces:
                 return
             job = self.host.jobs.get(rec.reservation or "")
             if (job is None or job["state"] != RUNNING or not job.get("start_time")
-                    or rec.applied == job["job_id"]):
+                    or job.get("cancel_requested") or rec.applied == job["job_id"]):
                 return
             member = next((m for m in job["placement"]["members"]
                            if m["node"] == self.options.server_name), None)
@@ -541,6 +541,7 @@ class Workspaces:
         for key, rec in list(self.records.items()):
             job = self.host.jobs.get(rec.reservation or "")
             if job is not None and job["state"] == RUNNING and job.get("start_time") \
+                    and not job.get("cancel_requested") \
                     and rec.applied != job["job_id"] and rec.desired == "running":
                 await self.apply(key)
             elif rec.applied and (job is None or job["state"] in FINAL_STATES):
@@ -575,7 +576,7 @@ class Workspaces:
             info = self.host.scheduler.pending_info.get(job["job_id"])
             if info is not None:
                 reason, position = f"{info.reason}: {info.message}", info.position
-        elif job is not None and job["state"] == RUNNING:
+        elif job is not None and job["state"] == RUNNING and not job.get("cancel_requested"):
             if rec.applied != job["job_id"]:
                 state = "FAILED" if rec.error else "STARTING"
             else:
