@@ -78,6 +78,10 @@ class ContainerRuntime:
         """``argv`` is a whole ``create ...`` command line from the policy's builder."""
         raise NotImplementedError
 
+    def run_tool(self, tenant: Tenant, argv: Sequence[str]) -> None:
+        """Run another container tool as the tenant (the ``devcontainer`` CLI)."""
+        raise NotImplementedError
+
     def start(self, tenant: Tenant, name: str) -> None:
         raise NotImplementedError
 
@@ -108,11 +112,11 @@ class Podman(ContainerRuntime):
         return [self.binary, *args]
 
     def run(self, tenant: Tenant, *args: str, timeout: float = 120, check: bool = True,
-            what: str = "") -> subprocess.CompletedProcess[str]:
-        """Run ``podman ARGS`` as ``tenant``; raise PodmanError with podman's message."""
+            what: str = "", argv: Sequence[str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``podman ARGS`` (or ``argv``) as ``tenant``; raise PodmanError with its message."""
         if tenant.uid == 0:
             raise PodmanError(["podman", *args], "workspaces never run podman as root")
-        argv = self.argv(*args)
+        argv = list(argv) if argv is not None else self.argv(*args)
         kw: dict[str, Any] = {}
         if os.geteuid() == 0:
             kw = {"user": tenant.uid, "group": tenant.gid, "extra_groups": list(tenant.groups)}
@@ -156,6 +160,9 @@ class Podman(ContainerRuntime):
 
     def create(self, tenant: Tenant, argv: Sequence[str]) -> None:
         self.run(tenant, *argv, timeout=600, what="creating the container")
+
+    def run_tool(self, tenant: Tenant, argv: Sequence[str]) -> None:
+        self.run(tenant, argv=argv, timeout=3600, what=f"running {os.path.basename(argv[0])}")
 
     def start(self, tenant: Tenant, name: str) -> None:
         self.run(tenant, "start", name, what=f"starting {name}")

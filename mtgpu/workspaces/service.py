@@ -365,9 +365,8 @@ class Workspaces:
                                                    "CONTAINERS.allow_user_images")
             cli = which("devcontainer")
             if cli:
-                shim = str(Path(self.host.tools_dir) / "podman")
-                self.runtime.build(t, devcontainer_cli_argv(cli, spec.build, spec.image, shim)[1:],
-                                   spec.build.workspace_folder)
+                podman = getattr(self.runtime, "binary", "podman")
+                self.runtime.run_tool(t, devcontainer_cli_argv(cli, spec.build, spec.image, podman))
             else:
                 self.runtime.build(t, build_argv(spec.build, spec.image), spec.build.context)
             return spec.image

@@ -1,6 +1,7 @@
-"""Pre-pull from a private registry with credentials (Debian's docker-registry on
-loopback, htpasswd auth): the daemon archives the image, the tenant's podman loads it,
-and the credentials never reach the tenant."""
+"""A host that pre-pulls from a private registry with credentials (Debian's
+docker-registry on loopback, htpasswd auth) and allows tenants' own images: the daemon
+archives the image, the tenant's podman loads it and never sees the credentials; a
+devcontainer.json's Dockerfile is built as the tenant."""
 
 from __future__ import annotations
 
@@ -67,17 +68,25 @@ auth: {{htpasswd: {{realm: test, path: {d}/htpasswd}}}}
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_prepull_with_credentials_feeds_a_workspace(registry) -> None:
-    from mtgpu.api.client import ApiClient
-
+@pytest.fixture(scope="module")
+def open_host(registry):
     d, port = registry
     creds = d / "registry-auth"
     creds.write_text("robot:s3cret\n")
     os.chmod(creds, 0o600)
-    archives = d / "images"
     w = start_workspace_host({"CONTAINERS": {
-        "enabled": True, "prepull": ["mtgpu/test:1"], "archive_dir": str(archives),
+        "enabled": True, "prepull": ["mtgpu/test:1"], "archive_dir": str(d / "images"),
+        "allow_user_images": True,
         "registry": {"url": f"127.0.0.1:{port}", "credentials": str(creds), "tls_verify": False}}})
+    yield w, d, port, creds
+    stop_workspace_host(w.host)
+
+
+def test_prepull_with_credentials_feeds_a_workspace(open_host) -> None:
+    from mtgpu.api.client import ApiClient
+
+    w, d, port, creds = open_host
+    archives = d / "images"
     try:
         ref = f"127.0.0.1:{port}/mtgpu/test:1"
         archive = archives / f"127.0.0.1_{port}_mtgpu_test_1.tar"
@@ -104,4 +113,23 @@ def test_prepull_with_credentials_feeds_a_workspace(registry) -> None:
         [r] = api.call("workspace.prepull", force=True)
         assert r["ok"] is True
     finally:
-        stop_workspace_host(w.host)
+        w.rm("pp")
+
+
+def test_a_devcontainer_dockerfile_is_built_as_the_tenant(open_host) -> None:
+    w = open_host[0]
+    w.run("mkdir -p built/.devcontainer && cd built/.devcontainer && "
+          "printf 'FROM localhost/mtgpu-test:1\\nRUN echo built-by-$(id -u) > /built.txt\\n' > Dockerfile")
+    w.run("cat > built/.devcontainer/devcontainer.json", input=b"""{
+      "build": {"dockerfile": "Dockerfile"},
+      "postCreateCommand": ["sh", "-c", "cat /built.txt > from-post-create.txt"]
+    }""")
+    v = w.mc("create", "bd", "--devcontainer", "built")
+    try:
+        assert v["state"] == "RUNNING" and v["image"] == "localhost/mtgpu-devcontainer/bd:latest"
+        _, out, _ = w.run("mt-container shell bd -- cat /built.txt")
+        assert out == "built-by-0\n"  # RUN steps run as the image's root, in the tenant's namespace
+        made = w.home / "built" / "from-post-create.txt"
+        assert made.read_text() == out and made.stat().st_uid == w.uid
+    finally:
+        w.rm("bd")
