@@ -634,7 +634,9 @@ class Workspaces:
             rec.desired = "stopped"
             self._save(rec)
             await asyncio.to_thread(self.runtime.stop, t, name)
-            if release:
+            job = self.host.jobs.get(rec.reservation or "")
+            if release or (job is not None and job["state"] == PENDING):
+                # A queued reservation has nothing to keep: stopping leaves the queue.
                 await self._cancel(rec)
                 rec.applied = None
                 self._save(rec)

@@ -274,7 +274,7 @@ def test_spec_round_trips_through_plain_dicts() -> None:
 @pytest.mark.parametrize("name", ["mtgpu.workspaces.policy", "mtgpu.workspaces.devcontainer",
                                   "mtgpu.workspaces.images", "mtgpu.workspaces.cdi",
                                   "mtgpu.workspaces.hook", "mtgpu.workspaces.shim",
-                                  "mtgpu.cli.container"])
+                                  "mtgpu.cli.container", "mtgpu.cli.podman"])
 def test_doctests(name: str) -> None:
     failed, _ = doctest.testmod(importlib.import_module(name))
     assert failed == 0

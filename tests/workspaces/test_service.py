@@ -258,3 +258,22 @@ def test_names_and_sources_are_checked(env) -> None:
         with pytest.raises(WorkspaceError, match="no workspace 'y'"):
             await ws.stop_ws("ann", 20001, "y")
     run(go())
+
+
+def test_stopping_a_queued_workspace_leaves_the_queue(env) -> None:
+    host, _rt, ws = env
+
+    async def go() -> None:
+        await ws.create("ann", 20001, {"name": "a", "template": "box", "gpus": 2, "wait": 0})
+        await settle(host, ws)
+        v = await ws.create("ann", 20001, {"name": "b", "template": "box", "gpus": 1, "wait": 0})
+        await settle(host, ws)
+        assert (await ws.show("ann", 20001, "b"))["state"] == "PENDING"
+        v = await ws.stop_ws("ann", 20001, "b")
+        assert v["state"] == "ENDED" and host.jobs.get(v["reservation"])["state"] == CANCELLED
+        assert (await ws.start_ws("ann", 20001, "b", wait=0))["state"] == "PENDING"
+        await ws.rm("ann", 20001, "a")
+        await settle(host, ws)
+        await settle(host, ws)
+        assert (await ws.show("ann", 20001, "b"))["state"] == "RUNNING"
+    run(go())
