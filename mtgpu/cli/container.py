@@ -241,10 +241,16 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     env = {**os.environ, "XDG_RUNTIME_DIR": info["runtime_dir"]}
     env.pop("CONTAINERS_CONF", None)
     cmd = list(args.command or [])
-    if cmd[:1] == ["--"]:
+    while cmd[:1] in (["--json"], ["--no-tmux"]):  # options written after NAME
+        setattr(args, cmd.pop(0)[2:].replace("-", "_"), True)
+    if cmd[:1] == ["--"]:  # argparse keeps it when it follows an option
         cmd = cmd[1:]
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     argv = exec_argv(info, cmd, tty)
+    if args.json:  # what would run, for scripts and editors; nothing is started
+        emit(args, {**info, "argv": exec_argv(info, cmd, True), "tmux_session": f"ws-{args.name}",
+                    "tmux_socket": "mtgpu"})
+        return 0
     if not tty or args.no_tmux:
         os.execve(argv[0], argv, env)
     tmux = shutil.which("tmux")

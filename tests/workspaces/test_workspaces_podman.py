@@ -22,6 +22,8 @@ def test_files_land_in_the_home_owned_by_the_tenant_and_datasets_are_read_only(w
         script = (f"id -u; echo $HOME; pwd; echo made-inside > $HOME/from-ws.txt; "
                   f"cat {ds}/imagenet/labels.txt; touch {ds}/imagenet/new 2>&1 || echo ro-refused; "
                   f"touch /cache/c && echo cache-ok; env | grep ^MTGPU_WORKSPACE=")
+        info = w.mc("shell", "files")
+        assert info["argv"][1:3] == ["exec", "-it"] and info["tmux_session"] == "ws-files"
         _, out, _ = w.run(shlex.join(["mt-container", "shell", "files", "--", "sh", "-c", script]))
         lines = out.splitlines()
         assert lines[0] == str(w.uid)
