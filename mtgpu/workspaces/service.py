@@ -269,7 +269,11 @@ class Workspaces:
         reg = (c.registry or {}).get("url", "")
         images = {canonical_image(tpl["image"], reg) for tpl in c.templates.values()}
         images |= {canonical_image(r, reg) for r in c.prepull}
-        cdis, nodes, _ = self.gpu_devices(self.held_gpus(t.name))
+        try:
+            cdis, nodes, _ = self.gpu_devices(self.held_gpus(t.name))
+        except WorkspaceError as exc:  # a GPU missing from the last sample: none passed
+            log.warning("GPU devices of %s: %s", t.name, exc)
+            cdis, nodes = [], []
         specs = cdi.load_specs()
         return Policy(home=t.home, datasets=tuple(d for d in self.options.datasets_directories
                                                   if os.path.isdir(d)),
@@ -343,9 +347,9 @@ class Workspaces:
         if spec.run_args:
             check_podman(["create", *spec.run_args, "image"], dataclasses.replace(
                 pol, allow_user_images=True))
-        if spec.gpus and spec.gpu_type and spec.gpu_type not in KNOWN_BRANDS:
-            pass  # a GPU type; the scheduler checks it exists
         async with self._lock((uid, name)):
+            if (uid, name) in self.records:  # a create of the same name got here first
+                raise WorkspaceError(f"you already have a workspace {name!r}")
             image = await asyncio.to_thread(self._prepare_image, t, spec, pol)
             rec = Record(name=name, user=user, uid=uid, spec=spec.to_dict(), image=image,
                          created=time.time())
