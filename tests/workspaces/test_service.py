@@ -277,3 +277,30 @@ def test_stopping_a_queued_workspace_leaves_the_queue(env) -> None:
         await settle(host, ws)
         assert (await ws.show("ann", 20001, "b"))["state"] == "RUNNING"
     run(go())
+
+
+def test_gpu_devices_cdi_for_nvidia_nodes_for_the_rest(env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtgpu.workspaces import cdi
+
+    host, _rt, ws = env
+    amd = GpuInfo(2, "amd", "mi300x", "MI300X", "amd-2", 192 << 30, 0, 0)
+    inv = host.scheduler.nodes[NODE]
+    host.scheduler.report(dataclasses.replace(inv, gpus=(*inv.gpus, amd)))
+    monkeypatch.setattr(cdi, "load_specs", lambda *a: [
+        {"kind": "nvidia.com/gpu", "devices": [{"name": "0"}, {"name": "GPU-1"}],
+         "containerEdits": {"mounts": [{"hostPath": "/usr/lib/libcuda.so.1"}]}}])
+    monkeypatch.setattr(host.sampler, "device_nodes",
+                        lambda idx: ["/dev/kfd", "/dev/dri/renderD130"] if idx == [2] else [])
+    cdis, nodes, env_ = ws.gpu_devices([1, 2])
+    assert cdis == ["nvidia.com/gpu=GPU-1"] and nodes == ["/dev/kfd", "/dev/dri/renderD130"]
+    assert env_ == {"MTGPU_GPUS": "1,2"}
+    # what the tenant holds is what mt-podman and the hook let through, and no more
+    host.jobs.submit({"user": "ann", "uid": 20001, "name": "j", "spec": {}, "workdir": "/"}, None,
+                     time.time(), _doApply=True)
+    jid = max(host.jobs.jobs, key=int)
+    host.jobs.jobs[jid] = {**host.jobs.jobs[jid], "state": RUNNING, "placement": {
+        "members": [{"node": NODE, "gpu_indices": [1, 2]}]}}
+    pol = ws.policy(ws.tenant("ann", 20001))
+    assert pol.cdi_devices == ("nvidia.com/gpu=GPU-1",)
+    assert pol.devices == ("/dev/kfd", "/dev/dri/renderD130")
+    assert pol.system_sources == ("/usr/lib/libcuda.so.1",)
