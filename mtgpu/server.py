@@ -68,6 +68,8 @@ class Daemon:
         self.identity = (ClusterIdentity.derive(options.cluster_id, options.cluster_key)
                          if options.cluster_mode == "cluster" else None)
         self.raft: Any = None  # the Raft transport over peer channels, in a cluster
+        self.cluster: Any = None  # mtgpu.cluster.runtime.ClusterRuntime, in a cluster
+        self._last_inv: Any = None
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
@@ -203,33 +205,134 @@ class Daemon:
     async def start(self) -> None:
         self._prepare_dirs()
         o = self.options
-        self.store = StateStore(o.server_name, [self.registry, self.jobs], o.state_dir)
-        await self.store.wait_ready()
+        user_api.register(self.dispatcher, self)
+        self._last_inv = await self.sample()
+        gateway = Gateway(self)
+        if self.identity is not None:
+            from mtgpu.cluster.runtime import ClusterRuntime
+
+            # Peers find each other through the SSH server, so it starts first.
+            self.cluster = ClusterRuntime(o, self.identity, self.dispatcher, lambda: self._last_inv)
+            self.cluster.register_hello()
+            self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
+            self._servers.append(await start_ssh_server(self, gateway))
+            self.store = await self.cluster.open_store([self.registry, self.jobs])
+            self.raft = self.cluster.transport
+        else:
+            self.store = StateStore(o.server_name, [self.registry, self.jobs], o.state_dir)
+        await self.store.wait_ready(timeout=120)
         runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
         self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate,
                            self.user_for)
-        self.scheduler = Scheduler(self.jobs, self.replicate, self.agent.dispatch, term=self.term,
+        self.scheduler = Scheduler(self.jobs, self.replicate, self.dispatch, term=self.term,
                                    aging_per_hour=o.priority_aging)
         self.agent.on_change = self.scheduler.kick
-        self.scheduler.report(await self.sample())
-        self.scheduler.start()
+        self.scheduler.report(self._last_inv)
         self.agent.start()
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._sample_loop()),
                         loop.create_task(self._retention_loop())]
-        user_api.register(self.dispatcher, self)
         job_api.register(self.dispatcher, self)
         self._register_host_ops()
         # Container workspaces: reservations in the job table, podman as the tenant.
         self.workspaces = Workspaces(self)
         workspace_api.register(self.dispatcher, self.workspaces)
         self.workspaces.start()
-        self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
-        gateway = Gateway(self)
-        self._servers.append(await start_ssh_server(self, gateway))
+        if self.cluster is not None:
+            self.scheduler.grace = 3 * o.usage_sample_interval + 2
+            self.cluster.on_leader = self._leadership
+            self.cluster.on_report = self.scheduler.report
+            await self.cluster.start(self.replicate)
+            self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes"))
+        else:
+            self.scheduler.start()
+            self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
+            self._servers.append(await start_ssh_server(self, gateway))
         Path(o.run_dir, "mtgpu.pid").write_text(f"{os.getpid()}\n")
         log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen,
                  o.server_name)
+
+    async def _leadership(self, leader: bool) -> None:
+        """The scheduler runs on the Raft leader only; a new one rebuilds its queue."""
+        assert self.scheduler is not None
+        if leader:
+            self.scheduler.report(self._last_inv)
+            self.scheduler.start()
+        else:
+            await self.scheduler.stop()
+
+    async def dispatch(self, job: dict[str, Any], term: int) -> None:
+        """Start each member's part of a placed job: here directly, elsewhere by peer call."""
+        assert self.agent is not None
+        for m in job["placement"]["members"]:
+            if m["node"] == self.options.server_name:
+                await self.agent.dispatch(job, term)
+            else:
+                assert self.cluster is not None
+                await self.cluster.peers.call(m["node"], "job.dispatch", job_id=job["job_id"],
+                                              term=term, timeout=30)
+
+    def _forward_to_leader(self, ops: tuple[str, ...]) -> None:
+        """On a member that is not the scheduler, tenant job operations go to the leader."""
+        from mtgpu.api.dispatcher import arg
+        from mtgpu.errors import ApiError
+
+        cluster = self.cluster
+        assert cluster is not None
+        originals = {op: self.dispatcher._ops[op] for op in ops}
+
+        def make(op: str) -> Any:
+            original = originals[op]
+
+            async def forwarding(caller: Caller, args: dict[str, Any]) -> Any:
+                if cluster.is_leader() or caller.via == "forwarded":
+                    r = original.fn(caller, args)
+                    return await r if asyncio.iscoroutine(r) else r
+                leader = cluster.leader()
+                if leader is None:
+                    raise ApiError("no scheduler is elected right now; retry in a few seconds",
+                                   "no_leader")
+                return await cluster.peers.call(leader, "forward", op=op, args=args, timeout=30,
+                                                caller={"name": caller.name, "uid": caller.uid,
+                                                        "admin": caller.admin})
+            forwarding.__doc__ = original.doc
+            return forwarding
+
+        for op in ops:
+            self.dispatcher.register(op, make(op), admin=originals[op].admin)
+
+        async def forward(caller: Caller, args: dict[str, Any]) -> Any:
+            """A tenant's request relayed by another member (peers only)."""
+            if caller.via != "peer":
+                raise ApiError("only other members may relay requests", "forbidden")
+            c = arg(args, "caller", dict)
+            inner = Caller(str(c["name"]), int(c["uid"]), bool(c["admin"]), "forwarded")
+            answer = await self.dispatcher.handle(inner, {"op": arg(args, "op", str),
+                                                          "args": arg(args, "args", dict)})
+            if not answer["ok"]:
+                raise ApiError(answer["error"], answer.get("code", "error"))
+            return answer["result"]
+
+        async def remote_dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+            """Start this member's part of a job the scheduler placed (peers only)."""
+            if caller.via != "peer":
+                raise ApiError("only the scheduler may dispatch", "forbidden")
+            job_id = arg(args, "job_id", str)
+            term = arg(args, "term", int)
+            deadline = time.monotonic() + 10
+            while True:
+                j = self.jobs.get(job_id)
+                if j is not None and j.get("placement") and j.get("term") == term:
+                    break
+                if time.monotonic() > deadline:
+                    raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
+                await asyncio.sleep(0.05)
+            assert self.agent is not None
+            await self.agent.dispatch(j, term)
+            return {"job_id": job_id}
+
+        self.dispatcher.register("forward", forward)
+        self.dispatcher.register("job.dispatch", remote_dispatch)
 
     async def sample(self) -> Any:
         """This member's inventory, with SIMULATED_CPUS applied."""
@@ -249,7 +352,8 @@ class Daemon:
             except Exception:  # noqa: BLE001 - sampling must never stop the daemon
                 log.exception("sampling failed")
                 continue
-            if self.scheduler is not None:
+            self._last_inv = inv
+            if self.scheduler is not None and (self.cluster is None or self.cluster.is_leader()):
                 self.scheduler.report(inv)
 
     async def _retention_loop(self) -> None:
@@ -323,6 +427,8 @@ class Daemon:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.workspaces is not None:
             await self.workspaces.stop()
         if self.scheduler is not None:

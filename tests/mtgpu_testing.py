@@ -100,18 +100,23 @@ class Host:
     def state_dir(self) -> Path:
         return Path(self.config["STATE_DIR"])
 
-    def start(self, timeout: float = 30) -> Host:
+    #: Set by Network.add: the network namespace and address this host lives at.
+    netns: str | None = None
+    address = "127.0.0.1"
+
+    def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
         script = (f"mount --bind {self.etc} /etc && exec {sys.executable} -m mtgpu.server "
                   f"--config {self.config_path}")
         log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        self.proc = subprocess.Popen([*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
                                      stdout=log, stderr=log, env=python_env(),
                                      start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mtgpu-server exited {self.proc.returncode}:\n{self.log()}")
-            if (self.run_dir / "mtgpu.pid").exists() and self._port_open():
+            if (self.run_dir / "mtgpu.pid").exists() and (not wait_port or self._port_open()):
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"mtgpu-server did not start in {timeout}s:\n{self.log()}")
@@ -119,7 +124,7 @@ class Host:
     def _port_open(self) -> bool:
         with socket.socket() as s:
             s.settimeout(0.2)
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
+            return s.connect_ex((self.address, self.port)) == 0
 
     def log(self) -> str:
         try:
@@ -201,7 +206,7 @@ class Host:
         argv = ["ssh", *SSH_OPTS, "-p", str(self.port)]
         if key is not None:
             argv += ["-i", str(key)]
-        return argv + (opts or []) + [f"{user}@127.0.0.1", *cmd]
+        return argv + (opts or []) + [f"{user}@{self.address}", *cmd]
 
     def ssh(self, user: str, key: Path | None, *cmd: str, input: bytes | None = None,
             opts: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
@@ -211,7 +216,7 @@ class Host:
                               stdin=None if input is not None else subprocess.DEVNULL)
 
     def host_key_fingerprints(self) -> set[str]:
-        scan = subprocess.run(["ssh-keyscan", "-p", str(self.port), "127.0.0.1"],
+        scan = subprocess.run(["ssh-keyscan", "-p", str(self.port), self.address],
                               capture_output=True, text=True, timeout=30)
         fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
                             text=True)
@@ -303,3 +308,60 @@ def authorize_for_openssh(host: Host, user: str, key: Path) -> None:
     r = host.ssh(user, key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys",
                  input=pub.encode())
     assert r.returncode == 0, r.stderr
+
+
+class Network:
+    """Test hosts in network namespaces of their own, on one bridge: 10.213.N.0/24.
+
+    The test process reaches them from the root namespace through the bridge. A host's
+    link can be cut (``cut``) and restored (``heal``) to make a partition.
+    """
+
+    _count = 0
+
+    def __init__(self) -> None:
+        Network._count += 1
+        self.tag = f"{os.getpid() % 10000}{Network._count}"
+        self.bridge = f"mtbr{self.tag}"[:15]
+        self.subnet = 1 + (os.getpid() + Network._count) % 200
+        self.hosts: list[Host] = []
+        self._run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        self._run(["ip", "addr", "add", f"10.213.{self.subnet}.1/24", "dev", self.bridge])
+        self._run(["ip", "link", "set", self.bridge, "up"])
+
+    @staticmethod
+    def _run(argv: list[str]) -> None:
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+
+    def add(self, host: Host) -> Host:
+        i = len(self.hosts) + 2
+        ns = f"mtns{self.tag}h{i}"
+        veth, peer = f"mtv{self.tag}h{i}"[:15], f"mtp{self.tag}h{i}"[:15]
+        self._run(["ip", "netns", "add", ns])
+        self._run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
+        self._run(["ip", "link", "set", peer, "netns", ns])
+        self._run(["ip", "link", "set", veth, "master", self.bridge])
+        self._run(["ip", "link", "set", veth, "up"])
+        addr = f"10.213.{self.subnet}.{i}"
+        for argv in (["ip", "addr", "add", f"{addr}/24", "dev", peer], ["ip", "link", "set", peer, "up"],
+                     ["ip", "link", "set", "lo", "up"]):
+            self._run(["ip", "netns", "exec", ns, *argv])
+        host.netns, host.address, host.veth = ns, addr, veth
+        host.config["SSH_LISTEN"] = f"{addr}:{host.port}"
+        host.write_config()
+        self.hosts.append(host)
+        return host
+
+    def cut(self, host: Host) -> None:
+        self._run(["ip", "link", "set", host.veth, "down"])
+
+    def heal(self, host: Host) -> None:
+        self._run(["ip", "link", "set", host.veth, "up"])
+
+    def close(self) -> None:
+        for h in self.hosts:
+            subprocess.run(["ip", "netns", "del", h.netns], capture_output=True)
+            subprocess.run(["ip", "link", "del", h.veth], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

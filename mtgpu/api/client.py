@@ -49,7 +49,11 @@ class ApiClient:
             s.sendall(json.dumps(req).encode() + b"\n")
             answer = self._read_line(s)
         except (socket.timeout, OSError) as exc:
+            self.close()
             raise ApiError(f"the MTGPU daemon did not answer: {exc}", "no_answer") from exc
+        except ApiError:
+            self.close()
+            raise
         if not answer.get("ok"):
             raise ApiError(answer.get("error", "request refused"), answer.get("code", "error"))
         return answer.get("result")
@@ -58,6 +62,7 @@ class ApiClient:
         while b"\n" not in self._buf:
             chunk = s.recv(1 << 16)
             if not chunk:
+                self._buf = b""
                 raise ApiError("the MTGPU daemon closed the connection", "closed")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)

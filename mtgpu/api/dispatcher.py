@@ -81,6 +81,7 @@ class Dispatcher:
         except MtgpuError as exc:
             return {"id": rid, "ok": False, "error": str(exc), "code": "error"}
         except (KeyError, TypeError, ValueError) as exc:
+            log.warning("request %r failed", request, exc_info=True)
             return {"id": rid, "ok": False, "error": f"bad arguments: {exc}", "code": "bad_request"}
         except Exception:  # noqa: BLE001 - one bad request must not take the daemon down
             log.exception("API handler failed for %r", request)

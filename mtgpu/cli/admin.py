@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="every tenant's jobs")
     add_common(jobs)
     jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
+    cl = sub.add_parser("cluster", help="the cluster: members, roles, the scheduler")
+    add_common(cl)
+    cls = cl.add_subparsers(dest="ccmd", required=True, metavar="ACTION")
+    add_common(cls.add_parser("status", help="members, their roles and state, the scheduler"))
+    rm = cls.add_parser("remove", help="take a member out of the cluster")
+    add_common(rm)
+    rm.add_argument("name")
     sim = sub.add_parser("simulate", help="set a simulated GPU's outside use (tests, demos)")
     add_common(sim)
     sim.add_argument("node")
@@ -93,10 +100,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         emit(args, jobs, lambda js: table(
             [[j["job_id"], j["name"][:20], j["user"], j["state"], ",".join(j["nodes"]) or
               f"({j['reason']})"] for j in js], ["JOBID", "NAME", "USER", "STATE", "NODES (REASON)"]))
+    elif args.cmd == "cluster" and args.ccmd == "remove":
+        r = api.call("cluster.remove", name=args.name)
+        emit(args, r, f"removed {r['removed']} from the cluster")
+    elif args.cmd == "cluster":
+        st = api.call("cluster.status")
+        emit(args, st, _cluster_text)
     elif args.cmd == "simulate":
         r = api.call("simulate", node=args.node, index=args.gpu_index, used=args.used)
         emit(args, r, f"{r['node']} GPU {r['index']}: outside use set to {args.used}")
     return 0
+
+
+def _cluster_text(st: dict[str, Any]) -> str:
+    rows = [[m["name"], m["address"], m["role"], m["state"], m["score"]] for m in st["members"]]
+    out = [f"cluster {st['cluster_id']}: scheduler {st['scheduler'] or '(none elected)'}, "
+           f"term {st['term']}", table(rows, ["MEMBER", "ADDRESS", "ROLE", "STATE", "SCORE"])]
+    if st.get("warning"):
+        out.append(f"warning: {st['warning']}")
+    out.append(f"users trust every member with this known_hosts line:\n  {st['known_hosts']}")
+    return "\n".join(out)
 
 
 def _invite_text(r: dict[str, Any]) -> str:

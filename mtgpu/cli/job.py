@@ -60,7 +60,8 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         workdir = os.getcwd()
     overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
     token = uuid.uuid4().hex
-    r = api.call("job.submit", script=script, overrides=overrides, workdir=workdir, token=token)
+    r = _retrying(lambda: api.call("job.submit", script=script, overrides=overrides,
+                                   workdir=workdir, token=token))
     for w in r.get("warnings", []):
         print(f"mt-job: warning: {w}", file=sys.stderr)
     if args.json:
@@ -71,6 +72,26 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         extra = f" ({r['tasks']} array tasks)" if r["tasks"] > 1 else ""
         print(f"Submitted job {r['job_id']}{extra}")
     return 0
+
+
+RETRY_CODES = ("no_leader", "unreachable", "no_answer", "closed", "error")
+RETRY_SECONDS = 30.0
+
+
+def _retrying(fn: Any) -> Any:
+    """Retry through a scheduler election. The submission token makes a retry of a
+    request that did commit return the same job instead of a second one."""
+    from mtgpu.errors import ApiError
+
+    deadline = time.monotonic() + RETRY_SECONDS
+    while True:
+        try:
+            return fn()
+        except ApiError as exc:
+            retriable = exc.code in RETRY_CODES and ("retry" in str(exc) or exc.code != "error")
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def cmd_list(args: argparse.Namespace, api: Any) -> int:

@@ -37,6 +37,14 @@ def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP) -> NodeSn
                         gpus=gpus, ram_used=inv.host.ram_used, state=state)
 
 
+_UNKNOWN = object()
+
+
+def _hardware(inv: NodeInventory) -> tuple[Any, ...]:
+    return (inv.host.cpus, inv.host.ram_total,
+            tuple((g.index, g.brand, g.type, g.vram_total) for g in inv.gpus))
+
+
 def placement_from_dict(d: Mapping[str, Any]) -> Placement:
     return Placement(job_id=d["job_id"], gpu_mode=GpuMode(d["gpu_mode"]), members=tuple(
         MemberPlacement(node=m["node"], rank=m["rank"], gpu_indices=tuple(m["gpu_indices"]),
@@ -63,12 +71,19 @@ class Scheduler:
         self.pending_info: dict[str, PendingInfo] = {}
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._feasible: dict[ResourceRequest, Any] = {}
+        #: Seconds after start during which submissions are not refused (members report).
+        self.grace = 0.0
+        self.started_at = 0.0
 
     # -------------------------------------------------------------- state
 
     def report(self, inv: NodeInventory) -> None:
         """A member's inventory and measured use (from its sampler or a peer)."""
+        old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
+        if old is None or _hardware(old) != _hardware(inv):
+            self._feasible.clear()
 
     def rebuild(self) -> None:
         """Refill the queue from the job table (start, or a new leader)."""
@@ -90,8 +105,13 @@ class Scheduler:
         nodes = [node_snapshot(inv, self.node_state.get(name, NodeState.UP))
                  for name, inv in sorted(self.nodes.items())]
         allocs = []
+        known = {n.name for n in nodes}
         for j in self.table.active():
             if j["state"] == RUNNING and j["placement"]:
+                if any(m["node"] not in known for m in j["placement"]["members"]):
+                    # A member that has not reported to this scheduler yet (just after a
+                    # failover): its work is counted once it reports.
+                    continue
                 tl = j["spec"].get("time_limit")
                 start = j.get("placed_time") or j["submit_time"]
                 allocs.append(Allocation(placement_from_dict(j["placement"]),
@@ -99,8 +119,19 @@ class Scheduler:
         return snapshot_with_allocations(nodes, allocs)
 
     def check_submit(self, request: ResourceRequest) -> None:
-        """Refuse at once what no member could ever run."""
-        why = feasible_ever(self.snapshot(), request)
+        """Refuse at once what no member could ever run.
+
+        Right after this scheduler took over, members may not have reported yet; during
+        that grace period a request is queued rather than refused on partial knowledge.
+        """
+        if self.clock() - self.started_at < self.grace:
+            return
+        # Whether a request could ever run depends only on the members' hardware, so
+        # the answer is kept per request shape until a member's hardware changes.
+        why = self._feasible.get(request, _UNKNOWN)
+        if why is _UNKNOWN:
+            why = feasible_ever(self.snapshot(), request)
+            self._feasible[request] = why
         if why is not None:
             raise JobError(f"rejected: {why.message}", )
 
@@ -124,6 +155,7 @@ class Scheduler:
     # --------------------------------------------------------------- loop
 
     def start(self) -> None:
+        self.started_at = self.clock()
         self.rebuild()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 

@@ -86,6 +86,8 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
         raftMinTimeout=0.4,
         raftMaxTimeout=1.4,
         connectionTimeout=3.5,
+        # A leader cut off from its majority steps down after this long (default 30 s).
+        leaderFallbackTimeout=5.0,
     )
     kw.update(overrides)
     return SyncObjConf(**kw)
@@ -94,14 +96,15 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
 class StateStore:
     """One PySyncObj instance and its consumers (the registry, the job table...)."""
 
-    def __init__(self, self_node: str, consumers: Sequence[SyncObjConsumer], state_dir: str, *,
+    def __init__(self, self_node: str | None, consumers: Sequence[SyncObjConsumer], state_dir: str, *,
                  peers: Sequence[str] = (), transport_factory: Callable[..., Transport] | None = None,
                  **conf_overrides: Any) -> None:
         self.consumers = list(consumers)
         conf = make_conf(state_dir, **conf_overrides)
         tclass = transport_factory or LocalTransport
         try:
-            self.sync = SyncObj(Node(self_node), [Node(p) for p in peers], conf=conf,
+            # A self node of None makes a read-only member: a full replica that never votes.
+            self.sync = SyncObj(Node(self_node) if self_node else None, [Node(p) for p in peers], conf=conf,
                                 consumers=self.consumers, nodeClass=Node, transportClass=tclass)
         except (OSError, ValueError, EOFError) as exc:
             raise StateError(f"cannot open the state journal in {state_dir}: {exc}; "
@@ -120,7 +123,7 @@ class StateStore:
             if notifier is not None:
                 notifier.notify()
 
-    async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+    async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         """Run a replicated ``method`` and return its result once committed."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()

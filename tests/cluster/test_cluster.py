@@ -1,0 +1,245 @@
+"""Real members in network namespaces of their own, each with its own /etc: forming,
+electing the most capable scheduler, accounts across members, failover, restarts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from mtgpu_testing import Host, Network
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+KEY = "s3cret-cluster-key-0123456789"
+
+
+def _config(gpus: int, **extra):
+    cfg = {"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab", "CLUSTER_KEY": KEY,
+           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1}
+    if gpus:
+        cfg["SIMULATED_GPUS"] = [{"type": "rtx4090", "count": gpus, "vram": "24G"}]
+    cfg.update(extra)
+    return cfg
+
+
+def status(host) -> dict:
+    r = host.admin("cluster", "status", "--json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else {}
+
+
+def wait_for(pred, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, net: Network, hosts: list[Host]) -> None:
+        self.net, self.hosts = net, hosts
+
+    def by_name(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.config["SERVER_NAME"] == name)
+
+    def scheduler(self, among=None) -> str:
+        def agreed():
+            names = [status(h).get("scheduler") for h in (among or self.hosts)]
+            return names[0] if names[0] and len(set(names)) == 1 else None
+        return wait_for(agreed, what="an agreed scheduler")
+
+
+@pytest.fixture
+def cluster():
+    made: list[tuple[Network, list[Host]]] = []
+
+    def make(specs, start_order=None, stagger=0.0):
+        net = Network()
+        hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        for h in hosts:
+            h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]
+            h.write_config()
+        made.append((net, hosts))
+        order = start_order or range(len(hosts))
+        threads = []
+        for i in order:
+            t = threading.Thread(target=hosts[i].start, kwargs={"timeout": 120})
+            t.start()
+            threads.append(t)
+            time.sleep(stagger)
+        for t in threads:
+            t.join()
+        c = Cluster(net, hosts)
+        wait_for(lambda: all(len(status(h).get("members", [])) == len(hosts) for h in hosts),
+                 what="every member in every view")
+        return c
+
+    yield make
+    for net, hosts in made:
+        for h in hosts:
+            h.cleanup()
+        net.close()
+
+
+def test_most_capable_member_becomes_scheduler_even_if_started_last(cluster):
+    # a-small starts first (and founds: it has the smallest name); big is most capable.
+    c = cluster([("a-small", 0, {}), ("mid", 1, {}), ("big", 4, {})], start_order=[0, 1, 2],
+                stagger=1.0)
+    # The founder hands the role to the most capable caught-up voter within seconds.
+    wait_for(lambda: c.scheduler() == "big", timeout=30, what="big to become the scheduler")
+    st = status(c.by_name("a-small"))
+    roles = {m["name"]: m["role"] for m in st["members"]}
+    assert roles == {"a-small": "voter", "mid": "voter", "big": "scheduler"}
+    assert all(m["state"] == "up" for m in st["members"])
+    assert st["cluster_id"] == "lab" and st["term"] >= 1
+
+
+def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 2, {})])
+    k = c.hosts[0].add_user("uma")
+    uids = set()
+    for h in c.hosts:
+        r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(h.ssh("uma", k, "id -u")),
+                     what="login on every member")
+        uids.add(r.stdout.strip())
+        assert h.passwd("uma") is not None  # created on that member's own /etc
+    assert len(uids) == 1
+
+
+def test_wrong_key_member_is_refused(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 1, {})])
+    bad = c.net.add(Host(_config(1, CLUSTER_KEY="a-different-cluster-key-0000"), name="intruder"))
+    bad.config["CLUSTER_PEERS"] = [f"{h.address}:{h.port}" for h in c.hosts]
+    bad.write_config()
+    c.hosts.append(bad)  # cleaned up with the others
+    with pytest.raises(RuntimeError):
+        bad.start(timeout=8)  # it never finds a cluster that accepts it
+    time.sleep(1)
+    assert all(len(status(h)["members"]) == 3 for h in c.hosts[:3])
+    assert "is not of this cluster" in bad.log()
+
+
+def _submit(host, key, user, n_jobs, out, errors=None):
+    """Submit through mt-job on one member, one CLI call each; collect acknowledged ids."""
+    script = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 600\n"
+    for i in range(n_jobs):
+        try:
+            r = host.ssh(user, key, "mt-job submit --parsable -", input=script.encode(), timeout=90)
+        except subprocess.TimeoutExpired:
+            if errors is not None:
+                errors.append("timeout")
+            continue
+        if r.returncode == 0:
+            out.append(r.stdout.decode().strip())
+        elif errors is not None:
+            errors.append(r.stderr.decode())
+
+
+def test_kill_scheduler_during_submissions_loses_no_acknowledged_job(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 2, {})])
+    wait_for(lambda: c.scheduler() == "m3", timeout=30, what="m3 to become the scheduler")
+    leader = "m3"
+    entry = c.by_name("m1")
+    key = entry.add_user("sam")
+    wait_for(lambda: entry.ssh("sam", key, "true").returncode == 0, what="login")
+    acked: list[str] = []
+    errors: list[str] = []
+    t = threading.Thread(target=_submit, args=(entry, key, "sam", 12, acked, errors))
+    t.start()
+    wait_for(lambda: len(acked) >= 4, what="some submissions")
+    c.by_name(leader).stop(signal.SIGKILL)
+    t.join()
+    survivors = [h for h in c.hosts if h.config["SERVER_NAME"] != leader]
+    new = c.scheduler(among=survivors)
+    assert new in ("m1", "m2")
+    r = entry.ssh("sam", key, "mt-job list --all --json")
+    seen = {j["job_id"] for j in json.loads(r.stdout)}
+    assert set(acked) <= seen, f"lost: {set(acked) - seen}"
+    assert len(seen) == len(set(seen))
+    assert not errors, (errors, [h.log()[-6000:] for h in c.hosts])  # retried through the election
+
+
+def test_partitioned_old_leader_cannot_start_jobs(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 2, {})])
+    old = c.by_name(c.scheduler())
+    key = old.add_user("pat")
+    wait_for(lambda: old.ssh("pat", key, "true").returncode == 0, what="login")
+    c.net.cut(old)
+    others = [h for h in c.hosts if h is not old]
+    new = wait_for(lambda: (lambda s: s if s and s != old.config["SERVER_NAME"] else None)(
+        c.scheduler(among=others)), what="a new scheduler")
+    assert new != old.config["SERVER_NAME"]
+    # The old leader has no majority: its submission is not acknowledged, nothing starts.
+    r = old.ssh("pat", key, "mt-job submit --parsable -",
+                input=b"#!/bin/bash\n#MTGPU cpus=1 ram=10M\ntouch /tmp/should-not-run-$$\n", timeout=90)
+    assert r.returncode != 0
+    assert subprocess.run(["pgrep", "-u", old.passwd("pat")[2]], capture_output=True).returncode == 1
+    c.net.heal(old)
+
+
+def test_whole_cluster_restart_keeps_the_queue(cluster):
+    c = cluster([("m1", 0, {}), ("m2", 0, {}), ("m3", 0, {})])
+    entry = c.hosts[0]
+    key = entry.add_user("quinn")
+    wait_for(lambda: entry.ssh("quinn", key, "true").returncode == 0, what="login")
+    # Asks for more CPUs than any member has free now: it waits in the queue.
+    ids = []
+    for _ in range(3):
+        r = entry.ssh("quinn", key, "mt-job submit --parsable --cpus=8 -",
+                      input=b"#!/bin/bash\nsleep 300\n")
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.decode().strip())
+    for h in c.hosts:
+        h.stop(signal.SIGKILL)
+    threads = [threading.Thread(target=h.start, kwargs={"timeout": 120}) for h in c.hosts]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    c.scheduler()
+    r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(
+        entry.ssh("quinn", key, "mt-job list --all --json")), what="the queue after restart")
+    seen = {j["job_id"] for j in json.loads(r.stdout)}
+    assert set(ids) <= seen
+
+
+def test_member_joins_running_cluster_and_one_is_removed(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 1, {})])
+    new = c.net.add(Host(_config(1), name="m4"))
+    new.config["CLUSTER_PEERS"] = [f"{c.hosts[0].address}:{c.hosts[0].port}"]
+    new.write_config()
+    c.hosts.append(new)
+    new.start(timeout=120)
+    wait_for(lambda: any(m["name"] == "m4" for m in status(c.hosts[0]).get("members", [])),
+             what="m4 in the member list")
+    roles = {m["name"]: m["role"] for m in status(new)["members"]}
+    assert roles["m4"] == "read-only"  # K is 3 below five members
+    r = c.hosts[0].admin("cluster", "remove", "m4")
+    assert "removed m4" in r.stdout
+    wait_for(lambda: all(m["name"] != "m4" for m in status(c.hosts[1])["members"]),
+             what="m4 gone")
+
+
+def test_member_behind_a_one_way_path_joins_read_only(cluster):
+    c = cluster([("m1", 1, {}), ("m2", 1, {})])
+    assert status(c.hosts[0])["warning"]  # two voters cannot keep a majority through a failure
+    natted = c.net.add(Host(_config(1), name="m3"))
+    natted.config["CLUSTER_PEERS"] = [f"{h.address}:{h.port}" for h in c.hosts]
+    natted.write_config()
+    c.hosts.append(natted)
+    # It can open connections to the others, but nothing can open one to it.
+    subprocess.run(["ip", "netns", "exec", natted.netns, "iptables", "-A", "INPUT", "-p", "tcp",
+                    "--dport", str(natted.port), "--syn", "-j", "DROP"], check=True)
+    natted.start(timeout=120, wait_port=False)  # the harness cannot reach it either
+    st = wait_for(lambda: (lambda s: s if any(m["name"] == "m3" for m in s.get("members", []))
+                           else None)(status(c.hosts[0])), what="m3 admitted")
+    roles = {m["name"]: m["role"] for m in st["members"]}
+    assert roles["m3"] == "read-only"
+    # Its replica follows the cluster over the connections it opened.
+    c.hosts[0].add_user("replicated")
+    wait_for(lambda: "replicated" in natted.admin("user", "list").stdout, what="replicated user")
