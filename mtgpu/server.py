@@ -195,7 +195,9 @@ class Daemon:
         here = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else None
         sources = [Path(sys.executable).parent] + ([here] if here else [])
         for name in TOOLS:
-            src = next((s / name for s in sources if (s / name).exists()), None)
+            # mt-job-fast, where the installer could compile it, is mt-job's fast path.
+            cands = ("mt-job-fast", "mt-job") if name == "mt-job" else (name,)
+            src = next((s / c for c in cands for s in sources if (s / c).exists()), None)
             link = tools / name
             if link.is_symlink() or link.exists():
                 link.unlink()

@@ -28,6 +28,13 @@ SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/nul
             "-o", "ConnectTimeout=10"]
 
 
+def _uid_block() -> str:
+    import random
+
+    lo = 20000 + random.randrange(0, 110) * 100  # below the workspace tests' 32100+
+    return f"{lo}-{lo + 99}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +87,9 @@ class Host:
             "RUN_DIR": str(self.dir / "run"),
             "TENANT_HOME_ROOT": str(self.homes),
             "SSH_PENALTY_FAILURES": 1000,
+            # A sub-range of its own: cleanup kills this host's tenants' processes by
+            # UID, which must never reach another test run's tenants.
+            "TENANT_UID_RANGE": _uid_block(),
         }
         self.config.update(extra_config or {})
         self.config_path = self.dir / "mtgpu.yaml"

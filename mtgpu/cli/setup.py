@@ -191,6 +191,7 @@ def stage_two(args: argparse.Namespace) -> int:
         if link.exists() or link.is_symlink():
             link.unlink()
         link.symlink_to(src)
+    build_fast_mtjob(prefix, Path(args.bin_dir))
     unit_text = ((Path(__file__).resolve().parent.parent / "data" / "mtgpu.service").read_text()
                  .replace("@PREFIX@", str(prefix)).replace("@CONFIG@", str(config)))
     unit = Path(args.unit_dir) / "mtgpu.service"
@@ -225,6 +226,33 @@ def stage_two(args: argparse.Namespace) -> int:
         print(f"    {fp}")
     say("next: `mtgpu-admin invite NAME` prints a code for a new user")
     return 0
+
+
+def build_fast_mtjob(prefix: Path, bin_dir: Path) -> None:
+    """Compile the C fast path of ``mt-job submit`` where a C compiler exists.
+
+    It is installed as ``mt-job-fast`` beside the Python ``mt-job`` (which it hands
+    every other command to), and becomes the ``mt-job`` on PATH.
+    """
+    src = Path(__file__).resolve().parent / "fastjob.c"
+    py = prefix / "venv" / "bin" / "mt-job"
+    fast = prefix / "venv" / "bin" / "mt-job-fast"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not (cc and src.exists() and py.exists()):
+        say("no C compiler: mt-job stays the Python one (about 0.1 s a call)")
+        return
+    tmp = fast.with_name(".mt-job-fast.tmp")
+    try:
+        _run([cc, "-O2", "-o", str(tmp), str(src), f'-DMTGPU_PY_MTJOB="{py}"'])
+    except SetupFailed as exc:
+        say(f"could not build the C mt-job, keeping the Python one: {exc}")
+        return
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, fast)
+    link = bin_dir / "mt-job"
+    if link.exists() or link.is_symlink():
+        link.unlink()
+    link.symlink_to(fast)
 
 
 def _ensure_cluster_key(config: Path) -> None:

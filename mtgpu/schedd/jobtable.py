@@ -50,6 +50,9 @@ class JobTable(SyncObjConsumer):
         self.jobs: dict[str, dict[str, Any]] = {}
         self.next_id = 1
         self.tokens: dict[str, str] = {}
+        # Bumped whenever a job becomes pending (submit, requeue), so a scheduler can
+        # notice work that another member added without scanning every time.
+        self.pending_version = 0
 
     # ------------------------------------------------------------- reads
 
@@ -93,6 +96,7 @@ class JobTable(SyncObjConsumer):
                 tid = f"{jid}_{i}"
                 self.jobs[tid] = {**base, "job_id": tid, "array_id": jid, "array_task": i}
                 ids.append(tid)
+        self.pending_version += 1
         if token:
             self.tokens[token] = jid
             if len(self.tokens) > 100_000:
@@ -153,6 +157,7 @@ class JobTable(SyncObjConsumer):
             self.jobs[job_id] = {**j, "state": PENDING, "placement": None, "term": None,
                                  "start_time": None, "reason": reason,
                                  "requeues": j.get("requeues", 0) + 1}
+            self.pending_version += 1
 
     @replicated
     def purge(self, job_ids: list[str]) -> int:

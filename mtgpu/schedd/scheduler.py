@@ -25,6 +25,10 @@ from mtgpu.schedd.types import (Allocation, GpuMode, GpuSnapshot, MemberPlacemen
 
 log = logging.getLogger("mtgpu.schedd")
 
+#: The shortest time between two scheduling passes, in seconds (Slurm's
+#: sched_min_interval plays this part).
+MIN_PASS_INTERVAL = 0.02
+
 Replicate = Callable[..., Awaitable[Any]]
 Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
 
@@ -72,6 +76,7 @@ class Scheduler:
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._feasible: dict[ResourceRequest, Any] = {}
+        self._seen_version = 0
         #: Seconds after start during which submissions are not refused (members report).
         self.grace = 0.0
         self.started_at = 0.0
@@ -88,8 +93,20 @@ class Scheduler:
     def rebuild(self) -> None:
         """Refill the queue from the job table (start, or a new leader)."""
         self.queue = PendingQueue(self.age_weight)
+        self._seen_version = getattr(self.table, "pending_version", 0)
         for j in self.table.all():
             if j["state"] == PENDING:
+                self._enqueue(j)
+
+    def _catch_up(self) -> None:
+        """Queue pending jobs that reached the table some other way (another member's
+        submission, a workspace reservation, a requeue)."""
+        version = getattr(self.table, "pending_version", 0)
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        for j in self.table.active():
+            if j["state"] == PENDING and j["job_id"] not in self.queue:
                 self._enqueue(j)
 
     def _enqueue(self, j: dict[str, Any]) -> None:
@@ -174,14 +191,20 @@ class Scheduler:
             except asyncio.TimeoutError:
                 pass
             self._kick.clear()
+            began = time.monotonic()
             try:
                 await self.run_pass()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
                 log.exception("scheduling pass failed")
                 await asyncio.sleep(1)
+            # Every submission and every job end kicks the loop. Let a burst of kicks
+            # gather into one pass, and leave requests at least as much time as the
+            # pass took, so passes over a long queue cannot starve the API.
+            await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
 
     async def run_pass(self) -> int:
         """Place what fits now; journal and dispatch each placement. Returns the count."""
+        self._catch_up()
         if not self.nodes or not len(self.queue):
             self.pending_info = {}
             return 0
