@@ -464,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     except SetupFailed as exc:
         say(str(exc))
         return 1
+    except BrokenPipeError:
+        return 0
     except Exception as exc:  # noqa: BLE001 - e.g. ConfigError from status
         from mtgpu.errors import ConfigError
 
