@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from mtgpu_testing import python_env
 
 pytestmark = pytest.mark.root
 
