@@ -23,4 +23,5 @@ VENV=${MTGPU_TEST_VENV:-/opt/mtgpu-test}
 "$VENV/bin/pip" install -q --disable-pip-version-check ".[test]"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall .
 chmod -R a+rX "$VENV"
+[ $# -gt 0 ] || set -- -q
 exec "$VENV/bin/python" -m pytest "$@"
