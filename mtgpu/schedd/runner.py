@@ -2,8 +2,9 @@
 
 The daemon hands each job member to :meth:`Runner.start` as a :class:`JobLaunch`.
 The runner writes the launch to a root-only directory for the job and starts a
-supervisor for it (``python -m mtgpu.schedd.supervisor SPEC``), in a session of its
-own and re-parented away from the daemon, so that the job and its supervisor live on
+supervisor for it (forked by the launcher of ``launcher.py``, which behaves as
+``python -m mtgpu.schedd.supervisor SPEC``), in a session of its own and
+re-parented away from the daemon, so that the job and its supervisor live on
 if the daemon is restarted or killed. The supervisor never talks to the daemon: it
 only writes files. A daemon, new or old, learns what happened by reading them.
 
@@ -16,6 +17,8 @@ One job's directory (``STATE_DIR/jobs/ID``, mode 0700, root)::
     cancel.json      a cancel request and its grace period  (runner)
     result.json      the final JobResult                    (supervisor, last)
     acked            the daemon has recorded the result     (runner)
+
+and, beside the jobs, ``.launcher.sock``, ``.launcher.pid`` and ``.launcher.log``.
 
 Contract for the daemon:
 
@@ -207,6 +210,9 @@ class Runner:
         self.system = cgroups.detect()
         self.cgroup_parents = ({} if cgroup_root == "none"
                                else cgroups.parents(self.system, cgroup_root, cgroup_version))
+        #: Start supervisors through the launcher, a fork server (see launcher.py);
+        #: False execs ``python -m mtgpu.schedd.supervisor`` for every job.
+        self.use_launcher = True
         self._active: set[str] = set()
         self._reported: set[str] = set()
         self._scanned = False
@@ -220,8 +226,9 @@ class Runner:
     def start(self, launch: JobLaunch) -> None:
         """Start ``launch`` under a supervisor of its own; return once it runs.
 
-        Blocks for about the start-up time of Python (call it in a thread from
-        asyncio). Raises :class:`JobAlreadyStarted` for a job started here before,
+        Blocks for a fork through the launcher, or for the start-up time of Python
+        without one (call it in a thread from asyncio; concurrent calls are safe).
+        Raises :class:`JobAlreadyStarted` for a job started here before,
         and :class:`JobError` if the supervisor cannot start (the job's result
         then says FAILED).
         """
@@ -248,8 +255,7 @@ class Runner:
                # The supervisor runs this very code, wherever it was installed from.
                "PYTHONPATH": str(Path(mtgpu.__file__).resolve().parent.parent)}
         try:
-            run([self.python, "-m", "mtgpu.schedd.supervisor", str(job_dir / SPEC)],
-                env=env, timeout=60)
+            self._start_supervisor(job_dir / SPEC, env)
         except CommandError as exc:
             now = time.time()
             write_json(job_dir / RESULT, JobResult(
@@ -259,6 +265,19 @@ class Runner:
             raise JobError(f"job {launch.job_id}: the supervisor could not start: {exc}") from exc
         self._active.add(launch.job_id)
         log.info("job %s started (term %d) as %s", launch.job_id, launch.term, launch.user.name)
+
+    def _start_supervisor(self, spec: Path, env: dict[str, str]) -> None:
+        """Start the supervisor through the launcher (a fork), else as a new interpreter."""
+        # Imported here: the launcher imports the supervisor, which imports this module.
+        from mtgpu.schedd import launcher
+
+        if self.use_launcher:
+            try:
+                launcher.start(self.state_dir, self.python, env, spec)
+                return
+            except launcher.Unavailable as exc:
+                log.warning("job launcher unavailable (%s); starting the supervisor directly", exc)
+        run([self.python, "-m", "mtgpu.schedd.supervisor", str(spec)], env=env, timeout=60)
 
     # ---------------------------------------------------------------- status
 

@@ -28,9 +28,11 @@ import logging
 import os
 import select
 import signal
+import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
@@ -432,22 +434,33 @@ class Supervisor:
 
 # --------------------------------------------------------------------- entry point
 
-def _detach(job_dir: Path) -> int:
-    """Fork away from the starter; returns, in the supervisor, the fd to report ready on.
+def _detach(job_dir: Path, reply: socket.socket | None = None) -> Callable[[], None]:
+    """Leave whoever started us; returns, in the supervisor, what reports it ready.
 
-    The starter exits 0 only once :func:`_ready` has run, so the daemon can trust
-    ``running()`` (and send cancels) as soon as ``start()`` returns.
+    Run as ``python -m``, we fork: the starter exits 0 only once :func:`_ready`
+    has run, so the daemon can trust ``running()`` (and send cancels) as soon as
+    ``start()`` returns. Forked by the launcher (``reply`` is its caller's
+    connection) we are already a process of our own, which init adopts if the
+    launcher goes: the answer goes straight to the caller, and one fork is saved.
     """
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    if os.fork():
-        os.close(ready_w)
-        ok = os.read(ready_r, 16) == b"ok"
-        if not ok:
-            print(f"the supervisor did not start; see {job_dir / LOGFILE}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0 if ok else 1)
-    os.close(ready_r)
+    if reply is None:
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        if os.fork():
+            os.close(ready_w)
+            ok = os.read(ready_r, 16) == b"ok"
+            _say(None, "" if ok else f"the supervisor did not start; see {job_dir / LOGFILE}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0 if ok else 1)
+        os.close(ready_r)
+
+        def ready() -> None:
+            os.write(ready_w, b"ok")
+            os.close(ready_w)
+    else:
+        def ready() -> None:
+            _say(reply, "")
+            reply.close()  # nothing of the launcher stays with the supervisor
     os.setsid()
     os.chdir("/")
     logfd = os.open(job_dir / LOGFILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -457,18 +470,32 @@ def _detach(job_dir: Path) -> int:
     os.dup2(logfd, 2)
     os.close(logfd)
     os.close(nullfd)
-    return ready_w
+    return ready
 
 
-def _ready(job_dir: Path, ready_w: int) -> None:
+def _say(reply: socket.socket | None, error: str) -> None:
+    """Tell whoever started us how the start went: ``ok``, or why not."""
+    if reply is None:
+        if error:
+            print(error, file=sys.stderr)
+        return
+    try:
+        reply.sendall(error.encode() if error else b"ok")
+    except OSError:
+        pass  # the caller gave up; the pid file still says whether we run
+
+
+def _ready(job_dir: Path, ready: Callable[[], None]) -> None:
     """Write the pid file, then let the starter return."""
     write_json(job_dir / PIDFILE, pid_record(os.getpid()))
-    os.write(ready_w, b"ok")
-    os.close(ready_w)
+    ready()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: supervise the job described by the spec file given as argument."""
+def main(argv: list[str] | None = None, reply: socket.socket | None = None) -> int:
+    """Entry point: supervise the job described by the spec file given as argument.
+
+    The launcher calls it in a fork of itself with ``reply``, its caller's connection.
+    """
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m mtgpu.schedd.supervisor SPECFILE", file=sys.stderr)
@@ -478,17 +505,18 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(spec_path.read_text())
         launch = JobLaunch.from_dict(spec["launch"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"cannot read the job spec {spec_path}: {exc}", file=sys.stderr)
+        _say(reply, f"cannot read the job spec {spec_path}: {exc}")
         return 2
     job_dir = spec_path.parent
-    ready_w = _detach(job_dir)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    ready = _detach(job_dir, reply)
+    # force: a fork of the launcher still has the launcher's handler.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s supervisor[{os.getpid()}] %(levelname)s %(message)s")
     sup = Supervisor(launch, spec, job_dir)
     # Handlers first: a cancel's SIGUSR1 may come as soon as the pid file exists,
     # and its default action would kill us.
     sup.install_signals()
-    _ready(job_dir, ready_w)
+    _ready(job_dir, ready)
     return sup.run()
 
 
