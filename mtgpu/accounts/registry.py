@@ -75,8 +75,10 @@ class Registry(SyncObjConsumer):
 
     # -------------------------------------------------------- internals
 
-    def _allocate_uid(self, skip: Iterable[int]) -> int | None:
-        lo, hi = self.uid_range
+    def _allocate_uid(self, skip: Iterable[int], uid_range: tuple[int, int] | None) -> int | None:
+        # The range travels in the log entry: every member applies the same allocation
+        # even if one member's configuration differs.
+        lo, hi = uid_range or self.uid_range
         skip = set(skip)
         for uid in range(lo, hi + 1):
             if uid not in self.used_uids and uid not in skip:
@@ -84,8 +86,8 @@ class Registry(SyncObjConsumer):
         return None
 
     def _new_user(self, name: str, keys: list[str], admin: bool, now: float,
-                  skip_uids: Iterable[int]) -> dict[str, Any]:
-        uid = self._allocate_uid(skip_uids)
+                  skip_uids: Iterable[int], uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
+        uid = self._allocate_uid(skip_uids, uid_range)
         if uid is None:
             return {"error": "TENANT_UID_RANGE is exhausted; widen it in the configuration",
                     "code": "uid_exhausted"}
@@ -103,11 +105,12 @@ class Registry(SyncObjConsumer):
 
     @replicated
     def add_user(self, name: str, keys: list[str], admin: bool, now: float,
-                 skip_uids: list[int], actor: str = "") -> dict[str, Any]:
+                 skip_uids: list[int], actor: str = "",
+                 uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
         if name in self.users:
             return {"error": f"user {name!r} already exists; use `user key add` to add a key",
                     "code": "exists"}
-        result = self._new_user(name, keys, admin, now, skip_uids)
+        result = self._new_user(name, keys, admin, now, skip_uids, uid_range)
         if "uid" in result:
             self._log(now, actor, "user add", name)
         return result
@@ -164,7 +167,8 @@ class Registry(SyncObjConsumer):
 
     @replicated
     def redeem_invite(self, name: str, code_hash: str, key: str, now: float,
-                      skip_uids: list[int], max_failures: int) -> dict[str, Any]:
+                      skip_uids: list[int], max_failures: int,
+                      uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
         inv = self.invites.get(name)
         if inv is None:
             return {"error": "there is no open invite for this user; ask an admin for a new one",
@@ -185,7 +189,7 @@ class Registry(SyncObjConsumer):
         del self.invites[name]
         u = self.users.get(name)
         if u is None:
-            result = self._new_user(name, [key], inv["admin"], now, skip_uids)
+            result = self._new_user(name, [key], inv["admin"], now, skip_uids, uid_range)
         else:
             if key_id(key) not in {key_id(k) for k in u["keys"]}:
                 self.users[name] = {**u, "keys": [*u["keys"], key]}

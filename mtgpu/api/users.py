@@ -94,7 +94,7 @@ def register(d: Dispatcher, host: UserHost) -> None:
         _refuse_local(name)
         skip = host.accounts.local_uids()
         r = _result(await host.replicate(host.registry.add_user, name, keys, admin, time.time(),
-                                         skip, caller.name))
+                                         skip, caller.name, host.options.tenant_uid_range))
         return {"name": name, "uid": r["uid"], "admin": admin}
 
     def user_list(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:

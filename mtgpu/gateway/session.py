@@ -267,7 +267,8 @@ class Gateway:
         skip = await asyncio.to_thread(host.accounts.local_uids)
         result = await host.replicate(host.registry.redeem_invite, principal.username,
                                       hash_code(code), principal.key, time.time(), skip,
-                                      host.options.invite_max_failures)
+                                      host.options.invite_max_failures,
+                                      host.options.tenant_uid_range)
         if "error" in result:
             log.warning("invite for %s refused from %s: %s", principal.username,
                         principal.peer[0], result["code"])

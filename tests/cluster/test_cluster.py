@@ -63,6 +63,9 @@ def cluster():
     def make(specs, start_order=None, stagger=0.0):
         net = Network()
         hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        # One configuration for the whole cluster, as the manual says: the same UID range.
+        for h in hosts[1:]:
+            h.config["TENANT_UID_RANGE"] = hosts[0].config["TENANT_UID_RANGE"]
         for h in hosts:
             h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]
             h.write_config()
@@ -116,6 +119,7 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster):
 def test_wrong_key_member_is_refused(cluster):
     c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 1, {})])
     bad = c.net.add(Host(_config(1, CLUSTER_KEY="a-different-cluster-key-0000"), name="intruder"))
+    bad.config["TENANT_UID_RANGE"] = c.hosts[0].config["TENANT_UID_RANGE"]
     bad.config["CLUSTER_PEERS"] = [f"{h.address}:{h.port}" for h in c.hosts]
     bad.write_config()
     c.hosts.append(bad)  # cleaned up with the others
@@ -211,6 +215,7 @@ def test_whole_cluster_restart_keeps_the_queue(cluster):
 def test_member_joins_running_cluster_and_one_is_removed(cluster):
     c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 1, {})])
     new = c.net.add(Host(_config(1), name="m4"))
+    new.config["TENANT_UID_RANGE"] = c.hosts[0].config["TENANT_UID_RANGE"]
     new.config["CLUSTER_PEERS"] = [f"{c.hosts[0].address}:{c.hosts[0].port}"]
     new.write_config()
     c.hosts.append(new)
@@ -229,6 +234,7 @@ def test_member_behind_a_one_way_path_joins_read_only(cluster):
     c = cluster([("m1", 1, {}), ("m2", 1, {})])
     assert status(c.hosts[0])["warning"]  # two voters cannot keep a majority through a failure
     natted = c.net.add(Host(_config(1), name="m3"))
+    natted.config["TENANT_UID_RANGE"] = c.hosts[0].config["TENANT_UID_RANGE"]
     natted.config["CLUSTER_PEERS"] = [f"{h.address}:{h.port}" for h in c.hosts]
     natted.write_config()
     c.hosts.append(natted)
