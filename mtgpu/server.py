@@ -77,9 +77,9 @@ class Daemon:
 
     # ------------------------------------------------------------- helpers
 
-    async def replicate(self, method: Any, *args: Any) -> Any:
+    async def replicate(self, method: Any, *args: Any, timeout: float = 30.0) -> Any:
         assert self.store is not None
-        return await self.store.call(method, *args)
+        return await self.store.call(method, *args, timeout=timeout)
 
     def term(self) -> int:
         assert self.store is not None

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mtgpu.aio import cancel_and_wait
 from mtgpu.cluster.members import Members, voter_count
 from mtgpu.cluster.peers import PeerClient
 from mtgpu.errors import ApiError, StateError
@@ -137,12 +138,7 @@ class Coordinator:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while True:
@@ -154,47 +150,32 @@ class Coordinator:
             except Exception:  # noqa: BLE001 - keep coordinating
                 log.exception("cluster coordination failed")
 
+    async def _membership(self, change: Callable[..., Any], name: str) -> bool:
+        """Apply one Raft membership change; True once it committed."""
+        from pysyncobj.node import Node
+
+        try:
+            await self.replicate(change, Node(name), timeout=15)
+            return True
+        except StateError as exc:
+            log.info("membership change for %s did not commit: %s", name, exc)
+            return False
+
     async def _admit(self) -> None:
         """Add waiting voters to the Raft configuration, one at a time."""
         while self._adds:
             name = self._adds[0]
-            from pysyncobj.node import Node
-
-            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            loop = asyncio.get_running_loop()
-
-            def done(_res: Any, err: int) -> None:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(err))
-
-            self.sync.addNodeToCluster(Node(name), callback=done)
-            try:
-                err = await asyncio.wait_for(fut, 15)
-            except asyncio.TimeoutError:
-                err = -1
-            if err == 0:
-                log.info("added %s to the voters", name)
-                self._adds.pop(0)
-            else:
-                log.info("adding %s to the voters failed (%s); retrying", name, err)
+            if not await self._membership(self.sync.addNodeToCluster, name):
+                log.info("adding %s to the voters failed; retrying", name)
                 return
+            log.info("added %s to the voters", name)
+            self._adds.pop(0)
 
     async def remove_voter(self, name: str) -> None:
         """Drop ``name`` from the Raft configuration (on the leader)."""
-        from pysyncobj.node import Node
-
-        loop = asyncio.get_running_loop()
         for _ in range(20):
-            fut: asyncio.Future[int] = loop.create_future()
-
-            def done(_res: Any, err: int) -> None:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(err))
-
-            self.sync.removeNodeFromCluster(Node(name), callback=done)
-            try:
-                if await asyncio.wait_for(fut, 15) == 0:
-                    return
-            except asyncio.TimeoutError:
-                pass
+            if await self._membership(self.sync.removeNodeFromCluster, name):
+                return
             await asyncio.sleep(0.5)
         raise ApiError(f"could not remove {name} from the voters; retry", "error")
 

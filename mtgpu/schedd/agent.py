@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mtgpu.aio import cancel_and_wait
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.jobenv import JobLaunch, JobUser, output_paths
 from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, spec_from_dict
@@ -134,12 +135,7 @@ class Agent:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         await self._adopt()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import NodeInventory
 from mtgpu.schedd.jobtable import PENDING, RUNNING, JobTable, spec_from_dict
@@ -177,12 +178,7 @@ class Scheduler:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while True:
