@@ -171,8 +171,8 @@ class Agent:
 
     async def tick(self) -> None:
         results = await asyncio.to_thread(self.runner.poll)
-        for r in results:
-            await self._record(r)
+        # Each record waits on a commit: a burst of ends (an array) commits side by side.
+        await asyncio.gather(*(self._record(r) for r in results))
         for j in list(self.table.active()):
             if (j["state"] == RUNNING and j.get("cancel_requested")
                     and j["job_id"] not in self._cancelling and member_of(j, self.node)):

@@ -217,6 +217,7 @@ def serve(state_dir: Path, ident: str, idle: float) -> int:
     os.pwrite(lock, json.dumps(pid_record(os.getpid())).encode(), 0)
     os.write(ready_w, b"ok")
     os.close(ready_w)
+    supervisor.set_process_name("mtgpu-launcher")
     log.info("serving %s (code %s)", sock_path, ident)
     # Out of the collector's sight, the objects we hold stay shared with our
     # children instead of being copied page by page when a collection touches them.
@@ -305,20 +306,12 @@ def _starter(conn: socket.socket, spec: str) -> NoReturn:
     try:
         # The listener and the pid lock must not live on in a supervisor or a job:
         # a held lock would keep the next launcher out.
-        keep = {0, 1, 2, conn.fileno()}
-        for fd in map(int, os.listdir("/proc/self/fd")):
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass  # the directory listing's own fd, already closed
+        fd = conn.fileno()
+        os.closerange(3, fd)
+        os.closerange(fd + 1, 1 << 20)
         # A fresh interpreter's signal state, which the supervisor expects.
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        for sig in signal.valid_signals():
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
+        supervisor.default_signals()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

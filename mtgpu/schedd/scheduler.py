@@ -29,6 +29,8 @@ log = logging.getLogger("mtgpu.schedd")
 #: The shortest time between two scheduling passes, in seconds (Slurm's
 #: sched_min_interval plays this part).
 MIN_PASS_INTERVAL = 0.02
+#: Placed jobs being started at once by one pass.
+DISPATCH_CONCURRENCY = 8
 
 Replicate = Callable[..., Awaitable[Any]]
 Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
@@ -76,6 +78,9 @@ class Scheduler:
         self.pending_info: dict[str, PendingInfo] = {}
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Starts in flight (placed and journaled; the member is starting them).
+        self._starting: set[asyncio.Task[None]] = set()
+        self._gate: asyncio.Semaphore | None = None
         self._feasible: dict[ResourceRequest, Any] = {}
         self._seen_version = 0
         #: Seconds after start during which submissions are not refused (members report).
@@ -179,6 +184,8 @@ class Scheduler:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        for t in list(self._starting):
+            await cancel_and_wait(t)
 
     async def _loop(self) -> None:
         while True:
@@ -189,7 +196,7 @@ class Scheduler:
             self._kick.clear()
             began = time.monotonic()
             try:
-                await self.run_pass()
+                await self.run_pass(wait=False)
             except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
                 log.exception("scheduling pass failed")
                 await asyncio.sleep(1)
@@ -198,8 +205,13 @@ class Scheduler:
             # pass took, so passes over a long queue cannot starve the API.
             await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
 
-    async def run_pass(self) -> int:
-        """Place what fits now; journal and dispatch each placement. Returns the count."""
+    async def run_pass(self, *, wait: bool = True) -> int:
+        """Place what fits now; journal and dispatch each placement. Returns the count.
+
+        Every placement is committed before this returns, so the next pass sees what
+        this one took. The starts are awaited too unless ``wait`` is False: then they
+        go on in the background while the next pass places more.
+        """
         self._catch_up()
         if not self.nodes or not len(self.queue):
             self.pending_info = {}
@@ -207,21 +219,43 @@ class Scheduler:
         now = self.clock()
         result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
         self.pending_info = dict(result.pending)
-        started = 0
         term = self.term()
         for p in result.placements:
             self.queue.remove(p.job_id)
-            r = await self.replicate(self.table.place, p.job_id, p.to_dict(), term, now)
-            if "error" in r:
-                continue
+        # The placements commit side by side (one after the other would wait on each).
+        answers = await asyncio.gather(*(self.replicate(self.table.place, p.job_id, p.to_dict(),
+                                                        term, now) for p in result.placements),
+                                       return_exceptions=True)
+        jobs, failed = [], None
+        for p, r in zip(result.placements, answers, strict=True):
             job = self.table.get(p.job_id)
-            if job is None:
-                continue
-            try:
+            if isinstance(r, BaseException):
+                failed = failed or r
+                if job is not None and job["state"] == PENDING:
+                    self._enqueue(job)  # not placed after all: it waits for the next pass
+            elif "error" not in r and job is not None:
+                jobs.append(job)
+        tasks = [asyncio.ensure_future(self._start(job, term)) for job in jobs]
+        self._starting.update(tasks)
+        for t in tasks:
+            t.add_done_callback(self._starting.discard)
+        if wait and tasks:
+            await asyncio.gather(*tasks)
+        if failed is not None:
+            raise failed
+        return len(tasks)
+
+    async def _start(self, job: dict[str, Any], term: int) -> None:
+        """Start one placed job; a failed start fails that job only."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(DISPATCH_CONCURRENCY)
+        try:
+            async with self._gate:
                 await self.dispatch(job, term)
-                started += 1
-            except Exception as exc:  # noqa: BLE001 - a failed start fails that job only
-                log.exception("dispatch of %s failed", p.job_id)
-                await self.replicate(self.table.finish, p.job_id, "FAILED", None,
-                                     f"could not start: {exc}", self.clock())
-        return started
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("dispatch of %s failed", job["job_id"])
+            await self.replicate(self.table.finish, job["job_id"], "FAILED", None,
+                                 f"could not start: {exc}", self.clock())
+

@@ -58,7 +58,24 @@ CANCEL_CHECK = 1.0
 #: How long to keep killing leftovers after the main process ends.
 REAP_TIMEOUT = 10.0
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def default_signals() -> None:
+    """Every signal back to its default action (a handler or an ignore we inherited)."""
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) is not signal.SIG_DFL:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+
+
+def set_process_name(name: str) -> None:
+    """Name this process in ``ps``/``top`` (the kernel keeps 15 bytes)."""
+    _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def _describe(exc: BaseException) -> str:
@@ -133,7 +150,7 @@ class Supervisor:
         if not self.cg.dirs:
             self.cg = None
         else:
-            write_json(self.dir / CGROUPS, self.cg.dirs)
+            write_json(self.dir / CGROUPS, self.cg.dirs, durable=False)
         mem = self.limits.get("memory", "")
         if la.ram is not None and not mem.startswith("cgroup"):
             self.watchdog = True
@@ -163,11 +180,8 @@ class Supervisor:
             os.close(self.wake_r)
             os.close(self.wake_w)
             signal.set_wakeup_fd(-1)
-            for sig in range(1, signal.NSIG):
-                try:
-                    signal.signal(sig, signal.SIG_DFL)  # ignored signals survive exec
-                except (OSError, ValueError):
-                    pass
+            default_signals()  # ignored signals survive exec
+            set_process_name(f"mtgpu-job {la.job_id}")
             _oom_score_adj(0)  # the job must not inherit our protection
             stage = "joining the job's cgroups"
             if self.cg is not None:
@@ -307,8 +321,7 @@ class Supervisor:
         la = self.launch
         started = time.time()
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             # Like slurmstepd: a host-wide OOM should take a job's process, not the
             # small process that records how the job ended.
             _oom_score_adj(-1000)
@@ -487,7 +500,7 @@ def _say(reply: socket.socket | None, error: str) -> None:
 
 def _ready(job_dir: Path, ready: Callable[[], None]) -> None:
     """Write the pid file, then let the starter return."""
-    write_json(job_dir / PIDFILE, pid_record(os.getpid()))
+    write_json(job_dir / PIDFILE, pid_record(os.getpid()), durable=False)
     ready()
 
 
@@ -510,8 +523,17 @@ def main(argv: list[str] | None = None, reply: socket.socket | None = None) -> i
     job_dir = spec_path.parent
     ready = _detach(job_dir, reply)
     # force: a fork of the launcher still has the launcher's handler.
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format=f"%(asctime)s supervisor[{os.getpid()}] %(levelname)s %(message)s")
+    fmt = logging.Formatter(f"%(asctime)s supervisor[{os.getpid()}] %(levelname)s %(message)s")
+    root = logging.getLogger()
+    if reply is not None and root.handlers:
+        # A fork of the launcher: its handler writes to our standard error, which is
+        # the supervisor log now; only the name in each line changes.
+        for h in root.handlers:
+            h.setFormatter(fmt)
+    else:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+        root.handlers[0].setFormatter(fmt)
+    set_process_name(f"mtgpu-sup {launch.job_id}")
     sup = Supervisor(launch, spec, job_dir)
     # Handlers first: a cancel's SIGUSR1 may come as soon as the pid file exists,
     # and its default action would kill us.
