@@ -53,7 +53,7 @@ else
   submit_lat()  { "$LAT_CLIENT" submit --parsable - < lat.sh; }
   submit_array(){ "$LAT_CLIENT" submit --parsable - < array.sh; }
   # jobs (array tasks) not ended; `mt-job list` shows only those
-  active()      { local o; o=$(mt-job list --json </dev/null) || { echo -1; return; }
+  active()      { local o; o=$("$LAT_CLIENT" list --json </dev/null) || { echo -1; return; }
                   grep -c '"job_id"' <<< "$o"; }
 fi
 

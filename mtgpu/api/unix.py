@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
@@ -25,6 +26,15 @@ def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
+
+
+def encode_answer(answer: dict[str, Any]) -> bytes:
+    """One answer line. Keys are sorted, so a client may print a result as it came."""
+    try:
+        text = json.dumps(answer, default=str, sort_keys=True)
+    except TypeError:  # keys of mixed types cannot be sorted
+        text = json.dumps(answer, default=str)
+    return text.encode() + b"\n"
 
 
 async def serve_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -49,7 +59,7 @@ async def serve_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                           "error": "not valid JSON; send one JSON object per line"}
             else:
                 answer = await dispatcher.handle(caller, request)
-            writer.write(json.dumps(answer, default=str).encode() + b"\n")
+            writer.write(encode_answer(answer))
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass

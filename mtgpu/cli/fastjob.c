@@ -1,5 +1,6 @@
 /*
- * mt-job's fast path: `mt-job submit [--parsable] FILE|-` without starting Python.
+ * mt-job's fast path: `mt-job submit [--parsable] FILE|-` and `mt-job list --json
+ * [--all]` without starting Python.
  *
  * Submitting from a shell loop is what `sbatch` is measured on, and a Python
  * interpreter alone costs more per call than a whole `sbatch`. This client does one
@@ -12,7 +13,10 @@
  *   warnings     "mt-job: warning: TEXT" on standard error
  *   refusal      "mt-job: TEXT" on standard error, exit status 1
  *
- * Anything else (another command, --json, --config, directive overrides such as
+ * `list --json` prints the answer's result as the Python mt-job does (indent 2, keys
+ * sorted), and hands any failure to the Python mt-job, which retries and explains.
+ *
+ * Anything else (another command, submit --json, --config, directive overrides such as
  * --gpus=2, abbreviations, -h, no MTGPU_API_SOCKET) is handed to the Python mt-job
  * by exec, with the same arguments, before standard input is touched. The Python
  * mt-job is, in order: $MTGPU_JOB_PY, the path compiled in with
@@ -440,6 +444,8 @@ typedef struct {
     long tasks;      /* result.tasks */
     buf_t warnings;  /* result.warnings, each followed by '\0' */
     int n_warnings;
+    int keep_result; /* list: keep the text of "result" instead of reading it */
+    const char *result, *result_end;
 } answer_t;
 
 static int result_member(scan_t *s, const char *key, void *ctx) {
@@ -505,6 +511,13 @@ static int answer_member(scan_t *s, const char *key, void *ctx) {
     }
     if (strcmp(key, "error") == 0 && s->p < s->end && *s->p == '"')
         return str(s, &a->error);
+    if (strcmp(key, "result") == 0 && a->keep_result) {
+        a->result = s->p;
+        if (!value(s, 1))
+            return 0;
+        a->result_end = s->p;
+        return 1;
+    }
     if (strcmp(key, "result") == 0 && s->p < s->end && *s->p == '{')
         return object(s, 1, result_member, a);
     return value(s, 1);
@@ -586,10 +599,134 @@ static void random_hex(char out[33]) {
     out[32] = '\0';
 }
 
+/* ------------------------------------------------------------ JSON output */
+
+static void indent(buf_t *b, int depth) {
+    buf_addc(b, '\n');
+    for (int i = 0; i < depth; i++)
+        buf_adds(b, "  ");
+}
+
+/* Re-indent JSON text as Python's json.dumps(indent=2) lays it out. The daemon sends
+ * its answers with sorted keys and ASCII escapes, so the result is what the Python
+ * mt-job prints (json.dumps(..., indent=2, sort_keys=True)), byte for byte. */
+static void pretty(buf_t *b, const char *p, const char *end) {
+    int depth = 0;
+    while (p < end) {
+        char c = *p++;
+        if (c == '"') {
+            const char *start = p - 1;
+            while (p < end && *p != '"')
+                p += (*p == '\\' && p + 1 < end) ? 2 : 1;
+            p++;
+            buf_add(b, start, (size_t)(p - start));
+        } else if (c == '{' || c == '[') {
+            const char *q = p;
+            while (q < end && (*q == ' ' || *q == '\n'))
+                q++;
+            if (q < end && *q == (c == '{' ? '}' : ']')) {
+                buf_addc(b, c);
+                buf_addc(b, *q);
+                p = q + 1;
+            } else {
+                buf_addc(b, c);
+                indent(b, ++depth);
+            }
+        } else if (c == '}' || c == ']') {
+            indent(b, --depth);
+            buf_addc(b, c);
+        } else if (c == ',') {
+            buf_addc(b, ',');
+            indent(b, depth);
+        } else if (c == ':') {
+            buf_adds(b, ": ");
+        } else if (c != ' ' && c != '\n' && c != '\t' && c != '\r') {
+            buf_addc(b, c);
+        }
+    }
+}
+
+static int send_request(const char *sock, const buf_t *req, buf_t *ans, char **nl);
+
+/* `mt-job list --json [--all]`: what pollers run several times a second. Anything
+ * unusual (no daemon, a refusal, an election) goes to the Python mt-job, which
+ * retries and explains: nothing has been consumed, and listing twice is harmless. */
+static int list_json(int all) {
+    const char *sock = getenv("MTGPU_API_SOCKET");
+    if (sock == NULL || *sock == '\0')
+        exec_python();
+    buf_t req = {0};
+    buf_adds(&req, "{\"op\": \"job.list\", \"args\": {\"all\": ");
+    buf_adds(&req, all ? "true" : "null");
+    buf_adds(&req, ", \"user\": null}, \"id\": 1}\n");
+    buf_t ans = {0};
+    char *nl = NULL;
+    if (send_request(sock, &req, &ans, &nl) < 0)
+        exec_python();
+    answer_t a = {.ok = -1, .keep_result = 1};
+    scan_t s = {ans.p, nl};
+    ws(&s);
+    if (!object(&s, 0, answer_member, &a) || a.ok != 1 || a.result == NULL)
+        exec_python();
+    buf_t out = {0};
+    pretty(&out, a.result, a.result_end);
+    buf_addc(&out, '\n');
+    return fwrite(out.p, 1, out.len, stdout) == out.len && fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* One request, one answer line; -1 (errno set) if the daemon cannot be reached. */
+static int send_request(const char *sock, const buf_t *req, buf_t *ans, char **nl) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(sock) >= sizeof sa.sun_path)
+        return -1;
+    strcpy(sa.sun_path, sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {TIMEOUT_S, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || write_all(fd, req->p, req->len) < 0) {
+        close(fd);
+        return -1;
+    }
+    *nl = NULL;
+    while (*nl == NULL) {
+        buf_reserve(ans, 65536);
+        ssize_t n = recv(fd, ans->p + ans->len, ans->cap - ans->len - 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            close(fd);
+            return -1;
+        }
+        *nl = memchr(ans->p + ans->len, '\n', (size_t)n);
+        ans->len += (size_t)n;
+    }
+    close(fd);
+    return 0;
+}
+
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
     g_argv = argv;
+    if (argc >= 3 && strcmp(argv[1], "list") == 0) {
+        int json = 0, all = 0;
+        for (int i = 2; i < argc; i++) {
+            if (strcmp(argv[i], "--json") == 0)
+                json = 1;
+            else if (strcmp(argv[i], "--all") == 0 || strcmp(argv[i], "-a") == 0)
+                all = 1;
+            else
+                exec_python(); /* --user, --config, the table... */
+        }
+        if (!json)
+            exec_python();
+        return list_json(all);
+    }
     if (argc < 3 || strcmp(argv[1], "submit") != 0)
         exec_python();
     int parsable = 0;

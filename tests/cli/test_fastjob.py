@@ -49,3 +49,34 @@ def test_fast_submit_and_hand_off(make_host, fast_binary):
     # A refusal reads like the Python client's, with exit status 1.
     r = host.ssh("fay", key, f"{fast_binary} submit -", input=b"#!/bin/bash\n#MTGPU gpus=rtx4090:9\ntrue\n")
     assert r.returncode == 1 and b"mt-job: rejected" in r.stderr
+
+
+def test_fast_list_json_prints_what_the_python_client_prints(make_host, fast_binary):
+    host = make_host({"SIMULATED_CPUS": 2})
+    key = host.add_user("gus")
+    py = Path(sys.executable).parent / "mt-job"
+    # A running job holds both CPUs, so the rest wait with their reasons and positions;
+    # names with quotes, backslashes and non-ASCII text go through the escapes.
+    jobs = [b"#!/bin/bash\n#MTGPU cpus=2 ram=10M name=holder\nsleep 60\n",
+            "#!/bin/bash\n#MTGPU cpus=1 name='café-\"q\"-\\-✓'\ntrue\n".encode(),
+            b"#!/bin/bash\n#MTGPU cpus=1 array=0-3%2 name=arr\ntrue\n",
+            b"#!/bin/bash\n#MTGPU cpus=1 time=30 name=short\ntrue\n"]
+    for job in jobs:
+        r = host.ssh("gus", key, f"{fast_binary} submit --parsable -", input=job)
+        assert r.returncode == 0, r.stderr
+    r = host.ssh("gus", key, f"{fast_binary} cancel {r.stdout.decode().strip()}")
+    assert r.returncode == 0, r.stderr
+    for flags in ("--json", "--json --all", "-a --json"):
+        both = host.ssh("gus", key, f"{fast_binary} list {flags}; echo ===; {py} list {flags}")
+        assert both.returncode == 0, both.stderr
+        fast, slow = both.stdout.decode().split("===\n")
+        assert fast == slow
+        listed = json.loads(fast)
+        assert len(listed) == (7 if "-a" in flags or "--all" in flags else 6)
+        assert any(j["name"] == 'café-"q"-\\-✓' for j in listed)
+    # Without a daemon to answer, the Python client explains (the fast one hands over).
+    r = host.ssh("gus", key, f"MTGPU_API_SOCKET=/nonexistent {fast_binary} list --json")
+    assert r.returncode != 0 and b"MTGPU" in r.stderr
+    # The table is the Python client's.
+    r = host.ssh("gus", key, f"{fast_binary} list")
+    assert r.returncode == 0 and b"JOBID" in r.stdout
