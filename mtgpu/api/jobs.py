@@ -30,9 +30,24 @@ class JobHost(Protocol):
     def job_user(self, name: str, uid: int) -> JobUser: ...
 
 
+#: Output paths by job: they never change, and pollers list the same jobs many times
+#: a second (computing them parses the job's spec and expands its patterns).
+_paths: dict[tuple[str, float, str, str], tuple[str, str]] = {}
+
+
+def _output_paths(j: dict[str, Any], user: JobUser) -> tuple[str, str]:
+    key = (j["job_id"], j["submit_time"], user.name, user.home)
+    paths = _paths.get(key)
+    if paths is None:
+        if len(_paths) > 50_000:
+            _paths.clear()
+        paths = _paths[key] = job_output_paths(j, user)
+    return paths
+
+
 def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[str, Any]:
     """The public form of a job record (``mt-job show --json``)."""
-    stdout, stderr = job_output_paths(j, user)
+    stdout, stderr = _output_paths(j, user)
     p = j.get("placement") or {}
     members = p.get("members", [])
     view = {
@@ -102,12 +117,16 @@ def register(d: Dispatcher, host: JobHost) -> None:
         show_all = arg(args, "all", bool, False)
         user = arg(args, "user", str, None)
         out = []
-        for j in host.jobs.all():
+        users: dict[tuple[str, int], JobUser] = {}
+        for j in (host.jobs.all() if show_all else host.jobs.active()):
             if not _own(caller, j) or (user and j["user"] != user):
                 continue
             if not show_all and j["state"] in FINAL_STATES:
                 continue
-            out.append(job_view(j, host.scheduler, host.job_user(j['user'], j['uid'])))
+            who = (j["user"], j["uid"])
+            if who not in users:
+                users[who] = host.job_user(*who)
+            out.append(job_view(j, host.scheduler, users[who]))
         out.sort(key=lambda v: (v["submit_time"], v["job_id"]))
         return out
 

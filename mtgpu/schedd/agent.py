@@ -121,8 +121,9 @@ class Agent:
     def _declare(self) -> None:
         """Tell simulated GPUs what the jobs placed on them declared."""
         declared: dict[int, int] = {}
-        for j in self.table.active():
-            m = member_of(j, self.node) if j["state"] == RUNNING else None
+        for jid in list(self.cores):  # the jobs started here and not ended
+            j = self.table.get(jid)
+            m = member_of(j, self.node) if j is not None and j["state"] == RUNNING else None
             if m is None:
                 continue
             for i in m["gpu_indices"]:

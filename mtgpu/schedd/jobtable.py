@@ -12,7 +12,6 @@ readers on the event-loop thread always see a complete record.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 from pysyncobj import SyncObjConsumer, replicated
@@ -53,6 +52,22 @@ class JobTable(SyncObjConsumer):
         # Bumped whenever a job becomes pending (submit, requeue), so a scheduler can
         # notice work that another member added without scanning every time.
         self.pending_version = 0
+        # The ids of pending and running jobs, in submission order: the scheduler and
+        # the agents look at these many times a second, and finished jobs stay in
+        # the table for JOB_RETENTION_DAYS.
+        self.active_ids: dict[str, None] = {}
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        super()._deserialize(data)
+        self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
+
+    def _put(self, record: dict[str, Any]) -> None:
+        jid = record["job_id"]
+        self.jobs[jid] = record
+        if record["state"] in ACTIVE_STATES:
+            self.active_ids[jid] = None
+        else:
+            self.active_ids.pop(jid, None)
 
     # ------------------------------------------------------------- reads
 
@@ -69,8 +84,10 @@ class JobTable(SyncObjConsumer):
     def all(self) -> list[dict[str, Any]]:
         return list(self.jobs.values())
 
-    def active(self) -> Iterable[dict[str, Any]]:
-        return (j for j in list(self.jobs.values()) if j["state"] in ACTIVE_STATES)
+    def active(self) -> list[dict[str, Any]]:
+        """Pending and running jobs, in submission order."""
+        jobs = self.jobs
+        return [jobs[jid] for jid in list(self.active_ids)]
 
     # -------------------------------------------------------- replicated
 
@@ -89,12 +106,12 @@ class JobTable(SyncObjConsumer):
                 "term": None, "cancel_requested": False}
         ids = []
         if tasks is None:
-            self.jobs[jid] = {**base, "job_id": jid, "array_id": None, "array_task": None}
+            self._put({**base, "job_id": jid, "array_id": None, "array_task": None})
             ids.append(jid)
         else:
             for i in tasks:
                 tid = f"{jid}_{i}"
-                self.jobs[tid] = {**base, "job_id": tid, "array_id": jid, "array_task": i}
+                self._put({**base, "job_id": tid, "array_id": jid, "array_task": i})
                 ids.append(tid)
         self.pending_version += 1
         if token:
@@ -110,15 +127,15 @@ class JobTable(SyncObjConsumer):
         j = self.jobs.get(job_id)
         if j is None or j["state"] != PENDING:
             return {"error": f"job {job_id} is not pending", "code": "not_pending"}
-        self.jobs[job_id] = {**j, "state": RUNNING, "placement": placement, "term": term,
-                             "placed_time": now, "reason": ""}
+        self._put({**j, "state": RUNNING, "placement": placement, "term": term,
+                   "placed_time": now, "reason": ""})
         return {"job_id": job_id}
 
     @replicated
     def started(self, job_id: str, node: str, now: float) -> None:
         j = self.jobs.get(job_id)
         if j is not None and j["state"] == RUNNING and j["start_time"] is None:
-            self.jobs[job_id] = {**j, "start_time": now}
+            self._put({**j, "start_time": now})
 
     @replicated
     def finish(self, job_id: str, state: str, exit_code: int | None, reason: str,
@@ -129,8 +146,8 @@ class JobTable(SyncObjConsumer):
         if j["cancel_requested"] and state in (FAILED, COMPLETED, CANCELLED):
             state = CANCELLED  # killed by the cancel, whatever status it ended with
             reason = f"{j['reason']}; {reason}" if reason and reason != j["reason"] else j["reason"]
-        self.jobs[job_id] = {**j, "state": state, "exit_code": exit_code, "reason": reason,
-                             "end_time": now, "start_time": j["start_time"] or j.get("placed_time")}
+        self._put({**j, "state": state, "exit_code": exit_code, "reason": reason,
+                   "end_time": now, "start_time": j["start_time"] or j.get("placed_time")})
         return {"job_id": job_id, "state": state}
 
     @replicated
@@ -142,11 +159,11 @@ class JobTable(SyncObjConsumer):
             if j is None or j["state"] in FINAL_STATES:
                 continue
             if j["state"] == PENDING:
-                self.jobs[jid] = {**j, "state": CANCELLED, "end_time": now,
-                                  "reason": f"cancelled by {by}"}
+                self._put({**j, "state": CANCELLED, "end_time": now,
+                           "reason": f"cancelled by {by}"})
                 done.append(jid)
             elif not j["cancel_requested"]:
-                self.jobs[jid] = {**j, "cancel_requested": True, "reason": f"cancelled by {by}"}
+                self._put({**j, "cancel_requested": True, "reason": f"cancelled by {by}"})
                 asked.append(jid)
         return {"cancelled": done, "stopping": asked}
 
@@ -154,9 +171,8 @@ class JobTable(SyncObjConsumer):
     def requeue(self, job_id: str, reason: str, now: float) -> None:
         j = self.jobs.get(job_id)
         if j is not None and j["state"] == RUNNING:
-            self.jobs[job_id] = {**j, "state": PENDING, "placement": None, "term": None,
-                                 "start_time": None, "reason": reason,
-                                 "requeues": j.get("requeues", 0) + 1}
+            self._put({**j, "state": PENDING, "placement": None, "term": None,
+                       "start_time": None, "reason": reason, "requeues": j.get("requeues", 0) + 1})
             self.pending_version += 1
 
     @replicated
@@ -166,5 +182,6 @@ class JobTable(SyncObjConsumer):
             j = self.jobs.get(jid)
             if j is not None and j["state"] in FINAL_STATES:
                 del self.jobs[jid]
+                self.active_ids.pop(jid, None)
                 n += 1
         return n

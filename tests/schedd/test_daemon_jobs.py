@@ -180,7 +180,8 @@ def test_tenants_see_and_cancel_only_their_own_jobs(gpu_host):
 def test_aging_lets_a_low_priority_job_through(gpu_host):
     """PRIORITY_AGING is 3600 points/hour here: one point per second of waiting."""
     host, key = gpu_host
-    blockers = [submit(host, key, "gina", job("sleep 6", "gpus=1 cpus=1 ram=50M")) for _ in range(2)]
+    # The blockers free one GPU at a time, so the two waiting jobs compete for one.
+    blockers = [submit(host, key, "gina", job(f"sleep {t}", "gpus=1 cpus=1 ram=50M")) for t in (6, 9)]
     for b in blockers:
         wait_state(host, key, "gina", b, {"RUNNING"})
     low = submit(host, key, "gina", job("true", "gpus=1 cpus=1 ram=50M priority=10"))
@@ -189,7 +190,7 @@ def test_aging_lets_a_low_priority_job_through(gpu_host):
     high = submit(host, key, "gina", job("true", "gpus=1 cpus=1 ram=50M priority=12"))
     jl = wait_state(host, key, "gina", low, {"COMPLETED"}, timeout=40)
     jh = wait_state(host, key, "gina", high, {"COMPLETED"}, timeout=40)
-    assert jl["start_time"] <= jh["start_time"]
+    assert jl["start_time"] < jh["start_time"]
 
 
 def test_big_job_is_not_starved_by_small_ones(gpu_host):
