@@ -220,6 +220,7 @@ class Daemon:
             self._servers.append(await start_ssh_server(self, gateway))
             self.store = await self.cluster.open_store([self.registry, self.jobs])
             self.raft = self.cluster.transport
+            self.cluster.on_store = self._use_store
         else:
             self.store = StateStore(o.server_name, [self.registry, self.jobs], o.state_dir)
         await self.store.wait_ready(timeout=120)
@@ -253,6 +254,10 @@ class Daemon:
         Path(o.run_dir, "mtgpu.pid").write_text(f"{os.getpid()}\n")
         log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen,
                  o.server_name)
+
+    def _use_store(self, store: StateStore) -> None:
+        """A role change reopened the replicated store: use the new one (and its transport)."""
+        self.store, self.raft = store, self.cluster.transport
 
     async def _leadership(self, leader: bool) -> None:
         """The scheduler runs on the Raft leader only; a new one rebuilds its queue."""

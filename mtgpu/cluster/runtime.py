@@ -3,11 +3,17 @@ leadership (the scheduler runs on the Raft leader), usage reports and forwarding
 
 The daemon calls :meth:`ClusterRuntime.open_store` instead of building a cluster of
 one, then :meth:`start` once its own parts exist.
+
+A member changes role (voter or read-only) without restarting the daemon, so tenants'
+sessions and jobs carry on: :meth:`ClusterRuntime.switch_role` writes a snapshot,
+closes the replica and reopens it on the same journal under the new role, with the
+same consumers, then hands the new store to the daemon (``on_store``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +28,7 @@ from mtgpu.cluster.transport import SshRaftTransport
 from mtgpu.config import Options
 from mtgpu.errors import ApiError
 from mtgpu.gpuinfo.types import NodeInventory
-from mtgpu.state.store import StateStore
+from mtgpu.state.store import StateStore, forget_term, strip_dump_nodes
 
 log = logging.getLogger("mtgpu.cluster")
 
@@ -66,8 +72,16 @@ class ClusterRuntime:
         self.coordinator: Coordinator | None = None
         self.on_leader: Callable[[bool], Awaitable[None]] | None = None
         self.on_report: Callable[[NodeInventory], None] | None = None
+        #: Called with the new store after a role change (the daemon keeps a reference).
+        self.on_store: Callable[[StateStore], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._was_leader = False
+        self._blank: list[dict[str, Any]] = []
+        self._switching = asyncio.Lock()
+        self._switched_at = 0.0
+        self._leaderless_since: float | None = None
+        self._role_check: asyncio.Task[None] | None = None
+        self._removed_logged = False
 
     # -------------------------------------------------------------- startup
 
@@ -98,13 +112,58 @@ class ClusterRuntime:
             self._save(role, voters)
         else:
             role, voters = view["role"], view["voters"]
+        consumers = [*consumers, self.members]
+        # What the consumers hold before any entry: a role change that cannot start
+        # from a fresh snapshot replays the journal onto this.
+        self._blank = [copy.deepcopy(c._serialize()) for c in consumers]
+        self.store = self._open(role, voters, consumers)
+        return self.store
+
+    def _open(self, role: str, voters: list[str], consumers: list[Any]) -> StateStore:
         self.role = role
         loop = asyncio.get_running_loop()
         self.transport = SshRaftTransport(loop, self.name, self._dial, readonly=role == "readonly")
         peers = [v for v in voters if v != self.name]
-        self.store = StateStore(self.name if role == "voter" else None, [*consumers, self.members],
-                                o.state_dir, peers=peers, transport_factory=self.transport.attach)
-        return self.store
+        return StateStore(self.name if role == "voter" else None, consumers, self.options.state_dir,
+                          peers=peers, transport_factory=self.transport.attach)
+
+    async def switch_role(self, role: str, voters: list[str]) -> bool:
+        """Reopen the replica as a ``role`` member with ``voters``; False if it already is."""
+        async with self._switching:
+            if role == self.role:
+                return False
+            old, old_transport = self.store, self.transport
+            assert old is not None and old_transport is not None
+            log.warning("switching this member's replica to %s (voters: %s)",
+                        "voter" if role == "voter" else "read-only", ", ".join(sorted(voters)))
+            self._save(role, voters)
+            current = await asyncio.to_thread(old.snapshot)
+            # Closed and reopened without yielding to the loop: nothing may call a
+            # replicated method while the consumers belong to no store.
+            old.close()
+            strip_dump_nodes(self.options.state_dir, {None, self.name})
+            if role == "readonly":
+                forget_term(self.options.state_dir)
+            if not current:
+                log.warning("no fresh snapshot: replaying the journal from the start")
+                for c, blank in zip(old.consumers, self._blank):
+                    for k in c._serialize():
+                        del c.__dict__[k]
+                    c._deserialize(copy.deepcopy(blank))
+            self.store = self._open(role, voters, old.consumers)
+            if role == "voter":
+                self.store.hold_elections(30.0)
+            if self.coordinator is not None:
+                self.coordinator.sync = self.store.sync
+            self._switched_at = time.monotonic()
+            self._leaderless_since = None
+            if self.on_store is not None:
+                self.on_store(self.store)
+        try:
+            await asyncio.wait_for(old_transport.wait_closed(), 5)
+        except TimeoutError:
+            log.info("the old replica's channels are still closing")
+        return True
 
     def _save(self, role: str, voters: list[str]) -> None:
         import json
@@ -120,7 +179,10 @@ class ClusterRuntime:
     async def start(self, replicate: Callable[..., Awaitable[Any]]) -> None:
         assert self.store is not None
         self.replicate = replicate
-        self.coordinator = Coordinator(self.name, self.store.sync, self.members, replicate, self.score)
+        o = self.options
+        self.coordinator = Coordinator(self.name, self.store.sync, self.members, replicate, self.score,
+                                       grace=o.cluster_voter_grace, ask_role=self._ask_role,
+                                       report_window=3 * o.usage_sample_interval + 5)
         self._register()
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._watch()), loop.create_task(self._report_loop())]
@@ -129,6 +191,8 @@ class ClusterRuntime:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self._role_check is not None:
+            self._role_check.cancel()
         if self.coordinator is not None:
             await self.coordinator.stop()
         self.peers.close()
@@ -164,6 +228,74 @@ class ClusterRuntime:
                 view = self.view.load() or {}
                 if sorted(voters) != view.get("voters"):
                     self._save(self.role, voters)
+            self._maybe_check_role()
+
+    def _maybe_check_role(self) -> None:
+        """Without a leader for a while, ask the others whether this member still votes.
+
+        A voter demoted while it was away (cut off, or stopped) comes back as a voter
+        the others no longer accept, and a member promoted while it was down comes
+        back read-only; either one then has no leader, and this puts it right.
+        """
+        now = time.monotonic()
+        if self.leader() is not None:
+            self._leaderless_since = None
+            return
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        settled = now - self._switched_at >= 10.0
+        if (now - self._leaderless_since >= 5.0 and settled
+                and (self._role_check is None or self._role_check.done())):
+            self._leaderless_since = now  # at most one round every 5 s
+            self._role_check = asyncio.get_running_loop().create_task(self._check_role())
+
+    async def _check_role(self) -> None:
+        try:
+            view = await self._leader_view()
+            if view is None:
+                return
+            if self.name not in view.get("members", [self.name]):
+                if not self._removed_logged:
+                    self._removed_logged = True
+                    log.warning("the scheduler %s no longer lists this member: it was removed "
+                                "from the cluster; stop it, or clear STATE_DIR to join again",
+                                view["name"])
+                return
+            voters = list(view.get("voters") or [])
+            want = "voter" if self.name in voters else "readonly"
+            if want != self.role:
+                log.warning("the scheduler %s counts this member as %s: switching", view["name"],
+                            "a voter" if want == "voter" else "read-only")
+                await self.switch_role(want, voters)
+        except Exception:  # noqa: BLE001 - retried on the next round
+            log.exception("checking this member's role failed")
+
+    async def _leader_view(self) -> dict[str, Any] | None:
+        """``cluster.hello`` as the leader answers it, asked through any member that answers."""
+        me = {"cluster_id": self.options.cluster_id}
+        targets = [(n, a) for n, a in sorted(self.addresses.items()) if n != self.name]
+        targets += [(f"seed:{s}", s) for s in self.options.cluster_peers
+                    if s not in self.addresses.values() and s != self.address]
+        for name, addr in targets:
+            try:
+                a = await self.peers.call(name, "cluster.hello", dial_address=addr, timeout=3, **me)
+                if a.get("formed") and a.get("leader") and a["leader"] != a.get("name") \
+                        and a["leader"] != self.name and a.get("leader_address"):
+                    a = await self.peers.call(a["leader"], "cluster.hello",
+                                              dial_address=a["leader_address"], timeout=3, **me)
+            except ApiError as exc:
+                log.debug("asking %s about the cluster: %s", name, exc)
+                continue
+            finally:
+                if name.startswith("seed:"):
+                    self.peers.forget(name)
+            if a.get("formed") and a.get("leader") == a.get("name") and a.get("voters"):
+                return a
+        return None
+
+    async def _ask_role(self, member: str, role: str, voters: list[str]) -> Any:
+        """Tell ``member`` to run its replica as ``role`` (from the leader)."""
+        return await self.peers.call(member, "cluster.role", role=role, voters=voters, timeout=30)
 
     async def _report_loop(self) -> None:
         """Send this member's inventory and measured use to the scheduler (not the log)."""
@@ -198,7 +330,8 @@ class ClusterRuntime:
                 return {"name": self.name, "formed": False}
             addr = self.address if leader == self.name else self.addresses.get(leader)
             return {"name": self.name, "formed": True, "leader": leader,
-                    "leader_address": addr, "voters": self.members.voters()}
+                    "leader_address": addr, "voters": self.members.voters(),
+                    "members": [m["name"] for m in self.members.all()]}
 
         self.dispatcher.register("cluster.hello", hello)
 
@@ -234,6 +367,8 @@ class ClusterRuntime:
             """A member's inventory and measured use, for the scheduler's memory."""
             peer_only(caller)
             inv = NodeInventory.from_dict(arg(args, "inventory", dict))
+            if self.coordinator is not None:
+                self.coordinator.reported[inv.name] = time.monotonic()
             if self.on_report is not None:
                 self.on_report(inv)
             return {"ok": True}
@@ -257,14 +392,28 @@ class ClusterRuntime:
             if name == self.name:
                 raise ApiError("the scheduler cannot remove itself; run this on another "
                                "member after moving the scheduler, or stop this one", "bad_request")
-            if m["role"] == "voter":
-                assert self.coordinator is not None
-                await self.coordinator.remove_voter(name)
-            await self.replicate(self.members.remove, name, time.time())
+            assert self.coordinator is not None
+            await self.coordinator.remove_member(name)
             return {"removed": name}
+
+        async def role(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+            """Run this member's replica as a voter or read-only (the scheduler asks)."""
+            peer_only(caller)
+            want = arg(args, "role", str)
+            voters = arg(args, "voters", list)
+            if want not in ("voter", "readonly"):
+                raise ApiError("role must be voter or readonly", "bad_request")
+            if (want == "voter") != (self.name in voters):
+                raise ApiError("the voters do not match the role", "bad_request")
+            sender = caller.name.removeprefix("mtgpu-peer.")
+            if want == "voter" and sender != self.leader():
+                raise ApiError(f"only the scheduler ({self.leader()}) promotes members", "not_leader")
+            changed = await self.switch_role(want, [str(v) for v in voters])
+            return {"role": want, "changed": changed}
 
         d.register("cluster.join", join)
         d.register("cluster.remove", remove, admin=True)
+        d.register("cluster.role", role)
         d.register("node.report", report)
         d.register("cluster.status", status, admin=True)
 
@@ -281,7 +430,8 @@ class ClusterRuntime:
             else:
                 from pysyncobj.node import Node
 
-                connected = sync.isNodeConnected(Node(m["name"])) if m["role"] == "voter" else None
+                watched = m["role"] == "voter" or leader == self.name
+                connected = sync.isNodeConnected(Node(m["name"])) if watched else None
                 state = "up" if connected or connected is None and leader else "unreachable"
             members.append({"name": m["name"], "address": m["address"], "role": role,
                             "state": state, "score": m["score"]})

@@ -37,6 +37,12 @@ every voter, say so in their hello, and are never dialed. A voter reports them w
 when it closes (the daemon then ends the SSH session). ``peer_id`` must be the member
 name the peer's certificate proves; a hello claiming another id is refused.
 
+Only current voters are heard as voters: a voter channel from a member that is not in
+this member's configuration is refused at the handshake, and its queued messages are
+dropped once it is removed, so a demoted voter that comes back still believing it
+votes cannot start elections here (PySyncObj itself answers a ``request_vote`` from
+any node it hears, and has no pre-vote). Read-only channels carry no voter messages.
+
 ``addNode``/``dropNode`` (dynamic membership) are called by PySyncObj on its tick
 thread; they only schedule work on the loop. An added voter is dialed if this member
 dials it (see below) and otherwise accepted when it dials; a dropped one loses its
@@ -99,6 +105,9 @@ Dial = Callable[[str], Awaitable[tuple[Any, Any, Closer]]]
 
 # Inbound events, handed from the loop to the tick thread.
 _CONN, _DISC, _MSG, _ROCONN, _RODISC, _ROMSG = range(6)
+
+# Raft messages only a voter sends; dropped from read-only channels.
+_VOTER_ONLY = frozenset({"request_vote", "response_vote", "append_entries", "timeout_now"})
 
 
 class SshRaftTransport(Transport):
@@ -239,7 +248,11 @@ class SshRaftTransport(Transport):
             if node.id in self._members:
                 self._onMessageReceived(node, pickle.loads(payload))
         elif kind == _ROMSG:
-            self._onMessageReceived(node, pickle.loads(payload))
+            msg = pickle.loads(payload)
+            # PySyncObj acts on a vote or an append from any node it hears, and has no
+            # pre-vote; a read-only member never sends either, so they are dropped.
+            if not (isinstance(msg, dict) and msg.get("type") in _VOTER_ONLY):
+                self._onMessageReceived(node, msg)
         elif kind == _CONN:
             if node.id in self._members:
                 self._onNodeConnected(node)

@@ -91,6 +91,7 @@ class Options:
     cluster_key: str = ""
     cluster_peers: tuple[str, ...] = ()
     cluster_advertise: str = ""
+    cluster_voter_grace: float = 60.0
     server_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     ssh_listen: tuple[str, int] = ("0.0.0.0", 2222)
     state_dir: str = "/var/lib/mtgpu"
@@ -566,6 +567,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "CLUSTER_KEY": _secret,
     "CLUSTER_PEERS": _peers,
     "CLUSTER_ADVERTISE": lambda v: "" if v is None else "%s:%d" % _listen(v),
+    "CLUSTER_VOTER_GRACE": _duration,
     "SERVER_NAME": _server_name,
     "SSH_LISTEN": _listen,
     "STATE_DIR": _abspath,

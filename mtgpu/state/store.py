@@ -12,13 +12,16 @@ awaitable, so the event loop never blocks on a commit.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer
+from pysyncobj import pickle as raft_pickle
 from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
@@ -173,6 +176,45 @@ class StateStore:
                 "commit_idx": st.get("commit_idx"), "state": st.get("state"),
                 "self": getattr(st.get("self"), "id", None)}
 
+    def snapshot(self, timeout: float = 5.0) -> bool:
+        """Write the full dump at the last applied entry and trim the journal to it.
+
+        Blocks until the tick thread has done both (so call it from a thread), and
+        returns False when it could not within ``timeout``. A store reopened on the same
+        directory after a snapshot starts from the dump: it replays no entry its
+        consumers already hold. Uses PySyncObj 0.3.17 internals.
+        """
+        s = self.sync
+        before = s._SyncObj__lastSerializedEntry
+        if before is not None and before >= s._SyncObj__raftLastApplied - 1:
+            return True  # the dump on disk is current
+        s.forceLogCompaction()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = s._SyncObj__lastSerializedEntry
+            if now is not None and now != before:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def hold_elections(self, seconds: float) -> None:
+        """Start no election until a leader is heard from (or ``seconds`` pass).
+
+        For a member that just became a voter: the others accept its channels only once
+        they hold its addition, and PySyncObj has no pre-vote, so without this it would
+        raise the term (and depose a healthy leader) as soon as it reached one voter
+        ahead of the leader. Uses PySyncObj 0.3.17 internals.
+        """
+        s = self.sync
+        until = time.monotonic() + seconds
+        conf = s._getConf()
+
+        def hold() -> None:
+            if s._getLeader() is None and time.monotonic() < until:
+                s._SyncObj__raftElectionDeadline = time.monotonic() + conf.raftMaxTimeout
+
+        s.addOnTickCallback(hold)
+
     def close(self) -> None:
         """Stop the tick thread and flush the journal."""
         try:
@@ -182,6 +224,49 @@ class StateStore:
                 t.join(5)
         except Exception:  # noqa: BLE001 - closing must not raise during shutdown
             log.exception("closing the state store")
+
+
+def strip_dump_nodes(state_dir: str, drop: set[str | None]) -> None:
+    """Take the nodes ``drop`` out of the configuration saved in the full dump.
+
+    A dump records the Raft configuration as ``otherNodes | {selfNode}``; a read-only
+    member's self node is None. Reopened under another role, PySyncObj would take that
+    entry (or its own name) for a peer, so a member changing role drops both first.
+    """
+    path = Path(state_dir) / "raft.dump"
+    try:
+        with gzip.open(path, "rb") as f:
+            data = raft_pickle.load(f)
+    except FileNotFoundError:
+        return
+    cluster = {n for n in data[3] if n is not None and getattr(n, "id", n) not in drop}
+    if cluster == set(data[3]):
+        return
+    tmp = path.with_suffix(".tmp-role")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as g:
+        raft_pickle.dump((data[0], data[1], data[2], cluster), g)
+    os.replace(tmp, path)
+
+
+def forget_term(state_dir: str) -> None:
+    """Drop the Raft term and vote saved beside the journal (for a member turning read-only).
+
+    A voter cut off from the others keeps starting elections until its channels time
+    out, and comes back with a term above the leader's. A read-only member never sends
+    a message that would tell the leader so: it would ignore the leader's appends
+    forever. It does not vote, so its term need not survive; reopened, it starts from
+    its last entry's term, which no leader's is below.
+    """
+    path = Path(state_dir) / "raft.journal.meta"
+    try:
+        meta = raft_pickle.loads(path.read_bytes())
+    except (OSError, ValueError, EOFError):
+        return
+    meta.pop("currentTerm", None)
+    meta.pop("votedForNodeId", None)
+    tmp = path.with_suffix(".tmp-role")
+    tmp.write_bytes(raft_pickle.dumps(meta))
+    os.replace(tmp, path)
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any, error: int) -> None:

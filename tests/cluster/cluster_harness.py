@@ -1,0 +1,93 @@
+"""Clusters of real members for the tests: each in a network namespace of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mtgpu_testing import Host, Network
+
+KEY = "s3cret-cluster-key-0123456789"
+
+
+def _config(gpus: int, **extra):
+    cfg = {"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab", "CLUSTER_KEY": KEY,
+           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1}
+    if gpus:
+        cfg["SIMULATED_GPUS"] = [{"type": "rtx4090", "count": gpus, "vram": "24G"}]
+    cfg.update(extra)
+    return cfg
+
+
+def status(host) -> dict:
+    r = host.admin("cluster", "status", "--json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else {}
+
+
+def wait_for(pred, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, net: Network, hosts: list[Host]) -> None:
+        self.net, self.hosts = net, hosts
+
+    def by_name(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.config["SERVER_NAME"] == name)
+
+    def scheduler(self, among=None) -> str:
+        def agreed():
+            names = [status(h).get("scheduler") for h in (among or self.hosts)]
+            return names[0] if names[0] and len(set(names)) == 1 else None
+        return wait_for(agreed, what="an agreed scheduler")
+
+
+@pytest.fixture
+def cluster() -> Iterator[Callable[..., Cluster]]:
+    made: list[tuple[Network, list[Host]]] = []
+
+    def make(specs, start_order=None, stagger=0.0):
+        net = Network()
+        hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        # One configuration for the whole cluster, as the manual says: the same UID range.
+        for h in hosts[1:]:
+            h.config["TENANT_UID_RANGE"] = hosts[0].config["TENANT_UID_RANGE"]
+        for h in hosts:
+            h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]
+            h.write_config()
+        made.append((net, hosts))
+        order = start_order or range(len(hosts))
+        threads = []
+        for i in order:
+            t = threading.Thread(target=hosts[i].start, kwargs={"timeout": 120})
+            t.start()
+            threads.append(t)
+            time.sleep(stagger)
+        for t in threads:
+            t.join()
+        c = Cluster(net, hosts)
+        wait_for(lambda: all(len(status(h).get("members", [])) == len(hosts) for h in hosts),
+                 what="every member in every view")
+        return c
+
+    yield make
+    keep = os.environ.get("MTGPU_KEEP_LOGS")  # a directory to copy each member's log to
+    for net, hosts in made:
+        for h in hosts:
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(h.log_path, Path(keep) / f"{h.config['SERVER_NAME']}.log")
+            h.cleanup()
+        net.close()
