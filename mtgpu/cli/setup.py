@@ -30,7 +30,10 @@ SCRIPTS = ("mtgpu-server", "mtgpu-setup", "mtgpu-admin", "mtgpu-shell", "mtcode-
            "mt-container", "mt-podman", "mt-python", "mt-attach", "remotegpu-cli")
 # Debian/Ubuntu packages the host needs, and what needs them.
 OS_PACKAGES = {"tmux": "tmux", "sftp-server": "openssh-sftp-server", "setsid": "util-linux",
-               "useradd": "passwd", "newuidmap": "uidmap"}
+               "useradd": "passwd", "newuidmap": "uidmap",
+               # The C fast paths: mt-job's submit and list (fastjob.c) and the job-start
+               # helper (jobinit.c). Without them MTGPU works, only slower.
+               "cc": "gcc"}
 
 
 def say(msg: str) -> None:

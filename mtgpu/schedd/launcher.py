@@ -70,15 +70,27 @@ class Unavailable(Exception):
     """No launcher took the request; nothing was started."""
 
 
+#: How long a computed code id is reused (a burst of starts asks many times a second).
+CODE_ID_TTL = 1.0
+_code_ids: dict[str, tuple[float, str]] = {}
+
+
 def code_id(python: str) -> str:
     """Which code a launcher must run to serve a caller: interpreter and sources.
 
-    Not cached: a reinstall under a running daemon must reach the next start, as
-    it does when every start execs the supervisor afresh.
+    Kept for at most ``CODE_ID_TTL`` seconds: a reinstall under a running daemon
+    reaches the starts after that, as it does when every start execs the
+    supervisor afresh.
     """
+    now = time.monotonic()
+    hit = _code_ids.get(python)
+    if hit is not None and now - hit[0] < CODE_ID_TTL:
+        return hit[1]
     here = Path(__file__).resolve().parent
     stamps = sorted((p.name, p.stat().st_mtime_ns) for p in here.glob("*.py"))
-    return hashlib.sha256(json.dumps([python, str(here), stamps]).encode()).hexdigest()[:16]
+    ident = hashlib.sha256(json.dumps([python, str(here), stamps]).encode()).hexdigest()[:16]
+    _code_ids[python] = (now, ident)
+    return ident
 
 
 # --------------------------------------------------------------------------- caller

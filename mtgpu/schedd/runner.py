@@ -65,6 +65,7 @@ CGROUPS, CANCEL, RESULT, ACKED = "cgroups.json", "cancel.json", "result.json", "
 #: A job directory with a spec but no supervisor after this long was never started
 #: (the daemon stopped between writing the spec and starting the supervisor).
 START_GRACE = 60.0
+_BUILD = object()  # Runner.jobinit before the first start
 
 
 class FinalState(StrEnum):
@@ -126,10 +127,11 @@ class JobResult:
 def write_json(path: Path, data: Any, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` atomically (temp file, rename), mode 0600.
 
-    ``durable`` also syncs the file and its directory, for what must outlive a power
-    cut (a job's result). What describes live processes (the spec, the pid file, the
-    cgroups) is not synced: a power cut ends those processes anyway, and syncing
-    cost a busy host milliseconds on every job start.
+    ``durable`` also syncs the file and its directory. A job's own files are not
+    synced: the spec, pid file and cgroups describe processes that a power cut ends
+    anyway, and the result, like PySyncObj's journal (which is not synced per entry
+    either), survives a crash of any process but not a power cut, after which the job
+    is recorded NODE_FAIL. Syncing them cost a busy host milliseconds per job.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -222,6 +224,9 @@ class Runner:
         #: Start supervisors through the launcher, a fork server (see launcher.py);
         #: False execs ``python -m mtgpu.schedd.supervisor`` for every job.
         self.use_launcher = True
+        #: The job-start helper's path (see jobinit.py): built at the first start;
+        #: None makes supervisors fork their jobs from Python.
+        self.jobinit: Any = _BUILD
         self._active: set[str] = set()
         self._reported: set[str] = set()
         self._scanned = False
@@ -256,8 +261,12 @@ class Runner:
             raise JobAlreadyStarted(
                 f"job {launch.job_id} was already started on this host (term "
                 f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
+        if self.jobinit is _BUILD:
+            from mtgpu.schedd.jobinit import helper
+
+            self.jobinit = helper(self.state_dir)
         spec = {"version": 1, "launch": launch.to_dict(), "cgroup_parents": self.cgroup_parents,
-                "memory": self.memory, "created": time.time()}
+                "memory": self.memory, "created": time.time(), "jobinit": self.jobinit}
         write_json(job_dir / SPEC, spec, durable=False)
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "LANG": "C.UTF-8",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import os
 import pwd
 import shutil
@@ -109,9 +110,14 @@ def make_runner(base: Path) -> Iterator[Callable[..., Runner]]:
             wait_result(r, job_id)
 
 
-@pytest.fixture
-def runner(make_runner: Callable[..., Runner]) -> Runner:
-    return make_runner()
+@pytest.fixture(params=["helper", "fork"])
+def runner(make_runner: Callable[..., Runner], request: pytest.FixtureRequest) -> Runner:
+    """Each test runs twice: jobs started by the C helper (jobinit.c, built with the
+    host's compiler), and forked from the Python supervisor (no compiler)."""
+    r = make_runner()
+    if request.param == "fork":
+        r.jobinit = None
+    return r
 
 
 @pytest.fixture
@@ -253,9 +259,10 @@ def test_a_second_dispatch_is_refused(runner: Runner, launch) -> None:
 
 
 def test_lost_supervisor_is_node_fail_and_job_is_killed(runner: Runner, launch, tenant: JobUser) -> None:
-    la = launch("echo $$ > lost.pid; sleep 300")
+    marker = f"lost-{next(_ids)}.pid"  # each run its own: the tenant's home is shared
+    la = launch(f"echo $$ > {marker}; sleep 300")
     runner.start(la)
-    job_pid = int(wait_file(Path(tenant.home) / "lost.pid"))
+    job_pid = int(wait_file(Path(tenant.home) / marker))
     sup = read_json(runner.job_dir(la.job_id) / PIDFILE)
     assert sup is not None
     os.kill(sup["pid"], signal.SIGKILL)
@@ -306,19 +313,20 @@ def test_cancel_kills_a_double_forked_setsid_child(make_runner, launch, tenant: 
 
 
 def test_cancel_sends_sigterm_then_sigkill_after_grace(runner: Runner, launch, tenant: JobUser) -> None:
-    la = launch("""\
-        trap 'echo got-term >> term.log' TERM
-        echo ready > ready.txt
+    n = next(_ids)
+    la = launch(f"""\
+        trap 'echo got-term >> term-{n}.log' TERM
+        echo ready > ready-{n}.txt
         while true; do sleep 0.1; done
         """)
     runner.start(la)
-    wait_file(Path(tenant.home) / "ready.txt")
+    wait_file(Path(tenant.home) / f"ready-{n}.txt")
     t0 = time.monotonic()
     runner.cancel(la.job_id, grace=1.5)
     r = wait_result(runner, la.job_id)
     took = time.monotonic() - t0
     assert r.state is FinalState.CANCELLED and r.signal == signal.SIGKILL
-    assert "got-term" in (Path(tenant.home) / "term.log").read_text()
+    assert "got-term" in (Path(tenant.home) / f"term-{n}.log").read_text()
     assert 1.0 < took < 10
 
 
@@ -462,3 +470,19 @@ def test_container_jobs_fail_clearly_for_now(runner: Runner, launch) -> None:
     runner.start(la)
     r = wait_result(runner, la.job_id)
     assert r.state is FinalState.FAILED and "containerized jobs are not supported" in r.reason
+
+
+def test_the_helper_is_built_once_and_used(make_runner: Callable[..., Runner], launch) -> None:
+    assert shutil.which("cc") or shutil.which("gcc"), "tests/run.sh machines have a C compiler"
+    r = make_runner()
+    la = launch("echo via-helper")
+    r.start(la)
+    assert wait_result(r, la.job_id).state is FinalState.COMPLETED
+    spec = json.loads((r.job_dir(la.job_id) / "spec.json").read_text())
+    helper = Path(spec["jobinit"])
+    assert helper.parent == r.state_dir and os.access(helper, os.X_OK)
+    assert oct(helper.stat().st_mode & 0o777) == "0o700"  # root's alone, in a root-only directory
+    la2 = launch("true")
+    r.start(la2)
+    wait_result(r, la2.job_id)
+    assert [p.name for p in r.state_dir.glob(".jobinit-*")] == [helper.name]

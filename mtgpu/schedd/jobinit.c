@@ -1,0 +1,238 @@
+/*
+ * mtgpu-jobinit: the last steps of a job's start, between its supervisor and its script.
+ *
+ * The supervisor (supervisor.py) starts this with posix_spawn, which on Linux is a
+ * vfork: the supervisor's memory is not copied, as a fork of a Python process copies
+ * its page tables and then a page for every object either side touches. This program
+ * does what the supervisor's forked child does otherwise, in the same order and with
+ * the same messages, then execs the job:
+ *
+ *   name the process; oom_score_adj 0; join the job's cgroups; pin the CPUs;
+ *   become the tenant (groups, gid, uid); setsid; umask 022; chdir to the working
+ *   directory; open the output files as the tenant (making the default directory);
+ *   standard input from /dev/null; exec the job.
+ *
+ * Usage (all arguments required, in this order; an empty string for "none"):
+ *
+ *   mtgpu-jobinit PROCESS_NAME USER REPORT_FD UID GID GROUPS CPUS WORKDIR STDOUT STDERR
+ *                 DEFAULT_DIR CGROUP_PROCS... -- ARGV...
+ *
+ *   GROUPS, CPUS   comma-separated numbers
+ *   DEFAULT_DIR    the default output directory to create (mode 0700), or ""
+ *   CGROUP_PROCS   each cgroup's cgroup.procs file
+ *
+ * The environment is the job's. On failure, "STAGE: REASON" goes to REPORT_FD and the
+ * exit status is 127; on success REPORT_FD is closed by the exec (it is set
+ * close-on-exec here), which tells the supervisor that the job runs.
+ *
+ * Build: cc -O2 -o mtgpu-jobinit jobinit.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+static int report_fd = -1;
+static char stage[4200];
+
+static void set_stage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(stage, sizeof stage, fmt, ap);
+    va_end(ap);
+}
+
+/* As the Python supervisor words an OSError: "STAGE: strerror[: path]". */
+static void die(const char *path) {
+    char msg[8600];
+    int n = snprintf(msg, sizeof msg, "%s: %s%s%s", stage, strerror(errno), path ? ": " : "",
+                     path ? path : "");
+    if (n > 4000)
+        n = 4000;
+    if (report_fd >= 0 && n > 0) {
+        ssize_t w = write(report_fd, msg, (size_t)n);
+        (void)w;
+    }
+    _exit(127);
+}
+
+static void die_msg(const char *text) {
+    char msg[8600];
+    int n = snprintf(msg, sizeof msg, "%s: %s", stage, text);
+    if (n > 4000)
+        n = 4000;
+    if (report_fd >= 0 && n > 0) {
+        ssize_t w = write(report_fd, msg, (size_t)n);
+        (void)w;
+    }
+    _exit(127);
+}
+
+static int write_file(const char *path, const char *value) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, value, strlen(value));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return n == (ssize_t)strlen(value) ? 0 : -1;
+}
+
+/* Parse "1,2,3" into out (at most max); returns the count, or -1 on bad input. */
+static int numbers(const char *s, long *out, int max) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || n >= max)
+            return -1;
+        out[n++] = v;
+        s = end;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return -1;
+    }
+    return n;
+}
+
+static int mkdirs(const char *path, mode_t mode) {
+    char tmp[4096];
+    if (strlen(path) >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(tmp, path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 14) {
+        fputs("mtgpu-jobinit is started by an MTGPU job supervisor, not by hand\n", stderr);
+        return 2;
+    }
+    const char *proc_name = argv[1], *user = argv[2];
+    report_fd = atoi(argv[3]);
+    if (report_fd >= 0)
+        fcntl(report_fd, F_SETFD, FD_CLOEXEC);
+    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
+    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
+    const char *groups_s = argv[6], *cpus_s = argv[7], *workdir = argv[8];
+    const char *out = argv[9], *err = argv[10], *default_dir = argv[11];
+    int i = 12;
+    char **cgroups = argv + i;
+    int n_cgroups = 0;
+    while (i < argc && strcmp(argv[i], "--") != 0)
+        i++, n_cgroups++;
+    if (i >= argc - 1) {
+        set_stage("setting up");
+        die_msg("no command after --");
+    }
+    char **job = argv + i + 1;
+
+    set_stage("setting up");
+    prctl(PR_SET_NAME, proc_name, 0, 0, 0);
+    (void)write_file("/proc/self/oom_score_adj", "0"); /* the job must not inherit our protection */
+
+    set_stage("joining the job's cgroups");
+    for (int c = 0; c < n_cgroups; c++)
+        if (write_file(cgroups[c], "0") < 0)
+            die(cgroups[c]);
+
+    long cpus[1024];
+    int n_cpus = numbers(cpus_s, cpus, 1024);
+    char shown[8192] = ""; /* as Python shows the list: [0, 1] */
+    for (int c = 0, len = 0; c < n_cpus && len < (int)sizeof shown - 32; c++)
+        len += snprintf(shown + len, sizeof shown - (size_t)len, "%s%ld", c ? ", " : "", cpus[c]);
+    if (n_cpus > 0) {
+        set_stage("pinning the job to CPUs [%s]", shown);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int c = 0; c < n_cpus; c++)
+            if (cpus[c] < CPU_SETSIZE)
+                CPU_SET(cpus[c], &set);
+        if (sched_setaffinity(0, sizeof set, &set) < 0)
+            die(NULL);
+    } else if (n_cpus < 0) {
+        set_stage("pinning the job to CPUs [%s]", cpus_s);
+        die_msg("not a list of CPU numbers");
+    }
+
+    set_stage("becoming %s (uid %lu)", user, (unsigned long)uid);
+    long groups_l[1024];
+    int n_groups = numbers(groups_s, groups_l, 1024);
+    if (n_groups < 0)
+        die_msg("not a list of group numbers");
+    gid_t groups[1024];
+    for (int g = 0; g < n_groups; g++)
+        groups[g] = (gid_t)groups_l[g];
+    if (n_groups == 0)
+        groups[n_groups++] = gid;
+    if (geteuid() == 0) {
+        if (setgroups((size_t)n_groups, groups) < 0 || setresgid(gid, gid, gid) < 0 ||
+            setresuid(uid, uid, uid) < 0)
+            die(NULL);
+    } else if (geteuid() != uid) {
+        char text[128];
+        snprintf(text, sizeof text, "the supervisor runs as uid %lu, not root",
+                 (unsigned long)geteuid());
+        die_msg(text);
+    }
+    if (uid != 0 && (getuid() == 0 || geteuid() == 0)) {
+        errno = EPERM;
+        die(NULL);
+    }
+    setsid();
+    umask(022);
+
+    /* From here on every path is the tenant's and is opened with the tenant's rights. */
+    set_stage("entering the working directory %s", workdir);
+    if (chdir(workdir) < 0)
+        die(workdir);
+    set_stage("opening the output file %s", out);
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    if (*default_dir) {
+        if (mkdirs(default_dir, 0700) < 0)
+            die(default_dir);
+        flags |= O_NOFOLLOW; /* our own default file is never a link */
+    }
+    int fd_out = open(out, flags, 0644);
+    if (fd_out < 0)
+        die(out);
+    set_stage("opening the error file %s", err);
+    int fd_err = strcmp(err, out) == 0 ? fd_out : open(err, flags, 0644);
+    if (fd_err < 0)
+        die(err);
+    int fd_in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd_in < 0)
+        die("/dev/null");
+    if (dup2(fd_in, 0) < 0 || dup2(fd_out, 1) < 0 || dup2(fd_err, 2) < 0)
+        die(NULL);
+
+    set_stage("starting %s", job[0]);
+    execvp(job[0], job);
+    die(job[0]);
+    return 127;
+}
