@@ -69,6 +69,8 @@ def test_env_shows_exactly_reserved_gpus_and_uid(gpu_host):
         assert [g["index"] for g in j["gpus"]] == [int(text[1])]
         outs.append(text[1])
     assert sorted(outs) == ["0", "1"]  # each saw only its own GPU, and they differ
+    # The installed daemon started them through the C job-start helper it built.
+    assert list((host.state_dir / "jobs").glob(".jobinit-*"))
 
 
 def test_default_output_lands_in_home_owned_by_tenant(gpu_host):
