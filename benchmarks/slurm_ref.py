@@ -561,11 +561,15 @@ def table_rows(res: dict[str, Any], args: Any) -> list[dict[str, Any]]:
                      "target": target, "met": None if factor is None or target is None else factor >= target})
 
     sb = _get(s, "seq_sbatch", "submit_per_s")
+    # The installed `mt-job` is the C client (mtgpu-setup builds it), so the target is
+    # its; the Python one, which it hands every other command to, is shown alongside.
+    has_c = _get(m, "seq_mtjob_c", "submit_per_s") is not None
     for label in ("python", "c"):
         mv = _get(m, f"seq_mtjob_{label}", "submit_per_s")
         if mv is not None:
             k = int(_get(m, f"seq_mtjob_{label}", "n") or 0)
-            row(f"a. sequential CLI submits: {n} sbatch vs {k} {label} mt-job", sb, mv, True, 1.0, "subm/s")
+            target = None if label == "python" and has_c else 1.0
+            row(f"a. sequential CLI submits: {n} sbatch vs {k} {label} mt-job", sb, mv, True, target, "subm/s")
     for label in ("python", "c"):
         mv = _get(m, f"seq_mtjob_{label}", "done_per_s")
         if mv is not None:

@@ -7,15 +7,17 @@
  * does what the supervisor's forked child does otherwise, in the same order and with
  * the same messages, then execs the job:
  *
- *   name the process; oom_score_adj 0; join the job's cgroups; pin the CPUs;
+ *   name the process; oom_score_adj 0; the job's nice value; join the job's cgroups; pin the CPUs;
  *   become the tenant (groups, gid, uid); setsid; umask 022; chdir to the working
  *   directory; open the output files as the tenant (making the default directory);
  *   standard input from /dev/null; exec the job.
  *
  * Usage (all arguments required, in this order; an empty string for "none"):
  *
- *   mtgpu-jobinit PROCESS_NAME USER REPORT_FD UID GID GROUPS CPUS WORKDIR STDOUT STDERR
- *                 DEFAULT_DIR CGROUP_PROCS... -- ARGV...
+ *   mtgpu-jobinit PROCESS_NAME NICE USER REPORT_FD UID GID GROUPS CPUS WORKDIR STDOUT
+ *                 STDERR DEFAULT_DIR CGROUP_PROCS... -- ARGV...
+ *
+ *   NICE           the job's nice value (its supervisor runs nicer)
  *
  *   GROUPS, CPUS   comma-separated numbers
  *   DEFAULT_DIR    the default output directory to create (mode 0700), or ""
@@ -38,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -129,19 +132,20 @@ static int mkdirs(const char *path, mode_t mode) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 14) {
+    if (argc < 15) {
         fputs("mtgpu-jobinit is started by an MTGPU job supervisor, not by hand\n", stderr);
         return 2;
     }
-    const char *proc_name = argv[1], *user = argv[2];
-    report_fd = atoi(argv[3]);
+    const char *proc_name = argv[1], *user = argv[3];
+    int nice_value = atoi(argv[2]);
+    report_fd = atoi(argv[4]);
     if (report_fd >= 0)
         fcntl(report_fd, F_SETFD, FD_CLOEXEC);
-    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
-    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
-    const char *groups_s = argv[6], *cpus_s = argv[7], *workdir = argv[8];
-    const char *out = argv[9], *err = argv[10], *default_dir = argv[11];
-    int i = 12;
+    uid_t uid = (uid_t)strtoul(argv[5], NULL, 10);
+    gid_t gid = (gid_t)strtoul(argv[6], NULL, 10);
+    const char *groups_s = argv[7], *cpus_s = argv[8], *workdir = argv[9];
+    const char *out = argv[10], *err = argv[11], *default_dir = argv[12];
+    int i = 13;
     char **cgroups = argv + i;
     int n_cgroups = 0;
     while (i < argc && strcmp(argv[i], "--") != 0)
@@ -155,6 +159,8 @@ int main(int argc, char **argv) {
     set_stage("setting up");
     prctl(PR_SET_NAME, proc_name, 0, 0, 0);
     (void)write_file("/proc/self/oom_score_adj", "0"); /* the job must not inherit our protection */
+    if (setpriority(PRIO_PROCESS, 0, nice_value) < 0) /* nor the supervisor's lower priority */
+        die(NULL);
 
     set_stage("joining the job's cgroups");
     for (int c = 0; c < n_cgroups; c++)

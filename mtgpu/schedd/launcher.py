@@ -63,6 +63,9 @@ ACCEPT_TIMEOUT = 5.0
 #: How long a caller waits for the supervisor, as for ``python -m ...supervisor``.
 REPLY_TIMEOUT = 60.0
 
+#: How much nicer than the daemon supervisors run (their jobs run at the daemon's).
+SUPERVISOR_NICE = 10
+
 _spawning = threading.Lock()
 
 
@@ -231,6 +234,12 @@ def serve(state_dir: Path, ident: str, idle: float) -> int:
     os.close(ready_w)
     supervisor.set_process_name("mtgpu-launcher")
     log.info("serving %s (code %s)", sock_path, ident)
+    # Supervisors (our forks) set jobs up and tear them down at a lower priority than
+    # the daemon and the tenants' sessions, so a burst of job starts cannot slow
+    # logins and submissions; each job itself runs at the daemon's priority again.
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    os.environ[supervisor.JOB_NICE_ENV] = str(base)
+    os.setpriority(os.PRIO_PROCESS, 0, min(19, base + SUPERVISOR_NICE))
     # Out of the collector's sight, the objects we hold stay shared with our
     # children instead of being copied page by page when a collection touches them.
     gc.freeze()

@@ -65,6 +65,18 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _SPAWN_SIGDEF = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
+#: Set by the launcher: the priority (nice value) jobs run at, above their supervisor's.
+JOB_NICE_ENV = "MTGPU_JOB_NICE"
+
+
+def job_nice() -> int:
+    """The nice value of jobs: the daemon's, whatever the supervisor runs at."""
+    try:
+        return int(os.environ[JOB_NICE_ENV])
+    except (KeyError, ValueError):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def default_signals() -> None:
     """Every signal back to its default action (a handler or an ignore we inherited)."""
     for sig in signal.valid_signals():
@@ -195,7 +207,7 @@ class Supervisor:
             os.write(script, la.script.encode())
             os.lseek(script, 0, os.SEEK_SET)
             procs = [f"{d}/cgroup.procs" for d in self.cg.dirs.values()] if self.cg else []
-            argv = [self.jobinit, f"mtgpu-job {la.job_id}", u.name, str(report), str(u.uid),
+            argv = [self.jobinit, f"mtgpu-job {la.job_id}", str(job_nice()), u.name, str(report), str(u.uid),
                     str(u.gid), ",".join(map(str, u.groups)), ",".join(map(str, la.cpus)),
                     la.workdir, out, err, os.path.dirname(out) if default else "", *procs, "--",
                     *job_argv(la, f"/proc/self/fd/{script}")]
@@ -214,6 +226,7 @@ class Supervisor:
             default_signals()  # ignored signals survive exec
             set_process_name(f"mtgpu-job {la.job_id}")
             _oom_score_adj(0)  # the job must not inherit our protection
+            os.setpriority(os.PRIO_PROCESS, 0, job_nice())  # nor our lower priority
             stage = "joining the job's cgroups"
             if self.cg is not None:
                 self.cg.attach(os.getpid())

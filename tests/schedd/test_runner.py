@@ -29,6 +29,7 @@ from mtgpu_testing import REPO, python_env
 
 from mtgpu.errors import JobError
 from mtgpu.proc import run
+from mtgpu.schedd import launcher
 from mtgpu.schedd.cgroups import detect
 from mtgpu.schedd.runner import (
     CGROUPS,
@@ -486,3 +487,17 @@ def test_the_helper_is_built_once_and_used(make_runner: Callable[..., Runner], l
     r.start(la2)
     wait_result(r, la2.job_id)
     assert [p.name for p in r.state_dir.glob(".jobinit-*")] == [helper.name]
+
+
+def test_supervisors_run_nicer_than_their_jobs(runner: Runner, launch, tenant: JobUser) -> None:
+    n = next(_ids)
+    la = launch(f"cut -d' ' -f19 /proc/self/stat > nice-{n}.txt; sleep 30")
+    runner.start(la)
+    job_nice = int(wait_file(Path(tenant.home) / f"nice-{n}.txt"))
+    sup = read_json(runner.job_dir(la.job_id) / PIDFILE)["pid"]
+    sup_nice = int(Path(f"/proc/{sup}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert job_nice == mine  # the job runs at its daemon's priority...
+    assert sup_nice == min(19, mine + launcher.SUPERVISOR_NICE)  # ...its supervisor lower
+    runner.cancel(la.job_id, grace=0)
+    wait_result(runner, la.job_id)
