@@ -13,6 +13,7 @@ import os
 import pwd
 import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +60,25 @@ class Account:
     managed: bool  # created by MTGPU (True) or a pre-existing local account (False)
 
 
+#: Group lists by (name, gid), reused for a few seconds: every job start asks, and
+#: getgrouplist reads the whole group database each time.
+_GROUPS_TTL = 5.0
+_groups: dict[tuple[str, int], tuple[float, tuple[int, ...]]] = {}
+
+
 def _account(pw: pwd.struct_passwd, managed: bool) -> Account:
-    try:
-        groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
-    except OSError:
-        groups = (pw.pw_gid,)
+    key, now = (pw.pw_name, pw.pw_gid), time.monotonic()
+    hit = _groups.get(key)
+    if hit is not None and now - hit[0] < _GROUPS_TTL:
+        groups = hit[1]
+    else:
+        try:
+            groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        except OSError:
+            groups = (pw.pw_gid,)
+        if len(_groups) > 10_000:
+            _groups.clear()
+        _groups[key] = (now, groups)
     return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell or "/bin/sh",
                    groups, managed)
 

@@ -45,8 +45,36 @@ def _output_paths(j: dict[str, Any], user: JobUser) -> tuple[str, str]:
     return paths
 
 
+#: Views by job: a record is replaced whole when its job changes, so a view made from
+#: the same record object is still right (pollers list the same jobs many times a second).
+_views: dict[str, tuple[dict[str, Any], JobUser, dict[str, Any]]] = {}
+
+
 def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[str, Any]:
     """The public form of a job record (``mt-job show --json``)."""
+    hit = _views.get(j["job_id"])
+    if hit is not None and hit[0] is j and hit[1] == user:
+        view = dict(hit[2])
+    else:
+        view = _base_view(j, user)
+        if len(_views) > 200_000:
+            _views.clear()
+        _views[j["job_id"]] = (j, user, view)
+        view = dict(view)
+    if j["state"] == PENDING and sched is not None:
+        info = sched.pending_info.get(j["job_id"]) or (
+            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None)
+        if info is not None:
+            view["position"] = info.position
+            view["reason"] = info.reason
+            view["reason_detail"] = info.message
+        else:
+            view["position"] = None
+            view["reason"] = view["reason"] or "None"
+    return view
+
+
+def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
     stdout, stderr = _output_paths(j, user)
     p = j.get("placement") or {}
     members = p.get("members", [])
@@ -62,16 +90,6 @@ def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[
         "stdout": stdout, "stderr": stderr, "priority": j["spec"]["priority"],
         "time_limit": j["spec"].get("time_limit"), "warnings": list(j["spec"].get("warnings", ())),
     }
-    if j["state"] == PENDING and sched is not None:
-        info = sched.pending_info.get(j["job_id"]) or (
-            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None)
-        if info is not None:
-            view["position"] = info.position
-            view["reason"] = info.reason
-            view["reason_detail"] = info.message
-        else:
-            view["position"] = None
-            view["reason"] = view["reason"] or "None"
     return view
 
 

@@ -26,6 +26,10 @@ log = logging.getLogger("mtgpu.agent")
 
 Replicate = Callable[..., Awaitable[Any]]
 UserLookup = Callable[[str, int], Awaitable[JobUser]]
+#: How often the agent looks for ended jobs without being told.
+POLL_INTERVAL = 0.2
+#: After an end notice, how long to wait for others before recording them together.
+END_BATCH = 0.02
 
 
 def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
@@ -78,6 +82,9 @@ class Agent:
         self.cores: dict[str, tuple[int, ...]] = {}
         self._cancelling: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self._ends: Any = None
+        self._ended: set[str] = set()
+        self._wake = asyncio.Event()
         self.on_change: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------ dispatch
@@ -133,19 +140,52 @@ class Agent:
     # ---------------------------------------------------------------- loop
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        # Supervisors say when a job has ended (runner.listen_ends); polling stays the
+        # fallback for a lost message and for ends while no daemon listened.
+        self._ends = self.runner.listen_ends()
+        if self._ends is not None:
+            loop.add_reader(self._ends.fileno(), self._on_end)
+        self._task = loop.create_task(self._loop())
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        if self._ends is not None:
+            asyncio.get_running_loop().remove_reader(self._ends.fileno())
+            self._ends.close()
+            self._ends = None
+
+    def _on_end(self) -> None:
+        assert self._ends is not None
+        try:
+            while data := self._ends.recv(256):
+                self._ended.add(data.decode(errors="replace"))
+        except OSError:
+            pass  # drained
+        self._wake.set()
 
     async def _loop(self) -> None:
         await self._adopt()
+        last_full = 0.0
         while True:
+            # A full look at every running job now and then; in between, only at the
+            # jobs whose supervisors said they ended.
+            full = time.monotonic() - last_full >= POLL_INTERVAL
+            ids, self._ended = (None if full else self._ended), set()
+            if full:
+                last_full = time.monotonic()
             try:
-                await self.tick()
+                await self.tick(ids)
             except Exception:  # noqa: BLE001 - keep watching jobs whatever one did
                 log.exception("agent tick failed")
-            await asyncio.sleep(0.2)
+            try:
+                left = max(0.0, POLL_INTERVAL - (time.monotonic() - last_full))
+                await asyncio.wait_for(self._wake.wait(), left)
+                await asyncio.sleep(END_BATCH)  # let a burst of ends arrive together
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
 
     async def _adopt(self) -> None:
         """After a restart: jobs the table says run here but no supervisor knows."""
@@ -170,12 +210,14 @@ class Agent:
                                      f"its supervisor on {self.node} is gone", self.clock())
         self._declare()
 
-    async def tick(self) -> None:
-        results = await asyncio.to_thread(self.runner.poll)
+    async def tick(self, ended: set[str] | None = None) -> None:
+        """Record ended jobs (all, or those in ``ended``) and carry out cancels."""
+        results = await asyncio.to_thread(self.runner.poll, ended)
         # Each record waits on a commit: a burst of ends (an array) commits side by side.
         await asyncio.gather(*(self._record(r) for r in results))
-        for j in list(self.table.active()):
-            if (j["state"] == RUNNING and j.get("cancel_requested")
+        for jid in list(self.cores):  # the jobs started here and not ended
+            j = self.table.get(jid)
+            if (j is not None and j["state"] == RUNNING and j.get("cancel_requested")
                     and j["job_id"] not in self._cancelling and member_of(j, self.node)):
                 self._cancelling.add(j["job_id"])
                 ok = await asyncio.to_thread(self.runner.cancel, j["job_id"])

@@ -56,10 +56,12 @@ class JobTable(SyncObjConsumer):
         # the agents look at these many times a second, and finished jobs stay in
         # the table for JOB_RETENTION_DAYS.
         self.active_ids: dict[str, None] = {}
+        self.running_ids: dict[str, None] = {}
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
+        self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
 
     def _put(self, record: dict[str, Any]) -> None:
         jid = record["job_id"]
@@ -68,6 +70,10 @@ class JobTable(SyncObjConsumer):
             self.active_ids[jid] = None
         else:
             self.active_ids.pop(jid, None)
+        if record["state"] == RUNNING:
+            self.running_ids[jid] = None
+        else:
+            self.running_ids.pop(jid, None)
 
     # ------------------------------------------------------------- reads
 
@@ -88,6 +94,11 @@ class JobTable(SyncObjConsumer):
         """Pending and running jobs, in submission order."""
         jobs = self.jobs
         return [jobs[jid] for jid in list(self.active_ids)]
+
+    def running(self) -> list[dict[str, Any]]:
+        """Running jobs (placed, on their members)."""
+        jobs = self.jobs
+        return [jobs[jid] for jid in list(self.running_ids)]
 
     # -------------------------------------------------------- replicated
 
@@ -183,5 +194,6 @@ class JobTable(SyncObjConsumer):
             if j is not None and j["state"] in FINAL_STATES:
                 del self.jobs[jid]
                 self.active_ids.pop(jid, None)
+                self.running_ids.pop(jid, None)
                 n += 1
         return n

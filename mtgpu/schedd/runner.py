@@ -18,7 +18,9 @@ One job's directory (``STATE_DIR/jobs/ID``, mode 0700, root)::
     result.json      the final JobResult                    (supervisor, last)
     acked            the daemon has recorded the result     (runner)
 
-and, beside the jobs, ``.launcher.sock``, ``.launcher.pid`` and ``.launcher.log``.
+and, beside the jobs, ``.launcher.sock``, ``.launcher.pid`` and ``.launcher.log``, and
+``.ends.sock``, where the daemon hears of each job's end as soon as its result is
+written (polling finds what it missed).
 
 Contract for the daemon:
 
@@ -42,9 +44,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -61,6 +64,8 @@ __all__ = ["FinalState", "JobAlreadyStarted", "JobLaunch", "JobResult", "JobUser
 log = logging.getLogger("mtgpu.schedd.runner")
 
 SPEC, PIDFILE, LOGFILE = "spec.json", "supervisor.pid", "supervisor.log"
+#: The daemon's socket for end notices, beside the job directories.
+ENDS = ".ends.sock"
 CGROUPS, CANCEL, RESULT, ACKED = "cgroups.json", "cancel.json", "result.json", "acked"
 #: A job directory with a spec but no supervisor after this long was never started
 #: (the daemon stopped between writing the spec and starting the supervisor).
@@ -366,12 +371,13 @@ class Runner:
         log.warning("job %s: %s", job_id, reason)
         return result
 
-    def poll(self) -> list[JobResult]:
+    def poll(self, only: Iterable[str] | None = None) -> list[JobResult]:
         """Results of jobs that ended since the last call (each once per runner).
 
         Cheap enough to call several times a second: it looks only at the jobs
-        this runner knows to be running. The first call also scans every job
-        directory, to pick up jobs started (or ended) under an earlier daemon.
+        this runner knows to be running, or of those only at ``only`` (the jobs
+        whose end was announced). The first call also scans every job directory, to
+        pick up jobs started (or ended) under an earlier daemon.
         """
         if not self._scanned:
             self._scanned = True
@@ -379,7 +385,8 @@ class Runner:
                 if not (self.job_dir(job_id) / ACKED).exists():
                     self._active.add(job_id)
         out = []
-        for job_id in sorted(self._active):
+        look = self._active if only is None else self._active.intersection(only)
+        for job_id in sorted(look):
             r = self.result(job_id)
             if r is not None:
                 self._active.discard(job_id)
@@ -394,6 +401,27 @@ class Runner:
             for r in self.poll():
                 yield r
             await asyncio.sleep(interval)
+
+    def listen_ends(self) -> socket.socket | None:
+        """A datagram socket on which supervisors announce ended jobs (``ENDS``).
+
+        Non-blocking; each datagram is a job id, sent after its result is written.
+        Only one listener per state directory (the daemon's agent); None if it
+        cannot be made, and then only polling finds ends.
+        """
+        path = self.state_dir / ENDS
+        if len(os.fsencode(path)) >= 100:
+            return None
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.unlink(missing_ok=True)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            s.bind(str(path))
+            os.chmod(path, 0o600)
+        except OSError as exc:
+            log.warning("no end notices from supervisors (%s); polling only", exc)
+            return None
+        return s
 
     def ack(self, job_id: str) -> None:
         """The daemon has recorded ``job_id``'s result; later runners will not report it."""

@@ -18,7 +18,7 @@ from typing import Any
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import NodeInventory
-from mtgpu.schedd.jobtable import PENDING, RUNNING, JobTable, spec_from_dict
+from mtgpu.schedd.jobtable import PENDING, JobTable, spec_from_dict
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
 from mtgpu.schedd.types import (Allocation, GpuMode, GpuSnapshot, MemberPlacement, NodeSnapshot,
@@ -129,8 +129,8 @@ class Scheduler:
                  for name, inv in sorted(self.nodes.items())]
         allocs = []
         known = {n.name for n in nodes}
-        for j in self.table.active():
-            if j["state"] == RUNNING and j["placement"]:
+        for j in self.table.running():
+            if j["placement"]:
                 if any(m["node"] not in known for m in j["placement"]["members"]):
                     # A member that has not reported to this scheduler yet (just after a
                     # failover): its work is counted once it reports.

@@ -40,6 +40,7 @@ from mtgpu.schedd.jobenv import JobLaunch, build_env, job_argv, output_paths
 from mtgpu.schedd.runner import (
     CANCEL,
     CGROUPS,
+    ENDS,
     LOGFILE,
     PIDFILE,
     RESULT,
@@ -90,6 +91,16 @@ def default_signals() -> None:
 def set_process_name(name: str) -> None:
     """Name this process in ``ps``/``top`` (the kernel keeps 15 bytes)."""
     _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def _announce_end(path: Path, job_id: str) -> None:
+    """Tell the daemon, if it listens, that the result is written (it polls anyway)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.setblocking(False)
+            s.sendto(job_id.encode(), str(path))
+    except OSError:
+        pass  # no daemon, or its queue is full: it will poll
 
 
 def _describe(exc: BaseException) -> str:
@@ -388,6 +399,7 @@ class Supervisor:
         # Not synced: like the replicated journal, a result survives a crash of any
         # process, not a power cut (after which the job is recorded NODE_FAIL).
         write_json(self.dir / RESULT, result.to_dict(), durable=False)
+        _announce_end(self.dir.parent / ENDS, la.job_id)
         log.info("job %s ended: %s %s", la.job_id, result.state, result.reason)
         return 0
 

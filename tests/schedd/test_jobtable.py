@@ -45,6 +45,8 @@ def test_active_index_matches_the_records(seq):
         apply(t, op, n)
         expect = [j for j in t.jobs.values() if j["state"] in ACTIVE_STATES]
         assert sorted(j["job_id"] for j in t.active()) == sorted(j["job_id"] for j in expect)
+        running = sorted(j["job_id"] for j in t.jobs.values() if j["state"] == "RUNNING")
+        assert sorted(j["job_id"] for j in t.running()) == running
 
 
 def test_a_state_dump_without_the_index_rebuilds_it():
@@ -52,7 +54,10 @@ def test_a_state_dump_without_the_index_rebuilds_it():
     t.submit(dict(RECORD), [0, 1, 2], 1.0, _doApply=True)
     t.finish("1_0", "COMPLETED", 0, "", 2.0, _doApply=True)
     data = pickle.loads(pickle.dumps(t._serialize()))
-    data.pop("active_ids")  # as written by a version without it
+    t.place("1_2", {"members": []}, 1, 2.0, _doApply=True)
+    data.pop("active_ids")  # as written by a version without the indexes
+    data.pop("running_ids")
     fresh = JobTable()
     fresh._deserialize(data)
     assert [j["job_id"] for j in fresh.active()] == ["1_1", "1_2"]
+    assert fresh.running() == []  # the dump was taken before the placement
