@@ -501,3 +501,16 @@ def test_supervisors_run_nicer_than_their_jobs(runner: Runner, launch, tenant: J
     assert sup_nice == min(19, mine + launcher.SUPERVISOR_NICE)  # ...its supervisor lower
     runner.cancel(la.job_id, grace=0)
     wait_result(runner, la.job_id)
+
+
+def test_supervisors_announce_each_end_after_writing_the_result(make_runner, launch) -> None:
+    r = make_runner()
+    ends = r.listen_ends()
+    assert ends is not None and oct((r.state_dir / ".ends.sock").stat().st_mode & 0o777) == "0o600"
+    ends.settimeout(15)
+    la = launch("true")
+    r.start(la)
+    assert ends.recv(256).decode() == la.job_id
+    assert r.result(la.job_id) is not None  # already on disk when the notice came
+    assert [x.job_id for x in r.poll({la.job_id})] == [la.job_id]
+    ends.close()
