@@ -29,6 +29,10 @@ log = logging.getLogger("mtgpu.schedd")
 #: The shortest time between two scheduling passes, in seconds (Slurm's
 #: sched_min_interval plays this part).
 MIN_PASS_INTERVAL = 0.02
+#: A pass waits for submissions to pause this long (seconds)...
+SUBMIT_QUIET = 0.01
+#: ...but never longer than this in all.
+MAX_DEFER = 1.0
 #: Placed jobs being started at once by one pass.
 DISPATCH_CONCURRENCY = 8
 
@@ -81,6 +85,7 @@ class Scheduler:
         #: Starts in flight (placed and journaled; the member is starting them).
         self._starting: set[asyncio.Task[None]] = set()
         self._gate: asyncio.Semaphore | None = None
+        self._last_submit = 0.0
         self._feasible: dict[ResourceRequest, Any] = {}
         self._seen_version = 0
         #: Seconds after start during which submissions are not refused (members report).
@@ -164,6 +169,7 @@ class Scheduler:
             j = self.table.get(jid)
             if j is not None and j["state"] == PENDING and jid not in self.queue:
                 self._enqueue(j)
+        self._last_submit = time.monotonic()
         self.kick()
 
     def forget(self, job_ids: list[str]) -> None:
@@ -194,6 +200,7 @@ class Scheduler:
             except asyncio.TimeoutError:
                 pass
             self._kick.clear()
+            await self._defer_to_submissions()
             began = time.monotonic()
             try:
                 await self.run_pass(wait=False)
@@ -204,6 +211,17 @@ class Scheduler:
             # gather into one pass, and leave requests at least as much time as the
             # pass took, so passes over a long queue cannot starve the API.
             await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
+
+    async def _defer_to_submissions(self) -> None:
+        """While submissions stream in, answer them first (as Slurm's ``defer``): the
+        pass waits until they pause for ``SUBMIT_QUIET``, or ``MAX_DEFER`` at most.
+        Starting jobs costs far more CPU than accepting them, and a host busy starting
+        the first of a thousand jobs would answer the next submissions late."""
+        deadline = time.monotonic() + MAX_DEFER
+        while (wait := SUBMIT_QUIET - (time.monotonic() - self._last_submit)) > 0:
+            if time.monotonic() + wait > deadline:
+                return
+            await asyncio.sleep(wait)
 
     async def run_pass(self, *, wait: bool = True) -> int:
         """Place what fits now; journal and dispatch each placement. Returns the count.
