@@ -24,6 +24,7 @@ import asyncssh
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
+from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
@@ -35,6 +36,7 @@ from mtgpu.errors import ConfigError, MtgpuError
 from mtgpu.gateway.session import Gateway
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.agent import Agent
+from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobenv import JobUser
 from mtgpu.schedd.jobtable import FINAL_STATES, JobTable
 from mtgpu.schedd.runner import Runner
@@ -61,6 +63,7 @@ class Daemon:
         self.penalties = Penalties(options.ssh_penalty_failures, options.ssh_penalty_seconds)
         self.tools_dir = str(Path(options.run_dir) / "bin")
         self.jobs = JobTable()
+        self.drains = Drains()  # members admins drained (replicated)
         self.sampler = Sampler(options)
         self.store: StateStore | None = None
         self.scheduler: Scheduler | None = None
@@ -218,24 +221,30 @@ class Daemon:
             self.cluster.register_hello()
             self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
             self._servers.append(await start_ssh_server(self, gateway))
-            self.store = await self.cluster.open_store([self.registry, self.jobs])
+            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains])
+            self.cluster.drains = self.drains
             self.raft = self.cluster.transport
             self.cluster.on_store = self._use_store
         else:
-            self.store = StateStore(o.server_name, [self.registry, self.jobs], o.state_dir)
+            self.store = StateStore(o.server_name, [self.registry, self.jobs, self.drains],
+                                    o.state_dir)
         await self.store.wait_ready(timeout=120)
         runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
+        if self.cluster is not None:
+            runner.workdir_help = self.cluster.workdir_help  # homes may not be shared
         self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate,
                            self.user_for)
         self.scheduler = Scheduler(self.jobs, self.replicate, self.dispatch, term=self.term,
                                    aging_per_hour=o.priority_aging)
         self.agent.on_change = self.scheduler.kick
+        self.scheduler.drains = self.drains
         self.scheduler.report(self._last_inv)
         self.agent.start()
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._sample_loop()),
                         loop.create_task(self._retention_loop())]
         job_api.register(self.dispatcher, self)
+        drain_api.register(self.dispatcher, self)
         self._register_host_ops()
         # Container workspaces: reservations in the job table, podman as the tenant.
         self.workspaces = Workspaces(self)
@@ -246,7 +255,8 @@ class Daemon:
             self.cluster.on_leader = self._leadership
             self.cluster.on_report = self.scheduler.report
             await self.cluster.start(self.replicate)
-            self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes"))
+            self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes",
+                                     "node.drain", "node.undrain"))
         else:
             self.scheduler.start()
             self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))

@@ -114,8 +114,14 @@ class Host:
     netns: str | None = None
     address = "127.0.0.1"
 
+    #: Directories this host must not see (other members' homes, say): each is covered
+    #: by an empty tmpfs in its mount namespace, as if it were another machine's disk.
+    hidden: tuple[str, ...] = ()
+
     def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
-        script = (f"mount --bind {self.etc} /etc && exec {sys.executable} -m mtgpu.server "
+        hide = "".join(f"mount -t tmpfs -o mode=0755,size=1m mtgpu-hidden {p} && "
+                       for p in self.hidden)
+        script = (f"mount --bind {self.etc} /etc && {hide}exec {sys.executable} -m mtgpu.server "
                   f"--config {self.config_path}")
         log = open(self.log_path, "ab")  # noqa: SIM115
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []

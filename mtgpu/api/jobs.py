@@ -188,9 +188,13 @@ def register(d: Dispatcher, host: JobHost) -> None:
                 for i in m["gpu_indices"]:
                     held.setdefault(m["node"], {}).setdefault(i, []).append(j["job_id"])
         out = []
+        drains = host.scheduler.drains
         for name, inv in sorted(host.scheduler.nodes.items()):
-            state = str(host.scheduler.node_state.get(name, "up"))
-            out.append(inv.to_dict(held.get(name, {}), state=state))
+            state = str(host.scheduler.state_of(name))
+            d = inv.to_dict(held.get(name, {}), state=state)
+            drain = drains.get(name) if drains is not None else None
+            d["drain_reason"] = drain["reason"] if drain else None
+            out.append(d)
         return out
 
     d.register("job.submit", submit)

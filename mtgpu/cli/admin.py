@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     nodes = sub.add_parser("nodes", help="members, GPUs, VRAM, CPUs, RAM and the jobs on them")
     add_common(nodes)
+    dr = sub.add_parser("drain", help="take no new work on a member; its running jobs go on")
+    add_common(dr)
+    dr.add_argument("node", help="the member's name (SERVER_NAME)")
+    dr.add_argument("--reason", default="", help="why, shown with the member's state")
+    ud = sub.add_parser("undrain", help="let a drained member take new work again")
+    add_common(ud)
+    ud.add_argument("node", help="the member's name (SERVER_NAME)")
     jobs = sub.add_parser("jobs", help="every tenant's jobs")
     add_common(jobs)
     jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
@@ -95,6 +102,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from mtgpu.gpuinfo.report import format_nodes_table
 
         emit(args, api.call("nodes"), format_nodes_table)
+    elif args.cmd == "drain":
+        r = api.call("node.drain", node=args.node, reason=args.reason)
+        emit(args, r, _drain_text)
+    elif args.cmd == "undrain":
+        r = api.call("node.undrain", node=args.node)
+        emit(args, r, f"{r['node']} takes new work again" if r["was"] is not None
+             else f"{r['node']} was not drained")
     elif args.cmd == "jobs":
         jobs = api.call("job.list", all=args.all or None)
         emit(args, jobs, lambda js: table(
@@ -112,10 +126,29 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drain_text(r: dict[str, Any]) -> str:
+    running = r.get("running") or []
+    jobs = (f"; {len(running)} running job{'s go' if len(running) != 1 else ' goes'} on "
+            f"({', '.join(running[:10])}{' ...' if len(running) > 10 else ''})" if running
+            else "; nothing runs there")
+    return f"{r['node']} is drained: it takes no new work{jobs}"
+
+
 def _cluster_text(st: dict[str, Any]) -> str:
-    rows = [[m["name"], m["address"], m["role"], m["state"], m["score"]] for m in st["members"]]
+    rows = []
+    for m in st["members"]:
+        state = m["state"] + (", drained" if m.get("drained") else "")
+        shares = m.get("homes_shared_with")
+        homes = ("shared with " + ",".join(shares) if shares else "own") if shares is not None \
+            else "unknown"
+        rows.append([m["name"], m["address"], m["role"], state, m["score"], homes])
     out = [f"cluster {st['cluster_id']}: scheduler {st['scheduler'] or '(none elected)'}, "
-           f"term {st['term']}", table(rows, ["MEMBER", "ADDRESS", "ROLE", "STATE", "SCORE"])]
+           f"term {st['term']}", table(rows, ["MEMBER", "ADDRESS", "ROLE", "STATE", "SCORE", "HOMES"])]
+    if st.get("homes"):
+        out.append(f"homes ({st.get('tenant_home_root', 'TENANT_HOME_ROOT')}): {st['homes']}")
+    for m in st["members"]:
+        if m.get("drained"):
+            out.append(f"{m['name']} is drained: {m.get('drain_reason') or '(no reason given)'}")
     if st.get("warning"):
         out.append(f"warning: {st['warning']}")
     out.append(f"users trust every member with this known_hosts line:\n  {st['known_hosts']}")

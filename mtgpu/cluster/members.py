@@ -45,6 +45,9 @@ class Members(SyncObjConsumer):
         super().__init__()
         self.members: dict[str, dict[str, Any]] = {}
         self.removed: dict[str, float] = {}
+        #: name -> {"token", "shares", "checked"}: the member's homes marker token and
+        #: the members whose markers it sees (see :mod:`mtgpu.cluster.homes`).
+        self.homes: dict[str, dict[str, Any]] = {}
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.members.get(name)
@@ -66,4 +69,11 @@ class Members(SyncObjConsumer):
     @replicated
     def remove(self, name: str, now: float) -> bool:
         self.removed[name] = now
+        self.homes.pop(name, None)
         return self.members.pop(name, None) is not None
+
+    @replicated
+    def set_homes(self, name: str, token: str | None, shares: list[str], now: float) -> None:
+        """What member ``name`` sees of the others' homes markers (its own token too)."""
+        if name in self.members:
+            self.homes[name] = {"token": token, "shares": sorted(shares), "checked": now}

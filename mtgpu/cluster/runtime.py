@@ -21,6 +21,7 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.cluster.coordinator import Coordinator, LocalView, discover
+from mtgpu.cluster.homes import HomesProbe, layout, workdir_help
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.cluster.members import Members, capability_score
 from mtgpu.cluster.peers import PeerClient
@@ -82,6 +83,9 @@ class ClusterRuntime:
         self._leaderless_since: float | None = None
         self._role_check: asyncio.Task[None] | None = None
         self._removed_logged = False
+        #: The replicated drains (:class:`mtgpu.schedd.drains.Drains`), for the status.
+        self.drains: Any = None
+        self.homes: HomesProbe | None = None
 
     # -------------------------------------------------------------- startup
 
@@ -185,7 +189,9 @@ class ClusterRuntime:
                                        report_window=3 * o.usage_sample_interval + 5)
         self._register()
         loop = asyncio.get_running_loop()
-        self._tasks += [loop.create_task(self._watch()), loop.create_task(self._report_loop())]
+        self.homes = HomesProbe(o.tenant_home_root, self.name, self.members, replicate)
+        self._tasks += [loop.create_task(self._watch()), loop.create_task(self._report_loop()),
+                        loop.create_task(self.homes.run())]
         self.coordinator.start()
 
     async def stop(self) -> None:
@@ -422,6 +428,7 @@ class ClusterRuntime:
         st = self.store.status()
         leader = st.get("leader")
         sync = self.store.sync
+        homes = layout(self.members)
         members = []
         for m in self.members.all():
             role = "scheduler" if m["name"] == leader else m["role"].replace("readonly", "read-only")
@@ -433,14 +440,32 @@ class ClusterRuntime:
                 watched = m["role"] == "voter" or leader == self.name
                 connected = sync.isNodeConnected(Node(m["name"])) if watched else None
                 state = "up" if connected or connected is None and leader else "unreachable"
+            drain = self.drains.get(m["name"]) if self.drains is not None else None
             members.append({"name": m["name"], "address": m["address"], "role": role,
-                            "state": state, "score": m["score"]})
+                            "state": state, "score": m["score"],
+                            "drained": drain is not None,
+                            "drain_reason": drain["reason"] if drain else None,
+                            "homes_shared_with": (homes["shares"].get(m["name"], [])
+                                                  if (self.members.homes.get(m["name"]) or {}).get("token")
+                                                  else None)})
         voters = [m for m in members if m["role"] in ("voter", "scheduler")]
         warning = ("a cluster with two voters cannot keep a majority if either fails; add a "
                    "third member" if len(voters) == 2 else "")
         return {"cluster_id": self.options.cluster_id, "scheduler": leader, "term": st.get("term"),
                 "members": members, "self": self.name, "warning": warning,
+                "homes": homes["homes"], "tenant_home_root": self.options.tenant_home_root,
                 "known_hosts": self.identity.known_hosts_line()}
+
+    def workdir_help(self, workdir: str) -> str:
+        """Advice for a job whose working directory is missing on this member (called
+        from the runner's thread while the store may apply entries: retried then)."""
+        for _ in range(3):
+            try:
+                return workdir_help(self.members, self.name, self.options.tenant_home_root,
+                                    workdir)
+            except RuntimeError:  # the member list changed while it was read
+                continue
+        return ""
 
 
 def _peer_only(caller: Caller) -> None:

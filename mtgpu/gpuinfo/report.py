@@ -48,5 +48,9 @@ def format_nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
                 g.get("index", "?"), g.get("type", "?"),
                 _pair(g.get("vram_used"), g.get("vram_total")),
                 f"{g.get('util', 0)}%", ",".join(str(j) for j in g.get("jobs") or []) or "-"])
-    return tabulate(rows, headers=HEADERS, tablefmt="plain", disable_numparse=True,
+    text = tabulate(rows, headers=HEADERS, tablefmt="plain", disable_numparse=True,
                     colalign=("left", "left", "right", "left", "right", "left", "left", "left", "left"))
+    drained = [n for n in nodes if n.get("state") == "drain" or n.get("drain_reason") is not None]
+    for n in drained:
+        text += f"\n{n.get('name', '?')} is drained: {n.get('drain_reason') or '(no reason given)'}"
+    return text

@@ -89,6 +89,9 @@ class JobLaunch:
     kill_grace: float = 10.0
     #: Most processes and threads the job may have at once (a fork-bomb bound).
     pids_max: int = 4096
+    #: What the reason says to do when ``workdir`` is missing on this member (the
+    #: daemon fills it in a cluster whose members do not all share homes).
+    workdir_help: str = ""
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):

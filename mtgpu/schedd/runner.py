@@ -47,7 +47,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -232,6 +232,9 @@ class Runner:
         #: The job-start helper's path (see jobinit.py): built at the first start;
         #: None makes supervisors fork their jobs from Python.
         self.jobinit: Any = _BUILD
+        #: Given a job's working directory, what to do if it is missing here (see
+        #: JobLaunch.workdir_help); the daemon sets it in a cluster.
+        self.workdir_help: Callable[[str], str] | None = None
         self._active: set[str] = set()
         self._reported: set[str] = set()
         self._scanned = False
@@ -258,6 +261,8 @@ class Runner:
             raise JobError(f"job {launch.job_id}: its state_dir {launch.state_dir} is not "
                            f"{job_dir}, where this runner keeps it")
         launch = replace(launch, state_dir=str(job_dir))
+        if self.workdir_help is not None and not launch.workdir_help:
+            launch = replace(launch, workdir_help=self.workdir_help(launch.workdir))
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             job_dir.mkdir(mode=0o700)

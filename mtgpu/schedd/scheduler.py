@@ -18,6 +18,7 @@ from typing import Any
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import NodeInventory
+from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobtable import PENDING, JobTable, spec_from_dict
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
@@ -77,6 +78,8 @@ class Scheduler:
         self.policy = policy or QueuePolicy()
         self.nodes: dict[str, NodeInventory] = {}
         self.node_state: dict[str, NodeState] = {}
+        #: The admins' drains (replicated; see mtgpu.schedd.drains), set by the daemon.
+        self.drains: Drains | None = None
         self.age_weight = aging_per_hour / 3600
         self.queue = PendingQueue(self.age_weight)
         self.pending_info: dict[str, PendingInfo] = {}
@@ -129,8 +132,15 @@ class Scheduler:
                                   time_limit=spec.time_limit, array_id=j["array_id"],
                                   array_task=j["array_task"], array_limit=spec.array_limit))
 
+    def state_of(self, name: str) -> NodeState:
+        """A member's state: down (lost), drained (by an admin) or up."""
+        state = self.node_state.get(name, NodeState.UP)
+        if state is NodeState.UP and self.drains is not None and self.drains.is_drained(name):
+            return NodeState.DRAIN
+        return state
+
     def snapshot(self):  # type: ignore[no-untyped-def]
-        nodes = [node_snapshot(inv, self.node_state.get(name, NodeState.UP))
+        nodes = [node_snapshot(inv, self.state_of(name))
                  for name, inv in sorted(self.nodes.items())]
         allocs = []
         known = {n.name for n in nodes}

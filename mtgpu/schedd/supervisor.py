@@ -103,6 +103,16 @@ def _announce_end(path: Path, job_id: str) -> None:
         pass  # no daemon, or its queue is full: it will poll
 
 
+def start_failure(la: JobLaunch, error: str) -> str:
+    """The reason of a job that could not start: which member, what failed and, for a
+    working directory missing on this member, what to do about it."""
+    where = f" on {la.node_name}" if la.node_name else ""
+    reason = f"the job could not start{where}: {error}"
+    if la.workdir_help and error.startswith("entering the working directory "):
+        reason += f"; {la.workdir_help}"
+    return reason
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror + (f": {exc.filename}" if exc.filename else "")
@@ -486,7 +496,7 @@ class Supervisor:
         if self.cause is not None:
             state, reason = self.cause, self.cause_reason
         elif self.start_error:
-            state, reason = FinalState.FAILED, f"the job could not start: {self.start_error}"
+            state, reason = FinalState.FAILED, start_failure(la, self.start_error)
         elif ooms:
             state = FinalState.OUT_OF_MEMORY
             reason = (f"the kernel's OOM killer stopped {ooms} process{'es' if ooms > 1 else ''} "

@@ -58,9 +58,15 @@ class Cluster:
 def cluster() -> Iterator[Callable[..., Cluster]]:
     made: list[tuple[Network, list[Host]]] = []
 
-    def make(specs, start_order=None, stagger=0.0):
+    def make(specs, start_order=None, stagger=0.0, private_homes=False):
+        """Members from (name, GPUs, extra configuration) triples. With
+        ``private_homes`` each member sees only its own home directory, as separate
+        machines do (the members share this machine's filesystem otherwise)."""
         net = Network()
         hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        if private_homes:
+            for h in hosts:
+                h.hidden = tuple(str(o.homes) for o in hosts if o is not h)
         # One configuration for the whole cluster, as the manual says: the same UID range.
         for h in hosts[1:]:
             h.config["TENANT_UID_RANGE"] = hosts[0].config["TENANT_UID_RANGE"]

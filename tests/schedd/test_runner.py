@@ -448,6 +448,20 @@ def test_missing_workdir_fails_with_reason(runner: Runner, launch) -> None:
                         "No such file or directory: /nonexistent/work")
 
 
+def test_missing_workdir_on_a_member_names_it_and_says_what_to_do(runner: Runner, launch) -> None:
+    runner.workdir_help = lambda workdir: f"copy {workdir} to c2"
+    try:
+        la = launch("echo never", workdir="/nonexistent/work", node_name="c2")
+        runner.start(la)
+        r = wait_result(runner, la.job_id)
+    finally:
+        runner.workdir_help = None
+    assert r.state is FinalState.FAILED
+    assert r.reason == ("the job could not start on c2: entering the working directory "
+                        "/nonexistent/work: No such file or directory: /nonexistent/work; "
+                        "copy /nonexistent/work to c2")
+
+
 def test_output_where_the_tenant_cannot_write_is_refused(runner: Runner, launch) -> None:
     evil = Path(f"/etc/mtgpu-evil-{next(_ids)}")
     la = launch("echo pwned", stdout=str(evil))

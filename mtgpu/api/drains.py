@@ -1,0 +1,70 @@
+"""API operations for admins: node.drain and node.undrain (``mtgpu-admin drain``).
+
+In a cluster both run on the scheduler (other members relay them), so the scheduler
+acts on the change at once; the drain itself is replicated state
+(:class:`~mtgpu.schedd.drains.Drains`) and outlives a failover.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.errors import ApiError
+from mtgpu.schedd.jobtable import RUNNING
+
+
+def known_nodes(host: Any) -> set[str]:
+    """The members an admin may drain: this host, the members that reported to the
+    scheduler and, in a cluster, every member in the replicated list."""
+    names = {host.options.server_name}
+    if host.scheduler is not None:
+        names |= set(host.scheduler.nodes)
+    cluster = getattr(host, "cluster", None)
+    if cluster is not None:
+        names |= {m["name"] for m in cluster.members.all()}
+    return names
+
+
+def running_on(host: Any, node: str) -> list[str]:
+    """Ids of the jobs with a part on ``node`` that are running now."""
+    out = []
+    for j in host.jobs.running():
+        if j["state"] == RUNNING and any(m["node"] == node for m in
+                                         (j.get("placement") or {}).get("members", [])):
+            out.append(j["job_id"])
+    return sorted(out)
+
+
+def register(d: Dispatcher, host: Any) -> None:
+    """Register the drain operations on ``d`` (admins only)."""
+
+    async def drain(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Drain a member: it takes no new work; its running jobs go on."""
+        node = arg(args, "node", str)
+        reason = " ".join(arg(args, "reason", str, "").split())
+        known = known_nodes(host)
+        if node not in known:
+            raise ApiError(f"no member {node!r}; members: {', '.join(sorted(known))}", "not_found")
+        r = await host.replicate(host.drains.drain, node, reason, caller.name, time.time())
+        if host.scheduler is not None:
+            host.scheduler.kick()
+        return {**r, "drained": True, "running": running_on(host, node)}
+
+    async def undrain(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Let a drained member take new work again."""
+        node = arg(args, "node", str)
+        if host.drains.get(node) is None:
+            known = known_nodes(host)
+            if node not in known:
+                raise ApiError(f"no member {node!r}; members: {', '.join(sorted(known))}",
+                               "not_found")
+            return {"node": node, "drained": False, "was": None}
+        was = await host.replicate(host.drains.undrain, node)
+        if host.scheduler is not None:
+            host.scheduler.kick()
+        return {"node": node, "drained": False, "was": was}
+
+    d.register("node.drain", drain, admin=True)
+    d.register("node.undrain", undrain, admin=True)

@@ -1,0 +1,70 @@
+"""Draining a standalone host through a real daemon: new jobs wait, running ones go on."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+SLEEPER = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 300\n"
+QUICK = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\necho ran\n"
+
+
+def submit(host, key, script):
+    r = host.ssh("dora", key, "mt-job", "submit", "--parsable", "-", input=script.encode())
+    assert r.returncode == 0, r.stderr
+    return r.stdout.decode().strip()
+
+
+def show(host, key, jid):
+    r = host.ssh("dora", key, "mt-job", "show", jid, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait(host, key, jid, pred, what, timeout=30):
+    deadline = time.time() + timeout
+    while True:
+        j = show(host, key, jid)
+        if pred(j):
+            return j
+        if time.time() > deadline:
+            raise AssertionError(f"job {jid}: timed out waiting for {what}: {j}")
+        time.sleep(0.2)
+
+
+def test_drain_holds_new_jobs_keeps_running_ones_and_outlives_a_restart(make_host):
+    host = make_host({"SIMULATED_CPUS": 4}, name="solo")
+    key = host.add_user("dora")
+    running = submit(host, key, SLEEPER)
+    wait(host, key, running, lambda j: j["state"] == "RUNNING", "RUNNING")
+
+    r = host.admin("drain", "solo", "--reason", "kernel update")
+    assert r.stdout.strip() == (f"solo is drained: it takes no new work; 1 running job goes on "
+                                f"({running})")
+    assert host.admin("drain", "nosuch", check=False).returncode != 0
+    tenant = host.ssh("dora", key, "mtgpu-admin", "drain", "solo")
+    assert tenant.returncode != 0 and b"needs an admin" in tenant.stderr
+
+    waiting = submit(host, key, QUICK)
+    j = wait(host, key, waiting, lambda j: j["reason"] == "ReqNodeNotAvail", "its reason")
+    assert j["state"] == "PENDING" and "solo" in j["reason_detail"]
+    (node,) = json.loads(host.ssh("dora", key, "mt-job nodes --json").stdout)
+    assert node["state"] == "drain" and node["drain_reason"] == "kernel update"
+    assert "solo is drained: kernel update" in host.admin("nodes").stdout
+    assert show(host, key, running)["state"] == "RUNNING"
+
+    # The drain is replicated state: a restarted daemon still holds the job back.
+    host.restart()
+    j = wait(host, key, waiting, lambda j: j["reason"] == "ReqNodeNotAvail", "its reason again")
+    assert j["state"] == "PENDING" and show(host, key, running)["state"] == "RUNNING"
+
+    assert host.admin("undrain", "solo").stdout.strip() == "solo takes new work again"
+    j = wait(host, key, waiting, lambda j: j["state"] == "COMPLETED", "COMPLETED")
+    assert open(j["stdout"]).read() == "ran\n"
+    (node,) = json.loads(host.admin("nodes", "--json").stdout)
+    assert node["state"] == "up" and node["drain_reason"] is None
+    host.ssh("dora", key, "mt-job", "cancel", running)
