@@ -252,6 +252,11 @@ class Daemon:
         self.workspaces.start()
         if self.cluster is not None:
             self.scheduler.grace = 3 * o.usage_sample_interval + 2
+            self.scheduler.lost_after = o.cluster_lost_after
+            cluster = self.cluster
+            self.agent.address = cluster.address.rsplit(":", 1)[0]
+            self.agent.address_of = lambda name: (
+                a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None)
             self.cluster.on_leader = self._leadership
             self.cluster.on_report = self.scheduler.report
             await self.cluster.start(self.replicate)
@@ -279,15 +284,28 @@ class Daemon:
             await self.scheduler.stop()
 
     async def dispatch(self, job: dict[str, Any], term: int) -> None:
-        """Start each member's part of a placed job: here directly, elsewhere by peer call."""
+        """Start each member's part of a placed job, all at once: here directly, elsewhere
+        by peer call. If any part cannot start, this raises and the job fails; the
+        members whose part did start stop it (their agents see the job ended)."""
         assert self.agent is not None
-        for m in job["placement"]["members"]:
-            if m["node"] == self.options.server_name:
+
+        async def one(node: str) -> None:
+            if node == self.options.server_name:
+                assert self.agent is not None
                 await self.agent.dispatch(job, term)
             else:
                 assert self.cluster is not None
-                await self.cluster.peers.call(m["node"], "job.dispatch", job_id=job["job_id"],
-                                              term=term, timeout=30)
+                try:
+                    await self.cluster.peers.call(node, "job.dispatch", job_id=job["job_id"],
+                                                  term=term, timeout=30)
+                except Exception as exc:
+                    raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
+
+        results = await asyncio.gather(*(one(m["node"]) for m in job["placement"]["members"]),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
     def _forward_to_leader(self, ops: tuple[str, ...]) -> None:
         """On a member that is not the scheduler, tenant job operations go to the leader."""

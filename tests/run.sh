@@ -22,6 +22,8 @@ VENV=${MTGPU_TEST_VENV:-/opt/mtgpu-test}
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check ".[test]"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall .
+# The CPU build of PyTorch, for the multi-member torchrun test (gloo over the network).
+"$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
 chmod -R a+rX "$VENV"
 [ $# -gt 0 ] || set -- -q
 exec "$VENV/bin/python" -m pytest "$@"

@@ -92,6 +92,7 @@ class Options:
     cluster_peers: tuple[str, ...] = ()
     cluster_advertise: str = ""
     cluster_voter_grace: float = 60.0
+    cluster_lost_after: float = 30.0
     server_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     ssh_listen: tuple[str, int] = ("0.0.0.0", 2222)
     state_dir: str = "/var/lib/mtgpu"
@@ -568,6 +569,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "CLUSTER_PEERS": _peers,
     "CLUSTER_ADVERTISE": lambda v: "" if v is None else "%s:%d" % _listen(v),
     "CLUSTER_VOTER_GRACE": _duration,
+    "CLUSTER_LOST_AFTER": _duration,
     "SERVER_NAME": _server_name,
     "SSH_LISTEN": _listen,
     "STATE_DIR": _abspath,
@@ -662,6 +664,11 @@ def _check_whole(o: Options, lines: dict[str, int], path: str) -> None:
             raise ConfigError("CLUSTER_MODE is cluster, so CLUSTER_KEY must be set "
                               "(mtgpu-setup install generates one)",
                               key="CLUSTER_KEY", line=lines.get("CLUSTER_MODE"), path=path)
+    if o.cluster_lost_after < 2 * o.usage_sample_interval:
+        raise ConfigError(f"CLUSTER_LOST_AFTER ({o.cluster_lost_after:g}s) must be at least twice "
+                          f"USAGE_SAMPLE_INTERVAL ({o.usage_sample_interval:g}s), the time between "
+                          "a member's reports, or healthy members would be declared lost",
+                          key="CLUSTER_LOST_AFTER", line=lines.get("CLUSTER_LOST_AFTER"), path=path)
     host = o.ssh_listen[0]
     if host not in ("0.0.0.0", "::", "localhost"):
         try:

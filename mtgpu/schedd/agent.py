@@ -20,12 +20,14 @@ from mtgpu.aio import cancel_and_wait
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.jobenv import JobLaunch, JobUser, output_paths
 from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, spec_from_dict
-from mtgpu.schedd.runner import JobAlreadyStarted, JobResult, Runner
+from mtgpu.schedd.runner import EarlierRunActive, JobAlreadyStarted, JobResult, Runner
 
 log = logging.getLogger("mtgpu.agent")
 
 Replicate = Callable[..., Awaitable[Any]]
 UserLookup = Callable[[str, int], Awaitable[JobUser]]
+#: Grace period (SIGTERM, then SIGKILL) for a part whose job the scheduler gave up on.
+STOP_GRACE = 5.0
 #: How often the agent looks for ended jobs without being told.
 POLL_INTERVAL = 0.2
 #: After an end notice, how long to wait for others before recording them together.
@@ -41,7 +43,7 @@ def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
 
 def launch_for(job: dict[str, Any], user: JobUser, *, node: str = "", member: dict[str, Any] | None = None,
                sampler: Sampler | None = None, cpus: tuple[int, ...] = (), master_addr: str = "",
-               term: int = 0) -> JobLaunch:
+               term: int = 0, env: dict[str, str] | None = None) -> JobLaunch:
     """The runner's description of this member's part of ``job``."""
     spec = spec_from_dict(job["spec"])
     members = (job.get("placement") or {}).get("members", [])
@@ -56,7 +58,18 @@ def launch_for(job: dict[str, Any], user: JobUser, *, node: str = "", member: di
         cpus=cpus, ram=spec.request.ram or None, time_limit=spec.time_limit,
         node_rank=member["rank"] if member else 0, nnodes=max(1, len(members)),
         nodelist=tuple(m["node"] for m in members) or (node,), node_name=node,
-        master_addr=master_addr, submit_dir=job["workdir"], term=term)
+        master_addr=master_addr, submit_dir=job["workdir"], term=term, env=env or {},
+        attempt=job.get("requeues", 0))
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds ``address`` here, or None."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
 
 
 def job_output_paths(job: dict[str, Any], user: JobUser) -> tuple[str, str]:
@@ -78,8 +91,12 @@ class Agent:
         self.replicate = replicate
         self.user_for = user_for
         self.address = address
+        #: A member's address (host) by name, for MASTER_ADDR; the daemon sets it in a cluster.
+        self.address_of: Callable[[str], str | None] = lambda name: None
         self.clock = clock
         self.cores: dict[str, tuple[int, ...]] = {}
+        #: The term each part here was started with (a requeued job gets a new one).
+        self.terms: dict[str, tuple[int, int]] = {}
         self._cancelling: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._ends: Any = None
@@ -111,11 +128,23 @@ class Agent:
         cpus = self._pick_cores(job["job_id"], member["cpus"])
         members = job["placement"]["members"]
         master = members[0]["node"]
+        master_addr = self.address if master == self.node else (self.address_of(master) or master)
+        env = {}
+        if len(members) > 1 and (ifname := interface_of(self.address)):
+            # gloo and NCCL pick an interface from the hostname otherwise (often
+            # loopback), and the parts on other members cannot reach it.
+            env = {"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname}
         launch = launch_for(job, user, node=self.node, member=member, sampler=self.sampler,
-                            cpus=cpus, term=term,
-                            master_addr=self.address if master == self.node else master)
+                            cpus=cpus, term=term, master_addr=master_addr, env=env)
+        self.terms[job["job_id"]] = (term, job.get("requeues", 0))
         try:
-            await asyncio.to_thread(self.runner.start, launch)
+            try:
+                await asyncio.to_thread(self.runner.start, launch)
+            except EarlierRunActive:
+                # Requeued and placed here again while the earlier run goes on (this
+                # member was lost meanwhile): stop that run first.
+                await self._stop_earlier_run(job["job_id"])
+                await asyncio.to_thread(self.runner.start, launch)
         except JobAlreadyStarted:
             log.warning("job %s was already started here; not starting it twice", job["job_id"])
             return
@@ -124,6 +153,13 @@ class Agent:
             raise
         self._declare()
         await self.replicate(self.table.started, job["job_id"], self.node, self.clock())
+
+    async def _stop_earlier_run(self, jid: str) -> None:
+        log.info("stopping the earlier run of job %s here before starting it again", jid)
+        await asyncio.to_thread(self.runner.cancel, jid, STOP_GRACE)
+        deadline = time.monotonic() + STOP_GRACE + 15
+        while self.runner.result(jid) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     def _declare(self) -> None:
         """Tell simulated GPUs what the jobs placed on them declared."""
@@ -190,6 +226,11 @@ class Agent:
     async def _adopt(self) -> None:
         """After a restart: jobs the table says run here but no supervisor knows."""
         known = set(await asyncio.to_thread(self.runner.running))
+        for jid in known:
+            # Every live supervisor is watched; those whose job the scheduler gave up
+            # on meanwhile (lost member, requeue, cancel) are stopped by the next tick.
+            self.cores.setdefault(jid, ())
+            self.terms[jid] = await asyncio.to_thread(self.runner.launch_run, jid)
         for j in list(self.table.active()):
             if j["state"] != RUNNING or member_of(j, self.node) is None:
                 continue
@@ -217,6 +258,12 @@ class Agent:
         await asyncio.gather(*(self._record(r) for r in results))
         for jid in list(self.cores):  # the jobs started here and not ended
             j = self.table.get(jid)
+            why = self._given_up(jid, j)
+            if why and jid not in self._cancelling:
+                self._cancelling.add(jid)
+                log.info("stopping job %s here: %s", jid, why)
+                await asyncio.to_thread(self.runner.cancel, jid, STOP_GRACE)
+                continue
             if (j is not None and j["state"] == RUNNING and j.get("cancel_requested")
                     and j["job_id"] not in self._cancelling and member_of(j, self.node)):
                 self._cancelling.add(j["job_id"])
@@ -225,16 +272,36 @@ class Agent:
                     await self.replicate(self.table.finish, j["job_id"], "CANCELLED", None,
                                          j.get("reason") or "cancelled", self.clock())
 
+    def _given_up(self, jid: str, j: dict[str, Any] | None) -> str:
+        """Why this member's part of ``jid`` must stop although it was not cancelled
+        (the scheduler ended, requeued or moved the job, e.g. while this member was
+        lost, or another part failed); empty when it should go on."""
+        if j is None:
+            return "the job is no longer known"
+        if j["state"] in FINAL_STATES:
+            return f"the job has ended ({j['state']}: {j.get('reason') or 'no reason given'})"
+        if j["state"] != RUNNING:
+            return "the job was requeued"
+        if member_of(j, self.node) is None:
+            return "the job runs elsewhere now"
+        mine = self.terms.get(jid)
+        now = (j.get("term") or 0, j.get("requeues", 0))
+        if mine and mine[0] and now[0] and now != mine:
+            return (f"the job was placed again (term {now[0]}, attempt {now[1]}; this part is "
+                    f"of term {mine[0]}, attempt {mine[1]})")
+        return ""
+
     async def _record(self, r: JobResult) -> None:
         j = self.table.get(r.job_id)
         self.cores.pop(r.job_id, None)
+        self.terms.pop(r.job_id, None)
         self._cancelling.discard(r.job_id)
         if j is not None and j["state"] not in FINAL_STATES:
             reason = r.reason
             if r.signal and not reason:
                 reason = f"killed by signal {r.signal}"
-            await self.replicate(self.table.finish, r.job_id, str(r.state), r.exit_code, reason,
-                                 r.end_time or self.clock())
+            await self.replicate(self.table.part_ended, r.job_id, self.node, r.term, str(r.state),
+                                 r.exit_code, reason, r.end_time or self.clock(), r.attempt)
         self.runner.ack(r.job_id)
         self._declare()
         self.on_change()

@@ -85,6 +85,9 @@ class JobLaunch:
     container: str | None = None
     state_dir: str = ""
     term: int = 0
+    #: Which run of the job this is: its requeue count (a requeued job may be placed
+    #: again within the same term).
+    attempt: int = 0
     #: Seconds between SIGTERM and SIGKILL when the time limit ends the job.
     kill_grace: float = 10.0
     #: Most processes and threads the job may have at once (a fork-bomb bound).
@@ -217,6 +220,12 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "MASTER_ADDR": addr,
         "MASTER_PORT": port,
         "MTGPU_RDZV_ENDPOINT": f"{addr}:{port}",
+        # torchrun reads its options from PET_* variables: an unmodified
+        # `torchrun --nproc-per-node=N train.py` joins the other members.
+        "PET_NNODES": str(launch.nnodes),
+        "PET_NODE_RANK": str(launch.node_rank),
+        "PET_MASTER_ADDR": addr,
+        "PET_MASTER_PORT": port,
         "SLURM_JOB_ID": launch.job_id,
         "SLURM_JOBID": launch.job_id,
         "SLURM_JOB_NAME": launch.name,

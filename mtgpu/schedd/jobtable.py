@@ -149,11 +149,47 @@ class JobTable(SyncObjConsumer):
             self._put({**j, "start_time": now})
 
     @replicated
+    def part_ended(self, job_id: str, node: str, term: int, state: str, exit_code: int | None,
+                   reason: str, now: float, attempt: int = 0) -> dict[str, Any]:
+        """One member's part of a job ended (the whole job, for a one-member job).
+
+        A job on several members (``nodes=N``) completes when every part has completed;
+        the first part that ends otherwise ends the job, naming its member, and the
+        agents stop the other parts. A part of an earlier run (another term or attempt:
+        the job was requeued since) changes nothing.
+        """
+        j = self.jobs.get(job_id)
+        if j is None or j["state"] in FINAL_STATES:
+            return {"error": f"job {job_id} has already ended", "code": "final"}
+        if (j["state"] != RUNNING or (term and j.get("term") and term != j["term"])
+                or attempt != j.get("requeues", 0)):
+            return {"error": f"job {job_id} is not running with term {term}, attempt {attempt}",
+                    "code": "stale"}
+        members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+        if len(members) <= 1:
+            return self._finish(j, state, exit_code, reason, now)
+        parts = {**j.get("parts", {}), node: {"state": state, "exit_code": exit_code,
+                                               "reason": reason, "end_time": now}}
+        if state != COMPLETED:
+            rank = members.index(node) if node in members else "?"
+            why = f"its part on {node} (rank {rank}) ended {state}" + (f": {reason}" if reason else "")
+            return self._finish({**j, "parts": parts}, state, exit_code, why, now)
+        if all(parts.get(m, {}).get("state") == COMPLETED for m in members):
+            return self._finish({**j, "parts": parts}, COMPLETED, exit_code, reason, now)
+        self._put({**j, "parts": parts})
+        return {"job_id": job_id, "state": RUNNING, "parts": len(parts)}
+
+    @replicated
     def finish(self, job_id: str, state: str, exit_code: int | None, reason: str,
                now: float) -> dict[str, Any]:
         j = self.jobs.get(job_id)
         if j is None or j["state"] in FINAL_STATES:
             return {"error": f"job {job_id} has already ended", "code": "final"}
+        return self._finish(j, state, exit_code, reason, now)
+
+    def _finish(self, j: dict[str, Any], state: str, exit_code: int | None, reason: str,
+                now: float) -> dict[str, Any]:
+        job_id = j["job_id"]
         if j["cancel_requested"] and state in (FAILED, COMPLETED, CANCELLED):
             state = CANCELLED  # killed by the cancel, whatever status it ended with
             reason = f"{j['reason']}; {reason}" if reason and reason != j["reason"] else j["reason"]

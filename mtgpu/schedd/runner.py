@@ -43,6 +43,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -59,7 +60,7 @@ from mtgpu.proc import run
 from mtgpu.schedd import cgroups
 from mtgpu.schedd.jobenv import JobLaunch, JobUser
 
-__all__ = ["FinalState", "JobAlreadyStarted", "JobLaunch", "JobResult", "JobUser", "Runner"]
+__all__ = ["EarlierRunActive", "FinalState", "JobAlreadyStarted", "JobLaunch", "JobResult", "JobUser", "Runner"]
 
 log = logging.getLogger("mtgpu.schedd.runner")
 
@@ -89,6 +90,10 @@ class JobAlreadyStarted(JobError):
     """The job was already started on this host; a second dispatch is refused."""
 
 
+class EarlierRunActive(JobError):
+    """A requeued job placed here again while its earlier run (another term) still runs."""
+
+
 @dataclass(frozen=True)
 class JobResult:
     """How one job member ended.
@@ -111,6 +116,8 @@ class JobResult:
     node_rank: int = 0
     memory_peak: int | None = None
     limits: Mapping[str, str] = field(default_factory=dict)
+    #: Which run of a requeued job this was (its requeue count when it started).
+    attempt: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form with snake_case keys."""
@@ -268,6 +275,15 @@ class Runner:
             job_dir.mkdir(mode=0o700)
         except FileExistsError:
             old = read_json(job_dir / SPEC) or {}
+            old_run = (old.get("launch", {}).get("term"), old.get("launch", {}).get("attempt", 0))
+            if old_run[0] is not None and old_run != (launch.term, launch.attempt):
+                if not (job_dir / RESULT).exists():
+                    raise EarlierRunActive(f"job {launch.job_id}: its earlier run (term "
+                                           f"{old_run[0]}, attempt {old_run[1]}) still runs here")
+                # A requeued job placed here again: its earlier run is over. Keep
+                # that run's files beside the new one's.
+                os.rename(job_dir, job_dir.with_name(f".{launch.job_id}.run{old_run[0]}-{old_run[1]}"))
+                return self.start(launch)
             raise JobAlreadyStarted(
                 f"job {launch.job_id} was already started on this host (term "
                 f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
@@ -288,7 +304,7 @@ class Runner:
             now = time.time()
             write_json(job_dir / RESULT, JobResult(
                 launch.job_id, FinalState.FAILED, reason=f"its supervisor could not start: {exc}",
-                start_time=now, end_time=now, term=launch.term,
+                start_time=now, end_time=now, term=launch.term, attempt=launch.attempt,
                 node_rank=launch.node_rank).to_dict())
             raise JobError(f"job {launch.job_id}: the supervisor could not start: {exc}") from exc
         self._active.add(launch.job_id)
@@ -312,7 +328,7 @@ class Runner:
     def _job_ids(self) -> list[str]:
         try:
             return sorted(e.name for e in os.scandir(self.state_dir)
-                          if e.is_dir(follow_symlinks=False))
+                          if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
         except FileNotFoundError:
             return []
 
@@ -371,7 +387,8 @@ class Runner:
             cg.remove(timeout=2.0)
         result = JobResult(job_id, FinalState.NODE_FAIL, reason=reason,
                            start_time=spec.get("created", 0.0), end_time=time.time(),
-                           term=launch.get("term", 0), node_rank=launch.get("node_rank", 0))
+                           term=launch.get("term", 0), node_rank=launch.get("node_rank", 0),
+                           attempt=launch.get("attempt", 0))
         write_json(d / RESULT, result.to_dict())
         log.warning("job %s: %s", job_id, reason)
         return result
@@ -406,6 +423,11 @@ class Runner:
             for r in self.poll():
                 yield r
             await asyncio.sleep(interval)
+
+    def launch_run(self, job_id: str) -> tuple[int, int]:
+        """The (scheduler term, attempt) ``job_id`` was started here with ((0, 0) if unknown)."""
+        launch = (read_json(self.job_dir(job_id) / SPEC) or {}).get("launch", {})
+        return int(launch.get("term") or 0), int(launch.get("attempt") or 0)
 
     def listen_ends(self) -> socket.socket | None:
         """A datagram socket on which supervisors announce ended jobs (``ENDS``).
@@ -442,6 +464,8 @@ class Runner:
         for entry in os.scandir(d):
             os.unlink(entry.path)
         d.rmdir()
+        for old in self.state_dir.glob(f".{job_id}.run*"):  # earlier runs of a requeued job
+            shutil.rmtree(old, ignore_errors=True)
         self._active.discard(job_id)
 
     # ---------------------------------------------------------------- cancel

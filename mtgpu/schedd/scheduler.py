@@ -94,6 +94,11 @@ class Scheduler:
         #: Seconds after start during which submissions are not refused (members report).
         self.grace = 0.0
         self.started_at = 0.0
+        #: When each member last reported (this scheduler's clock; not replicated).
+        self.last_report: dict[str, float] = {}
+        #: A member silent for this long is lost: its jobs end NODE_FAIL or are
+        #: requeued. None: never (a standalone host is its own only member).
+        self.lost_after: float | None = None
 
     # -------------------------------------------------------------- state
 
@@ -101,6 +106,11 @@ class Scheduler:
         """A member's inventory and measured use (from its sampler or a peer)."""
         old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
+        self.last_report[inv.name] = self.clock()
+        if self.node_state.get(inv.name) is NodeState.DOWN:
+            del self.node_state[inv.name]
+            log.info("member %s reports again; it takes work again", inv.name)
+            self.kick()
         if old is None or _hardware(old) != _hardware(inv):
             self._feasible.clear()
 
@@ -210,6 +220,10 @@ class Scheduler:
             except asyncio.TimeoutError:
                 pass
             self._kick.clear()
+            try:
+                await self.check_lost()
+            except Exception:  # noqa: BLE001 - a failed commit is retried next time
+                log.exception("checking for lost members failed")
             await self._defer_to_submissions()
             began = time.monotonic()
             try:
@@ -221,6 +235,37 @@ class Scheduler:
             # gather into one pass, and leave requests at least as much time as the
             # pass took, so passes over a long queue cannot starve the API.
             await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
+
+    async def check_lost(self) -> list[str]:
+        """Mark members silent past ``lost_after`` down and end or requeue their jobs.
+
+        A new scheduler counts from its own start, so members get the whole grace
+        period to report after a failover before anything is declared lost.
+        """
+        if self.lost_after is None:
+            return []
+        now = self.clock()
+        lost = []
+        for name in list(self.nodes):
+            silent = now - max(self.last_report.get(name, 0.0), self.started_at)
+            if silent <= self.lost_after or self.node_state.get(name) is NodeState.DOWN:
+                continue
+            self.node_state[name] = NodeState.DOWN
+            lost.append(name)
+            log.warning("member %s has not reported for %.0f s: marked down", name, silent)
+        for name in lost:
+            why = f"its member {name} was lost (no report for over {self.lost_after:g} s)"
+            for j in self.table.running():
+                members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+                if name not in members:
+                    continue
+                if j["spec"].get("requeue"):
+                    await self.replicate(self.table.requeue, j["job_id"], f"requeued: {why}", now)
+                else:
+                    await self.replicate(self.table.finish, j["job_id"], "NODE_FAIL", None, why, now)
+        if lost:
+            self.kick()
+        return lost
 
     async def _defer_to_submissions(self) -> None:
         """While submissions stream in, answer them first (as Slurm's ``defer``): the

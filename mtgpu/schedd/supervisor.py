@@ -510,7 +510,7 @@ class Supervisor:
             state, reason = FinalState.FAILED, f"the job was killed by {name}"
         return JobResult(la.job_id, state, code, sig, reason, started, time.time(), la.term,
                          la.node_rank, self.cg.memory_peak() if self.cg is not None else None,
-                         self.limits)
+                         self.limits, attempt=la.attempt)
 
 
 # --------------------------------------------------------------------- entry point

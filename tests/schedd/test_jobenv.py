@@ -56,6 +56,8 @@ def test_env_is_clean_and_complete() -> None:
         "MTGPU_NODELIST": "localhost", "MTGPU_GPUS": "1", "MTGPU_TIME_LIMIT": "90",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port(L())),
         "MTGPU_RDZV_ENDPOINT": f"127.0.0.1:{master_port(L())}",
+        "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(master_port(L())),
         "SLURM_JOB_ID": "42", "SLURM_JOBID": "42", "SLURM_JOB_NAME": "train", "SLURM_JOB_USER": "ann",
         "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1",
@@ -77,6 +79,7 @@ def test_env_is_clean_and_complete() -> None:
       "MTGPU_ARRAY_JOB_ID": "7", "SLURM_JOB_ID": "7_3"}),
     ({"nnodes": 3, "node_rank": 2, "nodelist": ("a", "b", "c"), "node_name": "c", "master_port": 1234},
      {"MASTER_ADDR": "a", "MASTER_PORT": "1234", "MTGPU_RDZV_ENDPOINT": "a:1234", "SLURM_NODEID": "2",
+      "PET_MASTER_ADDR": "a", "PET_MASTER_PORT": "1234", "PET_NODE_RANK": "2",
       "SLURM_JOB_NODELIST": "a,b,c", "SLURMD_NODENAME": "c", "SLURM_NTASKS": "3"}),
     ({"nnodes": 2, "nodelist": ("a", "b"), "master_addr": "10.0.0.5"}, {"MASTER_ADDR": "10.0.0.5"}),
     ({"ram": 1000}, {"SLURM_MEM_PER_NODE": "1"}),   # never 0 MB

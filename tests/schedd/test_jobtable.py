@@ -61,3 +61,49 @@ def test_a_state_dump_without_the_index_rebuilds_it():
     fresh._deserialize(data)
     assert [j["job_id"] for j in fresh.active()] == ["1_1", "1_2"]
     assert fresh.running() == []  # the dump was taken before the placement
+
+
+def _gang(t: JobTable, nodes: list[str]) -> str:
+    t.submit(dict(RECORD, spec={"requeue": False}), None, 1.0, _doApply=True)
+    jid = max(t.jobs, key=int)
+    t.place(jid, {"members": [{"node": n} for n in nodes]}, 3, 2.0, _doApply=True)
+    return jid
+
+
+def test_a_multi_member_job_completes_when_every_part_has():
+    t = JobTable()
+    jid = _gang(t, ["a", "b"])
+    r = t.part_ended(jid, "b", 3, "COMPLETED", 0, "", 5.0, _doApply=True)
+    assert r["state"] == "RUNNING" and t.jobs[jid]["state"] == "RUNNING"
+    r = t.part_ended(jid, "a", 3, "COMPLETED", 0, "", 6.0, _doApply=True)
+    assert t.jobs[jid]["state"] == "COMPLETED" and t.jobs[jid]["end_time"] == 6.0
+
+
+def test_the_first_part_that_fails_ends_the_job_naming_its_member():
+    t = JobTable()
+    jid = _gang(t, ["a", "b", "c"])
+    t.part_ended(jid, "a", 3, "COMPLETED", 0, "", 5.0, _doApply=True)
+    t.part_ended(jid, "c", 3, "OUT_OF_MEMORY", None, "the kernel's OOM killer stopped 1 process", 6.0,
+                 _doApply=True)
+    j = t.jobs[jid]
+    assert j["state"] == "OUT_OF_MEMORY"
+    assert j["reason"] == "its part on c (rank 2) ended OUT_OF_MEMORY: the kernel's OOM killer stopped 1 process"
+    # The parts stopped because of it change nothing more.
+    assert t.part_ended(jid, "b", 3, "CANCELLED", None, "", 7.0, _doApply=True)["code"] == "final"
+
+
+def test_a_part_of_an_earlier_placement_changes_nothing():
+    t = JobTable()
+    jid = _gang(t, ["a", "b"])
+    t.requeue(jid, "member lost", 4.0, _doApply=True)
+    t.place(jid, {"members": [{"node": "a"}, {"node": "c"}]}, 5, 5.0, _doApply=True)
+    assert t.part_ended(jid, "b", 3, "FAILED", 1, "", 6.0, _doApply=True)["code"] == "stale"
+    assert t.jobs[jid]["state"] == "RUNNING"
+
+
+def test_a_one_member_job_ends_with_its_part():
+    t = JobTable()
+    jid = _gang(t, ["a"])
+    t.part_ended(jid, "a", 3, "FAILED", 2, "the job exited with status 2", 5.0, _doApply=True)
+    assert t.jobs[jid]["state"] == "FAILED" and t.jobs[jid]["exit_code"] == 2
+    assert t.jobs[jid]["reason"] == "the job exited with status 2"
