@@ -30,21 +30,6 @@ class JobHost(Protocol):
     def job_user(self, name: str, uid: int) -> JobUser: ...
 
 
-#: Output paths by job: they never change, and pollers list the same jobs many times
-#: a second (computing them parses the job's spec and expands its patterns).
-_paths: dict[tuple[str, float, str, str], tuple[str, str]] = {}
-
-
-def _output_paths(j: dict[str, Any], user: JobUser) -> tuple[str, str]:
-    key = (j["job_id"], j["submit_time"], user.name, user.home)
-    paths = _paths.get(key)
-    if paths is None:
-        if len(_paths) > 50_000:
-            _paths.clear()
-        paths = _paths[key] = job_output_paths(j, user)
-    return paths
-
-
 #: Views by job: a record is replaced whole when its job changes, so a view made from
 #: the same record object is still right (pollers list the same jobs many times a second).
 _views: dict[str, tuple[dict[str, Any], JobUser, dict[str, Any]]] = {}
@@ -75,7 +60,7 @@ def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[
 
 
 def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
-    stdout, stderr = _output_paths(j, user)
+    stdout, stderr = job_output_paths(j, user)
     p = j.get("placement") or {}
     members = p.get("members", [])
     view = {

@@ -549,29 +549,71 @@ static void fail(const char *fmt, ...) {
     exit(1);
 }
 
-static int connect_api(const char *path) {
+/* A connection to the API socket, with timeouts; -1 (errno set) if there is none. */
+static int open_api(const char *path) {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
-    if (strlen(path) >= sizeof sa.sun_path)
-        fail("cannot reach the MTGPU daemon at %s: the socket path is too long; "
-             "check `mtgpu-setup status`", path);
+    if (strlen(path) >= sizeof sa.sun_path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        fail("cannot reach the MTGPU daemon at %s: %s; check `mtgpu-setup status`", path,
-             strerror(errno));
+        return -1;
     struct timeval tv = {TIMEOUT_S, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        if (errno == ENOENT)
-            fail("MTGPU is not running here (%s does not exist); start it with "
-                 "`mtgpu-setup install --yes` or check `mtgpu-setup status`", path);
-        fail("cannot reach the MTGPU daemon at %s: %s; check `mtgpu-setup status`", path,
-             strerror(errno));
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
     }
     return fd;
+}
+
+/* open_api, or the reason there is no connection, and exit. */
+static int connect_api(const char *path) {
+    int fd = open_api(path);
+    if (fd >= 0)
+        return fd;
+    if (errno == ENAMETOOLONG)
+        fail("cannot reach the MTGPU daemon at %s: the socket path is too long; "
+             "check `mtgpu-setup status`", path);
+    if (errno == ENOENT)
+        fail("MTGPU is not running here (%s does not exist); start it with "
+             "`mtgpu-setup install --yes` or check `mtgpu-setup status`", path);
+    fail("cannot reach the MTGPU daemon at %s: %s; check `mtgpu-setup status`", path,
+         strerror(errno));
+    return -1;
+}
+
+/* Send one request on fd and read one answer line into ans (*nl: its newline); closes
+ * fd. 0, or -1 (errno set) if sending or reading failed, or -2 if the daemon closed
+ * the connection first. */
+static int exchange(int fd, const buf_t *req, buf_t *ans, char **nl) {
+    int rc = 0;
+    *nl = NULL;
+    if (write_all(fd, req->p, req->len) < 0)
+        rc = -1;
+    while (rc == 0 && *nl == NULL) {
+        buf_reserve(ans, 65536);
+        ssize_t n = recv(fd, ans->p + ans->len, ans->cap - ans->len - 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = n < 0 ? -1 : -2;
+            break;
+        }
+        *nl = memchr(ans->p + ans->len, '\n', (size_t)n);
+        ans->len += (size_t)n;
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
 }
 
 static void random_hex(char out[33]) {
@@ -646,8 +688,6 @@ static void pretty(buf_t *b, const char *p, const char *end) {
     }
 }
 
-static int send_request(const char *sock, const buf_t *req, buf_t *ans, char **nl);
-
 /* `mt-job list --json [--all]`: what pollers run several times a second. Anything
  * unusual (no daemon, a refusal, an election) goes to the Python mt-job, which
  * retries and explains: nothing has been consumed, and listing twice is harmless. */
@@ -661,7 +701,8 @@ static int list_json(int all) {
     buf_adds(&req, ", \"user\": null}, \"id\": 1}\n");
     buf_t ans = {0};
     char *nl = NULL;
-    if (send_request(sock, &req, &ans, &nl) < 0)
+    int fd = open_api(sock);
+    if (fd < 0 || exchange(fd, &req, &ans, &nl) != 0)
         exec_python();
     answer_t a = {.ok = -1, .keep_result = 1};
     scan_t s = {ans.p, nl};
@@ -672,41 +713,6 @@ static int list_json(int all) {
     pretty(&out, a.result, a.result_end);
     buf_addc(&out, '\n');
     return fwrite(out.p, 1, out.len, stdout) == out.len && fflush(stdout) == 0 ? 0 : 1;
-}
-
-/* One request, one answer line; -1 (errno set) if the daemon cannot be reached. */
-static int send_request(const char *sock, const buf_t *req, buf_t *ans, char **nl) {
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    if (strlen(sock) >= sizeof sa.sun_path)
-        return -1;
-    strcpy(sa.sun_path, sock);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {TIMEOUT_S, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || write_all(fd, req->p, req->len) < 0) {
-        close(fd);
-        return -1;
-    }
-    *nl = NULL;
-    while (*nl == NULL) {
-        buf_reserve(ans, 65536);
-        ssize_t n = recv(fd, ans->p + ans->len, ans->cap - ans->len - 1, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            close(fd);
-            return -1;
-        }
-        *nl = memchr(ans->p + ans->len, '\n', (size_t)n);
-        ans->len += (size_t)n;
-    }
-    close(fd);
-    return 0;
 }
 
 /* -------------------------------------------------------------------- main */
@@ -775,27 +781,14 @@ int main(int argc, char **argv) {
     buf_adds(&req, token);
     buf_adds(&req, "\"}, \"id\": 1}\n");
 
-    int fd = connect_api(sock);
-    if (write_all(fd, req.p, req.len) < 0)
-        fail("the MTGPU daemon did not answer: %s",
-             errno == EAGAIN ? "timed out" : strerror(errno));
     buf_t ans = {0};
     char *nl = NULL;
-    while (nl == NULL) {
-        buf_reserve(&ans, 65536);
-        ssize_t n = recv(fd, ans.p + ans.len, ans.cap - ans.len - 1, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            fail("the MTGPU daemon did not answer: %s",
-                 errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
-        }
-        if (n == 0)
-            fail("the MTGPU daemon closed the connection");
-        nl = memchr(ans.p + ans.len, '\n', (size_t)n);
-        ans.len += (size_t)n;
-    }
-    close(fd);
+    int rc = exchange(connect_api(sock), &req, &ans, &nl);
+    if (rc == -2)
+        fail("the MTGPU daemon closed the connection");
+    if (rc < 0)
+        fail("the MTGPU daemon did not answer: %s",
+             errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
 
     answer_t a = {.ok = -1, .tasks = 1};
     scan_t s = {ans.p, nl};

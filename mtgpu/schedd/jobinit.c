@@ -55,20 +55,7 @@ static void set_stage(const char *fmt, ...) {
     va_end(ap);
 }
 
-/* As the Python supervisor words an OSError: "STAGE: strerror[: path]". */
-static void die(const char *path) {
-    char msg[8600];
-    int n = snprintf(msg, sizeof msg, "%s: %s%s%s", stage, strerror(errno), path ? ": " : "",
-                     path ? path : "");
-    if (n > 4000)
-        n = 4000;
-    if (report_fd >= 0 && n > 0) {
-        ssize_t w = write(report_fd, msg, (size_t)n);
-        (void)w;
-    }
-    _exit(127);
-}
-
+/* Report "STAGE: TEXT" to the supervisor and exit 127. */
 static void die_msg(const char *text) {
     char msg[8600];
     int n = snprintf(msg, sizeof msg, "%s: %s", stage, text);
@@ -79,6 +66,13 @@ static void die_msg(const char *text) {
         (void)w;
     }
     _exit(127);
+}
+
+/* As the Python supervisor words an OSError: "STAGE: strerror[: path]". */
+static void die(const char *path) {
+    char text[4200];
+    snprintf(text, sizeof text, "%s%s%s", strerror(errno), path ? ": " : "", path ? path : "");
+    die_msg(text);
 }
 
 static int write_file(const char *path, const char *value) {

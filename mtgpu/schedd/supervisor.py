@@ -93,6 +93,15 @@ def set_process_name(name: str) -> None:
     _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
+def script_fd(la: JobLaunch) -> int:
+    """The job's script in an anonymous file, inheritable: nothing to find on disk, and
+    the interpreter opens it by its /proc/self/fd path."""
+    fd = os.memfd_create(f"mtgpu-job-{la.job_id}", 0)
+    os.write(fd, la.script.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _announce_end(path: Path, job_id: str) -> None:
     """Tell the daemon, if it listens, that the result is written (it polls anyway)."""
     try:
@@ -221,12 +230,8 @@ class Supervisor:
         does in C and execs the job."""
         la, u = self.launch, self.launch.user
         out, err, default = output_paths(la)
-        # The script goes to an anonymous file: nothing to find on disk, and the
-        # interpreter opens it by /proc/self/fd path.
-        script = os.memfd_create(f"mtgpu-job-{la.job_id}", 0)
+        script = script_fd(la)
         try:
-            os.write(script, la.script.encode())
-            os.lseek(script, 0, os.SEEK_SET)
             procs = [f"{d}/cgroup.procs" for d in self.cg.dirs.values()] if self.cg else []
             argv = [self.jobinit, f"mtgpu-job {la.job_id}", str(job_nice()), u.name, str(report), str(u.uid),
                     str(u.gid), ",".join(map(str, u.groups)), ",".join(map(str, la.cpus)),
@@ -280,11 +285,7 @@ class Supervisor:
             fd_err = fd_out if err == out else os.open(err, flags, 0o644)
             fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
             stage = "loading the job script"
-            # The script goes to an anonymous file the tenant owns: nothing to
-            # find on disk, and the interpreter opens it by /proc/self/fd path.
-            script = os.memfd_create(f"mtgpu-job-{la.job_id}", 0)
-            os.write(script, la.script.encode())
-            os.lseek(script, 0, os.SEEK_SET)
+            script = script_fd(la)  # made after becoming the tenant: the tenant's file
             for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
                 os.dup2(fd, target)
             argv = job_argv(la, f"/proc/self/fd/{script}")
