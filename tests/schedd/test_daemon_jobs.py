@@ -86,11 +86,18 @@ def test_default_output_lands_in_home_owned_by_tenant(gpu_host):
     assert r.stdout == b"to-home\n"
 
 
+def at_once(host, key, user, ids):
+    """The jobs ``ids`` as one listing shows them: a single moment, where one `show`
+    after another could see a job end and the next one start in between."""
+    listed = {j["job_id"]: j for j in json.loads(host.ssh(user, key, "mt-job list --json").stdout)}
+    return [listed[i] for i in ids if i in listed]
+
+
 def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     host, key = gpu_host
-    ex = [submit(host, key, "gina", job("sleep 3", "gpus=1 cpus=1 ram=50M")) for _ in range(3)]
+    ex = [submit(host, key, "gina", job("sleep 6", "gpus=1 cpus=1 ram=50M")) for _ in range(3)]
     time.sleep(1.5)
-    states = [show(host, key, "gina", j) for j in ex]
+    states = at_once(host, key, "gina", ex)
     running = [s for s in states if s["state"] == "RUNNING"]
     pending = [s for s in states if s["state"] == "PENDING"]
     assert len(running) == 2 and len(pending) == 1
@@ -98,9 +105,9 @@ def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     assert {s["gpus"][0]["index"] for s in running} == {0, 1}
     for j in ex:
         wait_state(host, key, "gina", j, {"COMPLETED"}, timeout=40)
-    sh = [submit(host, key, "gina", job("sleep 3", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
+    sh = [submit(host, key, "gina", job("sleep 6", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
     time.sleep(1.5)
-    states = [show(host, key, "gina", j) for j in sh]
+    states = at_once(host, key, "gina", sh)
     running = [s for s in states if s["state"] == "RUNNING"]
     assert len(running) == 4  # two 10G jobs per 24G card, never three
     per_gpu = {}
