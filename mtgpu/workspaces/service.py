@@ -549,6 +549,8 @@ class Workspaces:
                 await self.apply(key)
             elif rec.applied and (job is None or job["state"] in FINAL_STATES):
                 async with self._lock(key):
+                    if self.records.get(key) is not rec:
+                        continue  # removed (or replaced) while this waited for the lock
                     t = self.tenant(rec.user, rec.uid)
                     try:
                         await asyncio.to_thread(self.runtime.stop, t, rec.name)

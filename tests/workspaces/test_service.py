@@ -304,3 +304,26 @@ def test_gpu_devices_cdi_for_nvidia_nodes_for_the_rest(env, monkeypatch: pytest.
     assert pol.cdi_devices == ("nvidia.com/gpu=GPU-1",)
     assert pol.devices == ("/dev/kfd", "/dev/dri/renderD130")
     assert pol.system_sources == ("/usr/lib/libcuda.so.1",)
+
+
+def test_a_release_waiting_for_the_lock_does_not_bring_back_a_removed_workspace(env) -> None:
+    """`rm` holds the workspace's lock while the reconcile loop, which saw the reservation
+    end, waits for it: when the loop gets the lock the record is gone and stays gone."""
+    host, rt, ws = env
+
+    async def go() -> None:
+        v = await ws.create("ann", 20001, {"name": "a", "template": "box", "wait": 0})
+        await settle(host, ws)
+        key = (20001, "a")
+        async with ws._lock(key):
+            host.jobs.cancel([v["reservation"]], "ann", time.time(), _doApply=True)
+            await host.agent_tick()                 # the reservation ended ...
+            loop = asyncio.create_task(ws.reconcile())
+            await asyncio.sleep(0.01)               # ... and the loop waits for the lock
+            rt.remove(ws.tenant("ann", 20001), "a")
+            ws._drop(ws.records[key])
+        await loop
+        assert key not in ws.records
+        assert not (ws.state_dir / "20001" / "a.json").exists()
+        assert all(x["name"] != "a" for x in await ws.list("ann", 20001))
+    run(go())
