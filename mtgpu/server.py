@@ -30,6 +30,8 @@ from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.unix import serve_lines, start_unix_api
+from mtgpu.api.jobs import submitted_image
+from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.config import Options, load
 from mtgpu.errors import ConfigError, MtgpuError
@@ -43,6 +45,7 @@ from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.sshd.server import Penalties, start_ssh_server
 from mtgpu.state.store import StateStore
+from mtgpu.workspaces.jobs import IMAGE_SUBSYSTEM, JobContainers
 from mtgpu.workspaces.service import Workspaces
 
 log = logging.getLogger("mtgpu.server")
@@ -77,6 +80,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
         self.workspaces: Workspaces | None = None  # container workspaces
+        self.job_containers: JobContainers | None = None  # containerized jobs
 
     # ------------------------------------------------------------- helpers
 
@@ -103,6 +107,12 @@ class Daemon:
             return JobUser(name, uid, uid, str(Path(self.options.tenant_home_root) / name),
                            self.options.tenant_shell)
 
+    async def job_image(self, user: str, uid: int, ref: str) -> dict[str, Any]:
+        """A containerized job's image, checked and found where the tenant submits it."""
+        if self.job_containers is None:
+            raise MtgpuError("this member is still starting; submit again in a moment")
+        return await asyncio.to_thread(self.job_containers.resolve, user, uid, ref)
+
     async def user_for(self, name: str, uid: int) -> JobUser:
         """The account a job runs as on this host, created now if it is a new tenant's."""
         if self.registry.get(name) is not None:
@@ -117,6 +127,8 @@ class Daemon:
         """A channel from another member (authenticated by its cluster certificate)."""
         if process.subsystem == "mtgpu-raft" and self.raft is not None:
             await self.raft.accept(process.stdin, process.stdout, name)
+        elif process.subsystem == IMAGE_SUBSYSTEM and self.job_containers is not None:
+            await self.job_containers.serve_image(process, name, self.accounts.existing)
         elif process.subsystem == "mtgpu-peer":
             await serve_lines(process.stdin, process.stdout, self.dispatcher,
                               Caller(f"mtgpu-peer.{name}", 0, True, "peer"))
@@ -250,6 +262,8 @@ class Daemon:
         self.workspaces = Workspaces(self)
         workspace_api.register(self.dispatcher, self.workspaces)
         self.workspaces.start()
+        self.job_containers = JobContainers(self.workspaces)
+        self.agent.prepare_container = self.job_containers.prepare
         if self.cluster is not None:
             self.scheduler.grace = 3 * o.usage_sample_interval + 2
             self.scheduler.lost_after = o.cluster_lost_after
@@ -259,6 +273,9 @@ class Daemon:
                 a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None)
             self.cluster.on_leader = self._leadership
             self.cluster.on_report = self.scheduler.report
+            self.job_containers.connect = cluster.peers.connection
+            self.job_containers.homes_shared_with = lambda: homes_layout(cluster.members)[
+                "shares"].get(o.server_name, [])
             await self.cluster.start(self.replicate)
             self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes",
                                      "node.drain", "node.undrain"))
@@ -323,6 +340,11 @@ class Daemon:
                 if cluster.is_leader() or caller.via == "forwarded":
                     r = original.fn(caller, args)
                     return await r if asyncio.iscoroutine(r) else r
+                if op == "job.submit":
+                    # The tenant's image is looked up here, where they submit it.
+                    src = await submitted_image(self, caller, args)
+                    if src is not None:
+                        args = {**args, "container_source": src}
                 leader = cluster.leader()
                 if leader is None:
                     raise ApiError("no scheduler is elected right now; retry in a few seconds",

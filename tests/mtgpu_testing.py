@@ -117,14 +117,21 @@ class Host:
     #: Directories this host must not see (other members' homes, say): each is covered
     #: by an empty tmpfs in its mount namespace, as if it were another machine's disk.
     hidden: tuple[str, ...] = ()
+    #: Directories this host has its own empty copy of (``/run/user``, say: another
+    #: machine's tenants' runtime directories are not this one's).
+    private_dirs: tuple[str, ...] = ()
 
     def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
         hide = "".join(f"mount -t tmpfs -o mode=0755,size=1m mtgpu-hidden {p} && "
                        for p in self.hidden)
+        hide += "".join(f"mount -t tmpfs -o mode=0755,size=64m mtgpu-private {p} && "
+                        for p in self.private_dirs)
         script = (f"mount --bind {self.etc} /etc && {hide}exec {sys.executable} -m mtgpu.server "
                   f"--config {self.config_path}")
         log = open(self.log_path, "ab")  # noqa: SIM115
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        # Only the network namespace (not `ip netns exec`, which mounts the namespace's
+        # sysfs over /sys and so hides the cgroup hierarchies that jobs and podman use).
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
         self.proc = subprocess.Popen([*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
                                      stdout=log, stderr=log, env=python_env(),
                                      start_new_session=True)

@@ -29,6 +29,46 @@ class JobHost(Protocol):
 
     def job_user(self, name: str, uid: int) -> JobUser: ...
 
+    async def job_image(self, user: str, uid: int, ref: str) -> dict[str, Any]: ...
+
+
+_SOURCE_KEYS = {"ref": str, "image": str, "id": (str, type(None)), "origin": str,
+                "archive": (str, type(None))}
+
+
+def container_source(args: dict[str, Any]) -> dict[str, Any]:
+    """The image a member that relayed a submission found for it, checked."""
+    src = arg(args, "container_source", dict)
+    if set(src) != set(_SOURCE_KEYS) or not all(isinstance(src[k], t) for k, t in _SOURCE_KEYS.items()):
+        raise ApiError("container_source must have ref, image, id, origin and archive", "bad_request")
+    return src
+
+
+async def submitted_image(host: JobHost, caller: Caller, args: dict[str, Any]) -> dict[str, Any] | None:
+    """For a containerized job: its image, checked and looked up where the tenant
+    submits it (relayed submissions carry what the first member found)."""
+    from mtgpu.workspaces.types import WorkspaceError
+
+    if caller.via == "forwarded":
+        return container_source(args)
+    ref = directive_container(arg(args, "script", str), arg(args, "overrides", dict, {}))
+    if not ref:
+        return None
+    try:
+        return await host.job_image(caller.name, caller.uid, ref)
+    except WorkspaceError as exc:
+        raise ApiError(f"container={ref}: {exc}", "rejected") from exc
+
+
+def directive_container(script: str, overrides: dict[str, Any]) -> str | None:
+    """The ``container`` a job file (and its overrides) names, if any; a job file that
+    does not parse is left to the submission to refuse."""
+    try:
+        return parse_job_file(script, {str(k): str(v) for k, v in overrides.items()},
+                              default_workdir="/").container
+    except JobError:
+        return None
+
 
 #: Views by job: a record is replaced whole when its job changes, so a view made from
 #: the same record object is still right (pollers list the same jobs many times a second).
@@ -74,6 +114,9 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "end_time": j.get("end_time"), "workdir": j["workdir"],
         "stdout": stdout, "stderr": stderr, "priority": j["spec"]["priority"],
         "time_limit": j["spec"].get("time_limit"), "warnings": list(j["spec"].get("warnings", ())),
+        "container": (j.get("container") or {}).get("ref"),
+        "image_id": (j.get("container") or {}).get("id"),
+        "progress": dict(j.get("progress") or {}),
     }
     return view
 
@@ -109,6 +152,8 @@ def register(d: Dispatcher, host: JobHost) -> None:
         tasks = expand_array(spec) if spec.array else None
         record = {"user": caller.name, "uid": caller.uid, "name": spec.name,
                   "spec": spec_to_dict(spec), "workdir": spec.workdir}
+        if spec.container:
+            record["container"] = await submitted_image(host, caller, args)
         token = arg(args, "token", str, None)
         r = await host.replicate(host.jobs.submit, record, tasks, time.time(), token)
         host.scheduler.accepted(r["tasks"])

@@ -131,6 +131,11 @@ def cmd_show(args: argparse.Namespace, api: Any) -> int:
                   f"submitted: {_when(v['submit_time'])}  started: {_when(v['start_time'])}  "
                   f"ended: {_when(v['end_time'])}",
                   f"workdir:   {v['workdir']}", f"stdout:    {v['stdout']}", f"stderr:    {v['stderr']}"]
+        if v.get("container"):
+            image = f" ({v['image_id'][:12]})" if v.get("image_id") else ""
+            lines.append(f"container: {v['container']}{image}")
+        for node, text in sorted((v.get("progress") or {}).items()):
+            lines.append(f"progress:  {node}: {text}")
         print("\n".join(lines))
         if len(views) > 1:
             print()

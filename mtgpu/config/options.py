@@ -80,6 +80,12 @@ class ContainersOptions:
     port_publishing: str = "loopback"
     allow_user_images: bool = False
     archive_dir: str = "/var/cache/mtgpu/images"
+    #: Most bytes of images streamed from other members kept here (least recently
+    #: used go first).
+    image_cache: int = 20 << 30
+    #: The network of containerized jobs: ``host`` (the member's, as native jobs have,
+    #: so the parts of a ``nodes=N`` job reach each other) or ``private`` (as workspaces).
+    job_network: str = "host"
 
 
 @dataclass(frozen=True)
@@ -521,13 +527,28 @@ def _registry(v: object) -> dict[str, Any] | None:
             "tls_verify": d.get("tls_verify", True)}
 
 
+def _positive_size(v: object) -> int:
+    n = _size_or_none(v)
+    if not n:
+        raise ValueError("expected a size such as 20G")
+    return n
+
+
+def _job_network(v: object) -> str:
+    s = _str(v)
+    if s not in ("host", "private"):
+        raise ValueError(f"expected host or private, got {s!r}")
+    return s
+
+
 def _containers(v: object) -> ContainersOptions:
     if v is None:
         return ContainersOptions()
     keys: dict[str, Callable[[Any], Any]] = {
         "enabled": _bool, "templates": _templates, "prepull": _image_list, "registry": _registry,
         "cache_volumes": _volume_list, "network": _bool, "port_publishing": _port_policy,
-        "allow_user_images": _bool, "archive_dir": _abspath}
+        "allow_user_images": _bool, "archive_dir": _abspath, "image_cache": _positive_size,
+        "job_network": _job_network}
     if not isinstance(v, dict):
         raise ValueError(f"expected a mapping for CONTAINERS, got {_kind(v)}")
     d = {}

@@ -103,6 +103,12 @@ class Agent:
         self._ended: set[str] = set()
         self._wake = asyncio.Event()
         self.on_change: Callable[[], None] = lambda: None
+        #: Containerized jobs: gets the image here and makes the part's ``podman run``
+        #: (the workspaces layer sets it); called with the job, the launch and a
+        #: progress reporter, returns the launch to start.
+        self.prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None
+        #: Parts getting their image before they start, by job id.
+        self.preparing: dict[str, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------ dispatch
 
@@ -137,6 +143,50 @@ class Agent:
         launch = launch_for(job, user, node=self.node, member=member, sampler=self.sampler,
                             cpus=cpus, term=term, master_addr=master_addr, env=env)
         self.terms[job["job_id"]] = (term, job.get("requeues", 0))
+        if job.get("container"):
+            # The image may take a while to arrive: the part starts when it is here,
+            # and the dispatch does not wait for it.
+            jid = job["job_id"]
+            if jid not in self.preparing:
+                self.preparing[jid] = asyncio.get_running_loop().create_task(
+                    self._prepare_and_start(job, launch))
+            return
+        await self._start(job, launch)
+
+    async def _prepare_and_start(self, job: dict[str, Any], launch: JobLaunch) -> None:
+        jid, term, attempt = job["job_id"], launch.term, launch.attempt
+        last = [0.0]
+
+        async def progress(text: str) -> None:
+            now = time.monotonic()
+            if now - last[0] < 0.5 and not text.startswith(("streamed", "loading")):
+                return
+            last[0] = now
+            try:
+                await self.replicate(self.table.set_progress, jid, self.node, text)
+            except Exception:  # noqa: BLE001 - progress is only shown
+                log.debug("progress of %s not recorded", jid, exc_info=True)
+
+        try:
+            if self.prepare_container is None:
+                raise RuntimeError("containerized jobs need container workspaces on this member")
+            launch = await self.prepare_container(job, launch, progress)
+            await self._start(job, launch)
+        except asyncio.CancelledError:
+            self.cores.pop(jid, None)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the job fails with the reason
+            log.warning("job %s could not start here: %s", jid, exc)
+            self.cores.pop(jid, None)
+            self.terms.pop(jid, None)
+            await self.replicate(self.table.part_ended, jid, self.node, term, "FAILED", None,
+                                 f"the job could not start on {self.node}: {exc}", self.clock(),
+                                 attempt)
+            self.on_change()
+        finally:
+            self.preparing.pop(jid, None)
+
+    async def _start(self, job: dict[str, Any], launch: JobLaunch) -> None:
         try:
             try:
                 await asyncio.to_thread(self.runner.start, launch)
@@ -187,6 +237,8 @@ class Agent:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        for task in list(self.preparing.values()):  # started again after a restart
+            await cancel_and_wait(task)
         if self._ends is not None:
             asyncio.get_running_loop().remove_reader(self._ends.fileno())
             self._ends.close()
@@ -259,6 +311,19 @@ class Agent:
         for jid in list(self.cores):  # the jobs started here and not ended
             j = self.table.get(jid)
             why = self._given_up(jid, j)
+            prep = self.preparing.get(jid)
+            if prep is not None and (why or (j is not None and j.get("cancel_requested"))):
+                # Still getting its image: nothing runs yet, so nothing to signal.
+                prep.cancel()
+                self.preparing.pop(jid, None)
+                self.cores.pop(jid, None)
+                self.terms.pop(jid, None)
+                if not why and j is not None:
+                    await self.replicate(self.table.finish, jid, "CANCELLED", None,
+                                         j.get("reason") or "cancelled", self.clock())
+                continue
+            if prep is not None:
+                continue
             if why and jid not in self._cancelling:
                 self._cancelling.add(jid)
                 log.info("stopping job %s here: %s", jid, why)

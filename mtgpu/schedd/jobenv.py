@@ -83,6 +83,16 @@ class JobLaunch:
     master_port: int = 0
     submit_dir: str = ""
     container: str | None = None
+    #: A containerized job: ``podman run ...`` up to and including the image (the
+    #: workspaces layer makes it under the container policy); the supervisor adds the
+    #: job's variables and script. Empty for a native job.
+    container_argv: tuple[str, ...] = ()
+    #: The container's name (removed when the job ends, whatever ended it).
+    container_name: str = ""
+    #: Where the supervisor writes the script, as the tenant, for the container to read.
+    container_script: str = ""
+    #: Variables podman itself needs (its runtime directory, PATH to its helpers).
+    container_env: Mapping[str, str] = field(default_factory=dict)
     state_dir: str = ""
     term: int = 0
     #: Which run of the job this is: its requeue count (a requeued job may be placed
@@ -108,6 +118,7 @@ class JobLaunch:
         """A JSON-ready form; :meth:`from_dict` reads it back."""
         d = asdict(self)
         d["env"], d["gpu_env"] = dict(self.env), dict(self.gpu_env)
+        d["container_env"] = dict(self.container_env)
         return d
 
     @classmethod
@@ -116,7 +127,7 @@ class JobLaunch:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["user"] = JobUser(**{**d["user"], "groups": tuple(d["user"].get("groups", ()))})
-        for name in ("gpu_indices", "device_nodes", "cpus", "nodelist"):
+        for name in ("gpu_indices", "device_nodes", "cpus", "nodelist", "container_argv"):
             if name in kw:
                 kw[name] = tuple(kw[name])
         return cls(**kw)
@@ -264,7 +275,33 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
     return env
 
 
-def job_argv(launch: JobLaunch, script_path: str) -> list[str]:
+#: Where a containerized job's script is mounted in its container.
+CONTAINER_SCRIPT = "/.mtgpu-job"
+#: Variables of the job that a container does not take from the host (its image has
+#: its own PATH and shell).
+CONTAINER_SKIP_ENV = frozenset({"PATH", "SHELL"})
+
+
+def container_command(launch: JobLaunch, env: Mapping[str, str]) -> list[str]:
+    """The whole ``podman run`` command of a containerized job: the launch's options,
+    each job variable passed by name (podman reads the values from its own
+    environment, so none is on a command line), the script mounted read-only, the
+    image, then the script's interpreter (``/bin/sh`` without a ``#!`` line: images
+    often have no bash).
+
+    >>> u = JobUser("ann", 2000, 2000, "/home/ann")
+    >>> la = JobLaunch("7", u, "echo hi", "/", container_argv=("podman", "run", "img"),
+    ...                container_script="/run/user/2000/j7")
+    >>> container_command(la, {"PATH": "/bin", "MTGPU_JOB_ID": "7"})
+    ['podman', 'run', '--env=MTGPU_JOB_ID', '--volume=/run/user/2000/j7:/.mtgpu-job:ro', 'img', '/bin/sh', '/.mtgpu-job']
+    """
+    *opts, image = launch.container_argv
+    opts += [f"--env={k}" for k in sorted(env) if k not in CONTAINER_SKIP_ENV]
+    opts.append(f"--volume={launch.container_script}:{CONTAINER_SCRIPT}:ro")
+    return [*opts, image, *job_argv(launch, CONTAINER_SCRIPT, default="/bin/sh")]
+
+
+def job_argv(launch: JobLaunch, script_path: str, default: str = "/bin/bash") -> list[str]:
     """The argv that runs the job's script, stored at ``script_path``.
 
     A ``#!`` line picks the interpreter, as ``sbatch`` does; otherwise bash runs it,
@@ -282,4 +319,4 @@ def job_argv(launch: JobLaunch, script_path: str) -> list[str]:
         parts = first[2:].strip().split(None, 1)
         if parts:
             return [*parts, script_path]
-    return ["/bin/bash", script_path]
+    return [default, script_path]

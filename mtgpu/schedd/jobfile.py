@@ -236,7 +236,7 @@ _SBATCH_FLAGS = {"--requeue", "--no-requeue", "--exclusive", "--hold", "-H", "--
 #: sbatch options that map one to one onto an ``#MTGPU`` key.
 _SBATCH_SIMPLE = {"--job-name": "name", "--cpus-per-task": "cpus", "--array": "array",
                   "--output": "output", "--error": "error", "--time": "time", "--chdir": "workdir",
-                  "--gpus-per-node": "gpus"}
+                  "--gpus-per-node": "gpus", "--container-image": "container"}
 _SBATCH_SHORT = {"-J": "--job-name", "-c": "--cpus-per-task", "-N": "--nodes", "-a": "--array",
                  "-w": "--nodelist", "-o": "--output", "-e": "--error", "-t": "--time",
                  "-D": "--chdir", "-G": "--gpus"}

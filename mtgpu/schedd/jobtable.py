@@ -149,6 +149,14 @@ class JobTable(SyncObjConsumer):
             self._put({**j, "start_time": now})
 
     @replicated
+    def set_progress(self, job_id: str, node: str, text: str) -> None:
+        """What a member is doing before its part can start (fetching the image, say),
+        for ``mt-job show``."""
+        j = self.jobs.get(job_id)
+        if j is not None and j["state"] == RUNNING:
+            self._put({**j, "progress": {**j.get("progress", {}), node: text[:300]}})
+
+    @replicated
     def part_ended(self, job_id: str, node: str, term: int, state: str, exit_code: int | None,
                    reason: str, now: float, attempt: int = 0) -> dict[str, Any]:
         """One member's part of a job ended (the whole job, for a one-member job).

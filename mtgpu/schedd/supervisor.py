@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
-from mtgpu.schedd.jobenv import JobLaunch, build_env, job_argv, output_paths
+from mtgpu.schedd.jobenv import JobLaunch, build_env, container_command, job_argv, output_paths
 from mtgpu.schedd.runner import (
     CANCEL,
     CGROUPS,
@@ -100,6 +100,41 @@ def script_fd(la: JobLaunch) -> int:
     os.write(fd, la.script.encode())
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def write_container_script(la: JobLaunch) -> None:
+    """The script of a containerized job, written as the tenant (0600) where its
+    container mounts it from (the tenant's runtime directory)."""
+    d = os.path.dirname(la.container_script)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd = os.open(la.container_script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(la.script)
+
+
+def remove_container(la: JobLaunch) -> str:
+    """Remove a containerized job's container and script, as the tenant; the error, if any.
+
+    Run when the job has ended whatever ended it; removing one that podman's ``--rm``
+    already removed is no error."""
+    from mtgpu.errors import CommandError
+    from mtgpu.proc import run
+
+    u = la.user
+    kw = {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups)} if os.geteuid() == 0 else {}
+    error = ""
+    try:
+        run([la.container_argv[0], "rm", "--force", "--ignore", "--time", "0", la.container_name],
+            env={"HOME": u.home, "USER": u.name, **la.container_env}, cwd="/", timeout=120, **kw)
+    except CommandError as exc:
+        error = (exc.stderr or str(exc)).strip()[-300:]
+    try:  # as the tenant too: never a path in a tenant's directory as root
+        run(["rm", "-f", "--", la.container_script], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+            timeout=30, **kw)
+    except CommandError as exc:
+        error = error or (exc.stderr or str(exc)).strip()[-300:]
+    return error
 
 
 def _announce_end(path: Path, job_id: str) -> None:
@@ -268,12 +303,12 @@ class Supervisor:
                 raise PermissionError(f"the supervisor runs as uid {os.geteuid()}, not root")
             os.setsid()
             os.umask(0o022)
-            if la.container is not None:
-                stage = f"starting container {la.container}"
-                raise NotImplementedError("containerized jobs are not supported on this host yet")
             # From here on every path is the tenant's and is opened with the tenant's rights.
             stage = f"entering the working directory {la.workdir}"
-            os.chdir(la.workdir)
+            if la.container_argv and not os.path.isdir(la.workdir):
+                os.chdir(u.home)  # the working directory may be the image's own
+            else:
+                os.chdir(la.workdir)
             out, err, default = output_paths(la)
             stage = f"opening the output file {out}"
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
@@ -285,12 +320,19 @@ class Supervisor:
             fd_err = fd_out if err == out else os.open(err, flags, 0o644)
             fd_in = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
             stage = "loading the job script"
-            script = script_fd(la)  # made after becoming the tenant: the tenant's file
+            if la.container_argv:
+                env = build_env(la)
+                write_container_script(la)
+                argv = container_command(la, env)
+                env.update(la.container_env)
+            else:
+                script = script_fd(la)  # made after becoming the tenant: the tenant's file
+                argv = job_argv(la, f"/proc/self/fd/{script}")
+                env = build_env(la)
             for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
                 os.dup2(fd, target)
-            argv = job_argv(la, f"/proc/self/fd/{script}")
             stage = f"starting {argv[0]}"
-            os.execvpe(argv[0], argv, build_env(la))
+            os.execvpe(argv[0], argv, env)
         except BaseException as exc:  # noqa: BLE001 - reported, then _exit: never back into our loop
             try:
                 os.write(report, f"{stage}: {_describe(exc)}".encode()[:4000])
@@ -397,6 +439,9 @@ class Supervisor:
             self._loop(err_r, time.monotonic())
             self._drain()
             self._finish_leftovers()
+            if la.container_argv and (err := remove_container(la)):
+                log.warning("job %s: removing its container %s: %s", la.job_id, la.container_name,
+                            err)
         except Exception as exc:  # whatever went wrong, the job still gets an end
             log.exception("supervisor failed")
             self.start_error = self.start_error or f"the job's supervisor failed: {_describe(exc)}"

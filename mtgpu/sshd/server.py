@@ -41,7 +41,7 @@ CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "ae
 MACS = ["umac-64-etm@openssh.com", "umac-128-etm@openssh.com", "hmac-sha2-256-etm@openssh.com",
         "hmac-sha2-512-etm@openssh.com", "hmac-sha2-256", "hmac-sha2-512"]
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
-PEER_SUBSYSTEMS = ("mtgpu-peer", "mtgpu-raft")
+PEER_SUBSYSTEMS = ("mtgpu-peer", "mtgpu-raft", "mtgpu-image")
 CHANNEL_WINDOW = 8 << 20
 CHANNEL_MAX_PKTSIZE = 256 << 10
 

@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(raw)  # not an MTGPU tenant
             return 0
         print(f"mtgpu: the container policy cannot be read ({exc}); refusing", file=sys.stderr)
+        home = os.environ.get("HOME", "")
+        if home:
+            _log(home, f"the container policy cannot be read ({exc}); refused")
         return 1
     policy = Policy.from_dict(pol)
     try:

@@ -21,7 +21,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from mtgpu.workspaces.types import LABEL, SAVED_PREFIX, Mount, Policy, PolicyRefusal, Tenant, WorkspaceSpec
+from mtgpu.workspaces.types import JOB_LABEL, LABEL, SAVED_PREFIX, Mount, Policy, PolicyRefusal, Tenant, WorkspaceSpec
 
 RULES: dict[str, str] = {
     "no-privileged": "containers never run --privileged",
@@ -412,6 +412,10 @@ def check_oci_config(config: Mapping, policy: Policy,
             not linux.get("maskedPaths") and "CAP_SYS_ADMIN" in caps and "CAP_SYS_MODULE" in caps):
         raise PolicyRefusal("no-privileged", "the container asks to be privileged")
     kinds = {ns.get("type") for ns in linux.get("namespaces") or []}
+    if policy.job_network_host and ann.get(JOB_LABEL):
+        # A containerized job on the member's network: what the tenant's native jobs
+        # have anyway (rootless: the tenant's own rights on it, nothing more).
+        kinds.add("network")
     for want in ("pid", "network", "ipc", "uts", "mount"):
         if want not in kinds:
             raise PolicyRefusal("no-host-namespaces", f"the container would share the host's "
@@ -423,6 +427,9 @@ def check_oci_config(config: Mapping, policy: Policy,
                                                    "your reserved GPUs")
     roots = [policy.home, *([policy.runtime_dir] if policy.runtime_dir else []),
              *policy.system_sources]
+    if policy.job_network_host and ann.get(JOB_LABEL) and "network" not in {
+            ns.get("type") for ns in linux.get("namespaces") or []}:
+        roots.append("/sys")  # no network namespace of its own: podman binds the host's /sys
     for m in config.get("mounts") or []:
         opts = m.get("options") or []
         if m.get("type") != "bind" and "bind" not in opts and "rbind" not in opts:

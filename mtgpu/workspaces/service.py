@@ -280,7 +280,8 @@ class Workspaces:
                       port_publishing=c.port_publishing, network=c.network,
                       allow_user_images=c.allow_user_images, images=tuple(sorted(images)),
                       registry=reg, devices=tuple(nodes), cdi_devices=tuple(cdis),
-                      runtime_dir=t.runtime_dir, system_sources=tuple(sorted(cdi.host_paths(specs))))
+                      runtime_dir=t.runtime_dir, system_sources=tuple(sorted(cdi.host_paths(specs))),
+                      job_network_host=c.job_network == "host")
 
     def _require_enabled(self) -> None:
         if not self.enabled:

@@ -29,6 +29,8 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 SAVED_PREFIX = "localhost/mtgpu-saved/"
 #: The label podman keeps on every workspace container.
 LABEL = "mtgpu.workspace"
+#: The annotation (and label) of a containerized job's container: the job's id.
+JOB_LABEL = "mtgpu.job"
 
 
 class WorkspaceError(MtgpuError):
@@ -172,6 +174,8 @@ class Policy:
     cdi_devices: tuple[str, ...] = ()
     runtime_dir: str = ""
     system_sources: tuple[str, ...] = ()
+    #: Containerized jobs share the member's network (CONTAINERS.job_network: host).
+    job_network_host: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -480,11 +480,64 @@ def test_unknown_jobs_and_root_jobs(runner: Runner, launch, tenant: JobUser) -> 
     assert runner.running() == [] and runner.poll() == []
 
 
-def test_container_jobs_fail_clearly_for_now(runner: Runner, launch) -> None:
-    la = launch("echo hi", container="localhost/img:1")
-    runner.start(la)
-    r = wait_result(runner, la.job_id)
-    assert r.state is FinalState.FAILED and "containerized jobs are not supported" in r.reason
+FAKE_PODMAN = r"""#!/bin/sh
+# Stands in for podman: `run` records what it was given and runs the command after the
+# image with the script the options mount; `rm` records the removal.
+if [ "$1" = rm ]; then echo "$@" >> "$HOME/podman-rm.txt"; exit 0; fi
+printf '%s\n' "$@" > "$HOME/podman-args.txt"
+env > "$HOME/podman-env.txt"
+shift
+for a in "$@"; do
+  case "$a" in --volume=*:/.mtgpu-job:ro) s=${a#--volume=}; script=${s%%:*};; esac
+done
+while [ "$1" != img:1 ]; do shift; done
+shift
+interp=$1
+exec "$interp" "$script"
+"""
+
+
+def test_a_container_job_gets_its_variables_by_name_and_its_container_removed(
+        make_runner: Callable[..., Runner], launch, tenant: JobUser, base: Path) -> None:
+    fake = base / "fake-podman"
+    fake.write_text(FAKE_PODMAN)
+    fake.chmod(0o755)
+    runtime = base / f"run-{tenant.uid}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    os.chown(runtime, tenant.uid, tenant.gid)
+    r = make_runner()
+    for body, cancel in (("echo from-the-container $MTGPU_JOB_ID", False), ("sleep 30", True)):
+        jid = f"c{next(_ids)}"
+        la = launch(body, job_id=jid, container="img:1",
+                    container_argv=(str(fake), "run", "--rm", f"--name=mtgpu-job-{jid}", "img:1"),
+                    container_name=f"mtgpu-job-{jid}", container_script=f"{runtime}/jobs/{jid}.sh",
+                    container_env={"XDG_RUNTIME_DIR": str(runtime), "PATH": "/usr/bin:/bin"})
+        r.start(la)
+        if cancel:
+            wait_for_file(Path(tenant.home) / "podman-args.txt", jid)
+            r.cancel(jid, grace=1)
+        res = wait_result(r, jid)
+        home = Path(tenant.home)
+        args = (home / "podman-args.txt").read_text().splitlines()
+        assert "--env=MTGPU_JOB_ID" in args and "--env=PATH" not in args  # names, not values
+        assert f"--volume={runtime}/jobs/{jid}.sh:/.mtgpu-job:ro" in args
+        assert args[-2:] == ["/bin/sh", "/.mtgpu-job"]           # no #! line: /bin/sh
+        env = (home / "podman-env.txt").read_text().splitlines()
+        assert f"MTGPU_JOB_ID={jid}" in env and f"XDG_RUNTIME_DIR={runtime}" in env
+        assert f"rm --force --ignore --time 0 mtgpu-job-{jid}" in (home / "podman-rm.txt").read_text()
+        assert not Path(f"{runtime}/jobs/{jid}.sh").exists()      # the script goes too
+        if cancel:
+            assert res.state is FinalState.CANCELLED
+        else:
+            assert res.state is FinalState.COMPLETED
+            assert (home / ".mtgpu" / "jobs" / jid / "stdout.log").read_text() == f"from-the-container {jid}\n"
+
+
+def wait_for_file(path: Path, text: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never mentioned {text}"
+        time.sleep(0.05)
 
 
 def test_the_helper_is_built_once_and_used(make_runner: Callable[..., Runner], launch) -> None:

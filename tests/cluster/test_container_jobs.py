@@ -1,0 +1,122 @@
+"""Containerized jobs across members: the image a tenant has on one member reaches
+the member that runs the job (archived once on shared homes, streamed over SSH to a
+member with homes of its own, cached there), a member that cannot get the image fails
+the job with the reason, and the containers of a nodes=2 job reach each other."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from cluster_harness import status, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspaces"))
+from workspace_testing import IMAGE, make_rootfs, podman_ready, reap_tenant  # noqa: E402
+
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.podman]
+
+USER = "cora"
+
+
+def show(host, key, jid) -> dict:
+    r = host.ssh(USER, key, f"mt-job show {jid} --json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def submit(host, key, script: str) -> str:
+    r = host.ssh(USER, key, "mt-job submit --parsable -", input=script.encode())
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode().strip()
+
+
+def ended(host, key, jid, timeout=90) -> dict:
+    final = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
+    return wait_for(lambda: (lambda j: j if j["state"] in final else None)(show(host, key, jid)),
+                    timeout=timeout, what=f"job {jid} to end")
+
+
+def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
+    why = podman_ready()
+    if why:
+        pytest.skip(why)
+    shared = Path(tempfile.mkdtemp(prefix="mtgpu-shared-homes-", dir="/tmp"))
+    os.chmod(shared, 0o755)
+    containers = {"enabled": True, "allow_user_images": True,
+                  "templates": {"busybox": {"image": IMAGE}}}
+    c = cluster([("ca", 0, {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": containers}),
+                 ("cb", 0, {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": containers}),
+                 ("cc", 0, {"CONTAINERS": containers})],
+                private_dirs={"cc": ("/run/user",)})  # cc is another machine: its own /run
+    ca, cb, cc = (c.by_name(n) for n in ("ca", "cb", "cc"))
+    try:
+        setup = str(Path(sys.executable).parent / "mtgpu-setup")
+        for h in c.hosts:
+            r = h.in_ns([setup, "podman-check", "--fix", "--config", str(h.config_path)])
+            assert r.returncode == 0, r.stdout + r.stderr
+        key = ca.add_user(USER)
+        for h in c.hosts:
+            wait_for(lambda h=h: h.ssh(USER, key, "true").returncode == 0, what="a login")
+        wait_for(lambda: status(ca).get("homes") == "mixed", timeout=30, what="mixed homes")
+        tar = subprocess.run(["tar", "-C", str(make_rootfs(ca.dir)), "-c", "."],
+                             capture_output=True, check=True).stdout
+        r = ca.ssh(USER, key, f"podman import - {IMAGE}", input=tar)
+        assert r.returncode == 0, r.stderr
+        body = "#!/bin/sh\n#MTGPU container=busybox server={node} workdir=/tmp\necho ran-on $(cat /proc/1/cmdline | tr '\\0' _)\n"
+
+        # cc has homes of its own: the image is streamed from ca, then cached there.
+        jid = submit(ca, key, body.format(node="cc"))
+        j = ended(ca, key, jid)
+        err = Path(j["stderr"].replace(str(shared), str(cc.homes)))
+        assert j["state"] == "COMPLETED", (j["reason"], err.exists() and err.read_text()[-1500:])
+        image_id = j["image_id"]
+        assert j["progress"]["cc"].startswith(f"streamed image {image_id[:12]} from ca"), j
+        out = Path(j["stdout"].replace(str(shared), str(cc.homes)))
+        assert out.read_text() == "ran-on /bin/sh_/.mtgpu-job_\n"
+        assert (cc.state_dir / "images" / f"{image_id}.tar").is_file()
+        # ca shares its homes with cb: the image was archived once, under the home.
+        archives = list((shared / USER / ".mtgpu" / "images").glob("*.tar"))
+        assert [a.name for a in archives] == [f"{image_id}.tar"]
+        stamp = archives[0].stat().st_mtime_ns
+        # A second job on cc finds the image in the tenant's store there: nothing moves.
+        again = ended(ca, key, submit(ca, key, body.format(node="cc")))
+        assert again["state"] == "COMPLETED" and "cc" not in again["progress"], again
+        # cb shares the homes with ca: the job runs with no copy at all.
+        onb = ended(cb, key, submit(cb, key, body.format(node="cb")))
+        assert onb["state"] == "COMPLETED" and onb["progress"] == {}, onb
+        assert archives[0].stat().st_mtime_ns == stamp   # archived once, not again
+
+        # An image no member has, from a registry that is not there: the job fails
+        # with the reason (it does not hang).
+        bad = ended(ca, key, submit(ca, key, "#!/bin/sh\n#MTGPU container=localhost:1/absent:1 "
+                                             "server=cc\ntrue\n"))
+        assert bad["state"] == "FAILED", bad
+        assert "the image localhost:1/absent:1 cannot reach cc" in bad["reason"], bad
+        assert "pulling localhost:1/absent:1 failed" in bad["reason"], bad
+
+        # nodes=2 on the members' own network: rank 1 reaches rank 0's port.
+        two = submit(ca, key, "#!/bin/sh\n#MTGPU container=busybox nodes=2 workdir=/tmp\n"
+                     'if [ "$MTGPU_NODE_RANK" = 0 ]; then echo "got $(nc -l -p $MASTER_PORT)"; '
+                     "else for i in $(seq 100); do echo hello-from-rank-1 | nc $MASTER_ADDR "
+                     "$MASTER_PORT && break; sleep 0.1; done; fi\n")
+        j = ended(ca, key, two)
+        assert j["state"] == "COMPLETED", j
+        rank0 = c.by_name(j["nodes"][0])
+        home0 = shared if rank0 is not cc else cc.homes
+        out = Path(j["stdout"].replace(str(shared), str(home0)))
+        assert out.read_text() == "got hello-from-rank-1\n"
+        for h in c.hosts:
+            r = h.ssh(USER, key, "podman ps --all --filter label=mtgpu.job --format '{{.Names}}'")
+            assert r.returncode == 0 and r.stdout.strip() == b"", (h.config["SERVER_NAME"], r)
+    finally:
+        uid = int((ca.passwd(USER) or [0, 0, 0])[2])
+        for h in c.hosts:
+            h.stop()
+        if uid:
+            reap_tenant(uid)
+        subprocess.run(["rm", "-rf", str(shared)], check=False)
