@@ -17,6 +17,7 @@ from typing import Any
 from pathlib import Path
 
 from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
+from mtgpu.errors import ApiError
 
 log = logging.getLogger("mtgpu.api")
 
@@ -85,7 +86,13 @@ async def start_unix_api(path: str, dispatcher: Dispatcher,
         except OSError:
             writer.close()
             return
-        caller = identify(uid)
+        try:
+            caller = identify(uid)
+        except ApiError as exc:  # a known user who may not use this host (no grant)
+            writer.write(json.dumps({"id": None, "ok": False, "code": exc.code,
+                                     "error": str(exc)}).encode() + b"\n")
+            writer.close()
+            return
         if caller is None:
             writer.write(json.dumps({"id": None, "ok": False, "code": "unknown_user",
                                      "error": f"UID {uid} is not an MTGPU user on this host"}

@@ -304,7 +304,10 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             return None
         if p.kind == "tenant":
             u = self.daemon.registry.get(p.username)
-            return u["uid"] if u else None
+            if u is None or not self.daemon.registry.granted(p.username,
+                                                             self.daemon.options.cluster_name):
+                return None  # not granted this cluster: no forwarding either
+            return u["uid"]
         acct = self.daemon.accounts.existing(p.username)
         return acct.uid if acct else None
 
