@@ -71,6 +71,24 @@ async def serve_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
             pass
 
 
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  exc: ApiError) -> None:
+    """Answer the first request with the refusal, then close. The request is read
+    first: closing with it unread would reset the connection, and the client would
+    see a broken pipe instead of the reason."""
+    try:
+        await asyncio.wait_for(reader.readline(), 5)
+    except (asyncio.TimeoutError, ValueError, ConnectionError):
+        pass
+    try:
+        writer.write(json.dumps({"id": None, "ok": False, "code": exc.code,
+                                 "error": str(exc)}).encode() + b"\n")
+        await writer.drain()
+    except ConnectionError:
+        pass
+    writer.close()
+
+
 async def start_unix_api(path: str, dispatcher: Dispatcher,
                          identify: Callable[[int], Caller | None]) -> asyncio.AbstractServer:
     """Listen on ``path`` (mode 0666: any local user may ask, as themselves)."""
@@ -88,16 +106,10 @@ async def start_unix_api(path: str, dispatcher: Dispatcher,
             return
         try:
             caller = identify(uid)
-        except ApiError as exc:  # a known user who may not use this host (no grant)
-            writer.write(json.dumps({"id": None, "ok": False, "code": exc.code,
-                                     "error": str(exc)}).encode() + b"\n")
-            writer.close()
-            return
-        if caller is None:
-            writer.write(json.dumps({"id": None, "ok": False, "code": "unknown_user",
-                                     "error": f"UID {uid} is not an MTGPU user on this host"}
-                                    ).encode() + b"\n")
-            writer.close()
+            if caller is None:
+                raise ApiError(f"UID {uid} is not an MTGPU user on this host", "unknown_user")
+        except ApiError as exc:  # unknown, or a known user not granted this cluster
+            await _refuse(reader, writer, exc)
             return
         await serve_lines(reader, writer, dispatcher, caller)
 
