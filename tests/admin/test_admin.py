@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,8 +35,12 @@ class Pair:
         self.ssh_config = self.dir / "ssh_config"
 
     def start(self) -> None:
+        starting = threading.Thread(target=self.beta.start)
+        starting.start()
         self.alpha.start()
-        self.beta.start()
+        starting.join()
+        if self.beta.proc is None or not (self.beta.run_dir / "mtgpu.pid").exists():
+            self.beta.start()  # raises with its log
         key = self.alpha.key("boss")
         for h in (self.alpha, self.beta):
             h.admin("user", "add", "boss", "--admin", "--key", self.alpha.pubkey("boss"))
@@ -192,7 +197,15 @@ def test_drain_now_requeues_or_cancels_with_the_reason(pair):
         ("node.undrain", {"node": "a1"})]
 
 
-def test_every_admin_command_answers_json(pair):
+def admin_here(host: Host, capsys, *argv: str) -> str:
+    """mtgpu-admin run in this process (as root), like the CLI tests; returns stdout."""
+    from mtgpu.cli import admin
+
+    assert admin.main(["--config", str(host.config_path), *argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_every_admin_command_answers_json(pair, capsys):
     b = pair.beta
     pub = b.pubkey("erin")
     other = b.pubkey("erin2")
@@ -205,15 +218,14 @@ def test_every_admin_command_answers_json(pair):
         ("user", "remove", "erin"),
     ]
     for argv in commands:
-        r = b.admin(*argv, "--json")
-        json.loads(r.stdout)  # parses
-    assert json.loads(b.admin("cluster", "status", "--json").stdout)["cluster_id"] == "beta"
-    lines = json.loads(b.admin("logs", "-n", "500", "--json").stdout)["lines"]
+        json.loads(admin_here(b, capsys, *argv, "--json"))  # parses
+    assert json.loads(admin_here(b, capsys, "cluster", "status", "--json"))["cluster_id"] == "beta"
+    lines = json.loads(admin_here(b, capsys, "logs", "-n", "500", "--json"))["lines"]
     assert any("serving SSH" in ln["message"] for ln in lines)
-    actions = [e["action"] for e in json.loads(b.admin("audit", "-n", "0", "--json").stdout)]
+    actions = [e["action"] for e in json.loads(admin_here(b, capsys, "audit", "-n", "0", "--json"))]
     for op in ("user.add", "user.key.add", "user.key.remove", "invite", "node.drain",
                "node.undrain", "user.remove"):
         assert op in actions
     assert "user.list" not in actions and "audit" not in actions  # reads are not actions
     for argv in (("user", "list"), ("audit",), ("cluster", "status"), ("jobs", "--all")):
-        assert b.admin(*argv).stdout.strip()  # readable tables too
+        assert admin_here(b, capsys, *argv).strip()  # readable tables too
