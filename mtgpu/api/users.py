@@ -147,8 +147,11 @@ def register(d: Dispatcher, host: UserHost) -> None:
                                  time.time())
         if "error" in r:
             raise ApiError(f"cluster {cluster} refuses UID {uid} for {name!r}: {r['error']}. "
-                           "A user keeps one UID in every cluster, so files on shared storage "
-                           "keep their owner; resolve the clash before granting", r["code"])
+                           "A user keeps one UID in every cluster, so that files on shared "
+                           f"storage keep their owner. To resolve it, remove {name!r} where it "
+                           f"was created (`mtgpu-admin user remove {name}`; UIDs are never "
+                           "reused, so it gets a new one when added again) and grant again",
+                           r["code"])
         return {**r, "cluster": cluster}
 
     async def user_revoke(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:

@@ -210,7 +210,10 @@ class ClusterLink:
                 self.close()
                 raise ApiError(f"cluster {self.cluster} ({self.member}): {exc}",
                                "unreachable") from exc
-            raise ApiError(f"cluster {self.cluster}: {exc}", exc.code) from exc
+            text = str(exc)
+            if f"cluster {self.cluster}" not in text:
+                text = f"cluster {self.cluster}: {text}"
+            raise ApiError(text, exc.code) from exc
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
