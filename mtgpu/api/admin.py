@@ -146,4 +146,4 @@ async def write_audit(host: Any, caller: Caller, op: str, args: dict[str, Any],
     entry = {"time": time.time(), "actor": caller.name, "uid": caller.uid, "via": caller.via,
              "member": host.options.server_name, "action": op, "args": summarize(args),
              "ok": error is None, "error": error}
-    await host.replicate(host.audit.record, entry, timeout=15)
+    await host.replicate(host.audit.record, entry, timeout=5)

@@ -131,7 +131,7 @@ def test_grants_decide_which_clusters_a_user_logs_in_to_with_one_uid(pair):
     assert {c: r["uid"] for c, r in shown["clusters"].items()} == {"alpha": uid, "beta": uid}
 
     # Revoking takes effect at once, without a restart: the login and the queue.
-    pair.mtcode("revoke", "alice", "alpha")
+    assert json.loads(pair.mtcode("revoke", "alice", "alpha", "--json").stdout)["changed"]
     refused = a.ssh("alice", key, "mt-job list --json")
     assert refused.returncode == 1 and b"not granted the cluster 'alpha'" in refused.stderr
     as_alice = a.in_ns(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",

@@ -37,3 +37,6 @@ def test_an_unreachable_cluster_is_named_with_the_reason(tmp_path, capsys):
     assert "Connection refused" in row["error"]
     rc, out, _ = run(capsys, "--clusters", str(f), "cluster", "list", "--offline")
     assert rc == 0 and "alpha" in out and "127.0.0.1:1" in out
+    rc, out, _ = run(capsys, "--clusters", str(f), "cluster", "remove", "alpha", "--json")
+    assert rc == 0 and json.loads(out)["removed"] == "alpha"
+    assert "alpha" not in f.read_text()
