@@ -368,7 +368,7 @@ def _cluster_list(args: argparse.Namespace, cl: ClusterList) -> int:
         return table([[r["name"], ", ".join(r["members"]),
                        "" if r["reachable"] is None else
                        (f"ok via {r['via']}, admin as {r['admin_as']}, {r['member_count']} "
-                        f"member(s)" if r["reachable"] else f"unreachable: {r['error']}"[:100])]
+                        f"member(s)" if r["reachable"] else f"failed: {r['error']}"[:120])]
                       for r in rows], ["CLUSTER", "REACHED AT", "STATE"]) \
             + f"\n(from {cl.path})"
     emit(args, rows, text)
