@@ -24,6 +24,7 @@ import asyncssh
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
+from mtgpu.api import admin as admin_api
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
@@ -34,8 +35,8 @@ from mtgpu.api.jobs import submitted_image
 from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.config import Options, load
-from mtgpu.errors import ConfigError, MtgpuError
-from mtgpu.gateway.session import Gateway
+from mtgpu.errors import ApiError, ConfigError, MtgpuError
+from mtgpu.gateway.session import Gateway, ungranted_message
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
@@ -44,6 +45,7 @@ from mtgpu.schedd.jobtable import FINAL_STATES, JobTable
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.sshd.server import Penalties, start_ssh_server
+from mtgpu.state.audit import AuditLog
 from mtgpu.state.store import StateStore
 from mtgpu.workspaces.jobs import IMAGE_SUBSYSTEM, JobContainers
 from mtgpu.workspaces.service import Workspaces
@@ -67,6 +69,7 @@ class Daemon:
         self.tools_dir = str(Path(options.run_dir) / "bin")
         self.jobs = JobTable()
         self.drains = Drains()  # members admins drained (replicated)
+        self.audit = AuditLog()  # admin actions (replicated)
         self.sampler = Sampler(options)
         self.store: StateStore | None = None
         self.scheduler: Scheduler | None = None
@@ -144,11 +147,14 @@ class Daemon:
         return Caller(account.name, account.uid, self.is_admin_name(account.name), via)
 
     def identify_uid(self, uid: int) -> Caller | None:
-        """The caller behind a local UID (from SO_PEERCRED)."""
+        """The caller behind a local UID (from SO_PEERCRED); ApiError for a tenant who
+        is not granted this cluster."""
         if uid == 0:
             return Caller("root", 0, True, "socket")
         u = self.registry.by_uid(uid)
         if u is not None:
+            if not self.registry.granted(u["name"], self.options.cluster_name):
+                raise ApiError(ungranted_message(self, u["name"]), "not_granted")
             return Caller(u["name"], uid, self.is_admin_name(u["name"]), "socket")
         try:
             pw = pwd.getpwuid(uid)
@@ -222,6 +228,8 @@ class Daemon:
     async def start(self) -> None:
         self._prepare_dirs()
         o = self.options
+        admin_api.recent_log()  # `mtgpu-admin logs` shows what is logged from now on
+        self.dispatcher.auditor = lambda *a: admin_api.write_audit(self, *a)
         user_api.register(self.dispatcher, self)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
@@ -233,13 +241,14 @@ class Daemon:
             self.cluster.register_hello()
             self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
             self._servers.append(await start_ssh_server(self, gateway))
-            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains])
+            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains,
+                                                        self.audit])
             self.cluster.drains = self.drains
             self.raft = self.cluster.transport
             self.cluster.on_store = self._use_store
         else:
-            self.store = StateStore(o.server_name, [self.registry, self.jobs, self.drains],
-                                    o.state_dir)
+            self.store = StateStore(o.server_name, [self.registry, self.jobs, self.drains,
+                                                    self.audit], o.state_dir)
         await self.store.wait_ready(timeout=120)
         runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
         if self.cluster is not None:
@@ -257,6 +266,7 @@ class Daemon:
                         loop.create_task(self._retention_loop())]
         job_api.register(self.dispatcher, self)
         drain_api.register(self.dispatcher, self)
+        admin_api.register(self.dispatcher, self)
         self._register_host_ops()
         # Container workspaces: reservations in the job table, podman as the tenant.
         self.workspaces = Workspaces(self)
@@ -356,7 +366,8 @@ class Daemon:
             return forwarding
 
         for op in ops:
-            self.dispatcher.register(op, make(op), admin=originals[op].admin)
+            self.dispatcher.register(op, make(op), admin=originals[op].admin,
+                                     audit=originals[op].audit)
 
         async def forward(caller: Caller, args: dict[str, Any]) -> Any:
             """A tenant's request relayed by another member (peers only)."""
@@ -479,7 +490,7 @@ class Daemon:
             self.scheduler.kick()
             return {"node": node, "index": args["index"], "used": used}
 
-        self.dispatcher.register("simulate", simulate, admin=True)
+        self.dispatcher.register("simulate", simulate, admin=True, audit=True)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -2,9 +2,16 @@
 
 It is replicated state (a PySyncObj consumer). Every method marked ``@replicated``
 runs on every member in log order, so it must be deterministic: the caller passes
-``now`` and anything read from the local host (``skip_uids``). Records are plain
-dicts replaced as a whole, so readers on the event-loop thread always see a
-complete record.
+``now`` and anything read from the local host (``skip_uids``, this cluster's ID).
+Records are plain dicts replaced as a whole, so readers on the event-loop thread
+always see a complete record.
+
+**Grants.** A record's ``clusters`` lists the clusters the user is granted. A member
+lets a user in only when its own cluster is in the list (:meth:`Registry.granted`).
+A user added here (``user add``, an invite) is granted this cluster; ``mtcode-admin``
+carries records between clusters (:meth:`Registry.import_user`), so a user keeps one
+UID everywhere, and revokes grants (:meth:`Registry.set_grant`) without removing the
+record: its UID stays reserved, and a refused login can say why.
 """
 
 from __future__ import annotations
@@ -47,7 +54,6 @@ class Registry(SyncObjConsumer):
         self.invites: dict[str, dict[str, Any]] = {}
         # Every UID ever given out, retired ones included: a UID is never reused.
         self.used_uids: set[int] = set()
-        self.audit: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------- reads
 
@@ -62,6 +68,23 @@ class Registry(SyncObjConsumer):
 
     def names(self) -> list[str]:
         return sorted(self.users)
+
+    def granted(self, name: str, cluster: str) -> bool:
+        """Whether ``name`` is a user granted the cluster ``cluster``."""
+        u = self.users.get(name)
+        return bool(u) and cluster in u.get("clusters", ())
+
+    def uid_conflict(self, name: str, uid: int) -> str | None:
+        """Why ``uid`` cannot be ``name``'s here, or None when it can."""
+        holder = self.by_uid(uid)
+        if holder is not None and holder["name"] != name:
+            return f"UID {uid} belongs to the user {holder['name']!r} here"
+        mine = self.users.get(name)
+        if mine is not None and mine["uid"] != uid:
+            return f"{name!r} already has UID {mine['uid']} here, not {uid}"
+        if holder is None and mine is None and uid in self.used_uids:
+            return f"UID {uid} belonged to a removed user here and is never given out again"
+        return None
 
     def has_key(self, name: str, openssh_line: str) -> bool:
         u = self.users.get(name)
@@ -86,34 +109,29 @@ class Registry(SyncObjConsumer):
         return None
 
     def _new_user(self, name: str, keys: list[str], admin: bool, now: float,
-                  skip_uids: Iterable[int], uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
+                  skip_uids: Iterable[int], uid_range: tuple[int, int] | None = None,
+                  clusters: list[str] | None = None) -> dict[str, Any]:
         uid = self._allocate_uid(skip_uids, uid_range)
         if uid is None:
             return {"error": "TENANT_UID_RANGE is exhausted; widen it in the configuration",
                     "code": "uid_exhausted"}
         self.used_uids.add(uid)
         self.users[name] = {"name": name, "uid": uid, "keys": list(keys), "admin": bool(admin),
-                            "clusters": [], "created": now, "last_login": None}
+                            "clusters": list(clusters or []), "created": now, "last_login": None}
         return {"uid": uid, "name": name}
-
-    def _log(self, now: float, actor: str, action: str, target: str) -> None:
-        self.audit.append({"time": now, "actor": actor, "action": action, "target": target})
-        if len(self.audit) > 10000:
-            del self.audit[:1000]
 
     # ------------------------------------------------------- replicated
 
     @replicated
     def add_user(self, name: str, keys: list[str], admin: bool, now: float,
                  skip_uids: list[int], actor: str = "",
-                 uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
+                 uid_range: tuple[int, int] | None = None,
+                 clusters: list[str] | None = None) -> dict[str, Any]:
+        """A new user with a new UID, granted ``clusters`` (this cluster's ID)."""
         if name in self.users:
             return {"error": f"user {name!r} already exists; use `user key add` to add a key",
                     "code": "exists"}
-        result = self._new_user(name, keys, admin, now, skip_uids, uid_range)
-        if "uid" in result:
-            self._log(now, actor, "user add", name)
-        return result
+        return self._new_user(name, keys, admin, now, skip_uids, uid_range, clusters)
 
     @replicated
     def remove_user(self, name: str, now: float, actor: str = "") -> dict[str, Any]:
@@ -122,7 +140,6 @@ class Registry(SyncObjConsumer):
         if u is None:
             return {"error": f"no user {name!r}", "code": "not_found"}
         # The UID stays in used_uids: files on shared storage keep their owner.
-        self._log(now, actor, "user remove", name)
         return {"name": name, "uid": u["uid"]}
 
     @replicated
@@ -133,7 +150,6 @@ class Registry(SyncObjConsumer):
         if key_id(key) in {key_id(k) for k in u["keys"]}:
             return {"name": name, "keys": len(u["keys"]), "unchanged": True}
         self.users[name] = {**u, "keys": [*u["keys"], key]}
-        self._log(now, actor, "key add", name)
         return {"name": name, "keys": len(u["keys"]) + 1}
 
     @replicated
@@ -145,7 +161,6 @@ class Registry(SyncObjConsumer):
         if len(keep) == len(u["keys"]):
             return {"error": f"user {name!r} has no such key", "code": "not_found"}
         self.users[name] = {**u, "keys": keep}
-        self._log(now, actor, "key remove", name)
         return {"name": name, "keys": len(keep)}
 
     @replicated
@@ -154,7 +169,6 @@ class Registry(SyncObjConsumer):
         if u is None:
             return {"error": f"no user {name!r}", "code": "not_found"}
         self.users[name] = {**u, "admin": bool(admin)}
-        self._log(now, actor, "admin " + ("on" if admin else "off"), name)
         return {"name": name, "admin": bool(admin)}
 
     @replicated
@@ -162,13 +176,15 @@ class Registry(SyncObjConsumer):
                       now: float, actor: str = "") -> dict[str, Any]:
         self.invites[name] = {"name": name, "code_hash": code_hash, "expires": expires,
                               "admin": bool(admin), "failures": 0, "created": now}
-        self._log(now, actor, "invite", name)
         return {"name": name, "expires": expires}
 
     @replicated
     def redeem_invite(self, name: str, code_hash: str, key: str, now: float,
                       skip_uids: list[int], max_failures: int,
-                      uid_range: tuple[int, int] | None = None) -> dict[str, Any]:
+                      uid_range: tuple[int, int] | None = None,
+                      cluster: str | None = None) -> dict[str, Any]:
+        """Bind ``key`` if the code is right; the user is then granted ``cluster``
+        (the invite was issued by this cluster's admin)."""
         inv = self.invites.get(name)
         if inv is None:
             return {"error": "there is no open invite for this user; ask an admin for a new one",
@@ -180,7 +196,6 @@ class Registry(SyncObjConsumer):
             failures = inv["failures"] + 1
             if failures >= max_failures:
                 del self.invites[name]
-                self._log(now, name, "invite revoked after wrong codes", name)
                 return {"error": "wrong invite code; too many wrong codes, so the invite is "
                                  "revoked. Ask an admin for a new one", "code": "revoked"}
             self.invites[name] = {**inv, "failures": failures}
@@ -188,15 +203,56 @@ class Registry(SyncObjConsumer):
                     "code": "wrong_code"}
         del self.invites[name]
         u = self.users.get(name)
+        grant = [cluster] if cluster else []
         if u is None:
-            result = self._new_user(name, [key], inv["admin"], now, skip_uids, uid_range)
-        else:
-            if key_id(key) not in {key_id(k) for k in u["keys"]}:
-                self.users[name] = {**u, "keys": [*u["keys"], key]}
-            result = {"uid": u["uid"], "name": name}
-        if "uid" in result:
-            self._log(now, name, "invite redeemed", name)
-        return result
+            return self._new_user(name, [key], inv["admin"], now, skip_uids, uid_range, grant)
+        keys = u["keys"] if key_id(key) in {key_id(k) for k in u["keys"]} else [*u["keys"], key]
+        clusters = [*u.get("clusters", []), *[c for c in grant if c not in u.get("clusters", [])]]
+        self.users[name] = {**u, "keys": keys, "clusters": clusters}
+        return {"uid": u["uid"], "name": name}
+
+    @replicated
+    def import_user(self, name: str, keys: list[str], uid: int, grant: bool, cluster: str,
+                    now: float) -> dict[str, Any]:
+        """Take a user record carried from another cluster (``mtcode-admin``).
+
+        The user keeps ``uid``: a UID that is another user's here (or a removed
+        user's) is refused, and so is another UID for a user this cluster knows. Keys
+        are merged; with ``grant`` the user is granted ``cluster`` (this one), without
+        it an unknown user is recorded ungranted (the UID is then reserved here, and a
+        login can be refused with a reason) and a known one keeps its grant. The admin
+        flag never travels: each cluster's admins are its own.
+        """
+        why = self.uid_conflict(name, uid)
+        if why is not None:
+            return {"error": why, "code": "uid_conflict"}
+        u = self.users.get(name)
+        new = u is None
+        if u is None:
+            self.used_uids.add(uid)
+            u = {"name": name, "uid": uid, "keys": [], "admin": False, "clusters": [],
+                 "created": now, "last_login": None}
+        have = {key_id(k) for k in u["keys"]}
+        merged = [*u["keys"], *[k for k in keys if key_id(k) not in have]]
+        clusters = list(u.get("clusters", []))
+        if grant and cluster not in clusters:
+            clusters.append(cluster)
+        self.users[name] = {**u, "keys": merged, "clusters": clusters}
+        return {"name": name, "uid": uid, "granted": cluster in clusters, "created": new,
+                "keys_added": len(merged) - len(u["keys"])}
+
+    @replicated
+    def set_grant(self, name: str, cluster: str, grant: bool) -> dict[str, Any]:
+        """Grant or revoke ``cluster`` for ``name``; the record and its UID stay."""
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r} on this cluster", "code": "not_found"}
+        clusters = [c for c in u.get("clusters", []) if c != cluster]
+        if grant:
+            clusters.append(cluster)
+        was = cluster in u.get("clusters", [])
+        self.users[name] = {**u, "clusters": clusters}
+        return {"name": name, "uid": u["uid"], "granted": grant, "changed": was != grant}
 
     @replicated
     def record_login(self, name: str, now: float) -> None:

@@ -33,6 +33,8 @@ class Caller:
 
 
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[Any] | Any]
+#: Writes one audit entry: (caller, operation, arguments, error or None).
+Auditor = Callable[[Caller, str, dict[str, Any], "str | None"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,25 @@ class _Op:
     fn: Handler
     admin: bool
     doc: str
+    audit: bool = False
 
 
 class Dispatcher:
-    """Maps operation names to handlers and enforces the admin flag."""
+    """Maps operation names to handlers, enforces the admin flag and audits actions."""
 
     def __init__(self) -> None:
         self._ops: dict[str, _Op] = {}
+        #: Set by the daemon once the replicated audit log exists.
+        self.auditor: Auditor | None = None
 
-    def register(self, name: str, fn: Handler, *, admin: bool = False) -> None:
-        self._ops[name] = _Op(fn, admin, (inspect.getdoc(fn) or "").split("\n")[0])
+    def register(self, name: str, fn: Handler, *, admin: bool = False, audit: bool = False) -> None:
+        """Serve ``name`` with ``fn``. ``admin``: admins only. ``audit``: an action an
+        admin takes with it is written to the audit log, whether it succeeds or not
+        (a tenant's own use of the operation, such as cancelling their job, is not)."""
+        self._ops[name] = _Op(fn, admin, (inspect.getdoc(fn) or "").split("\n")[0], audit)
+
+    def op(self, name: str) -> _Op | None:
+        return self._ops.get(name)
 
     def ops(self, caller: Caller) -> list[str]:
         return sorted(n for n, op in self._ops.items() if caller.admin or not op.admin)
@@ -72,6 +83,23 @@ class Dispatcher:
             if op.admin and not caller.admin:
                 raise ApiError(f"{name} needs an admin; ask an admin of this cluster",
                                "forbidden")
+        except ApiError as exc:
+            return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
+        answer = await self._run(op, caller, args, rid, request)
+        # Actions are audited where the admin asked (a relayed request was audited on
+        # the member that relayed it).
+        if op.audit and caller.admin and caller.via not in ("peer", "forwarded") \
+                and self.auditor is not None:
+            try:
+                await self.auditor(caller, name, args,
+                                   None if answer["ok"] else answer.get("error", "refused"))
+            except Exception:  # noqa: BLE001 - the action stands even if its entry failed
+                log.exception("could not write the audit entry of %s by %s", name, caller.name)
+        return answer
+
+    async def _run(self, op: _Op, caller: Caller, args: dict[str, Any], rid: Any,
+                   request: dict[str, Any]) -> dict[str, Any]:
+        try:
             result = op.fn(caller, args)
             if inspect.isawaitable(result):
                 result = await result

@@ -3,6 +3,10 @@
 In a cluster both run on the scheduler (other members relay them), so the scheduler
 acts on the change at once; the drain itself is replicated state
 (:class:`~mtgpu.schedd.drains.Drains`) and outlives a failover.
+
+A drain with ``now`` also empties the member: each job running there is requeued if
+it allows it (``requeue=yes``) and cancelled otherwise, with the drain's reason
+recorded on the job.
 """
 
 from __future__ import annotations
@@ -47,10 +51,27 @@ def register(d: Dispatcher, host: Any) -> None:
         known = known_nodes(host)
         if node not in known:
             raise ApiError(f"no member {node!r}; members: {', '.join(sorted(known))}", "not_found")
+        now = arg(args, "now", bool, False)
         r = await host.replicate(host.drains.drain, node, reason, caller.name, time.time())
+        requeued: list[str] = []
+        cancelled: list[str] = []
+        if now:
+            why = f"{node} was drained now by {caller.name}" + (f": {reason}" if reason else "")
+            for jid in running_on(host, node):
+                j = host.jobs.get(jid)
+                if j is None:
+                    continue
+                if j["spec"].get("requeue"):
+                    await host.replicate(host.jobs.requeue, jid, f"requeued: {why}", time.time())
+                    requeued.append(jid)
+                else:
+                    await host.replicate(host.jobs.cancel, [jid], caller.name, time.time(), why)
+                    cancelled.append(jid)
         if host.scheduler is not None:
             host.scheduler.kick()
-        return {**r, "drained": True, "running": running_on(host, node)}
+        running = [j for j in running_on(host, node) if j not in cancelled]
+        return {**r, "drained": True, "running": running, "now": now,
+                "requeued": requeued, "cancelled": cancelled}
 
     async def undrain(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Let a drained member take new work again."""
@@ -66,5 +87,5 @@ def register(d: Dispatcher, host: Any) -> None:
             host.scheduler.kick()
         return {"node": node, "drained": False, "was": was}
 
-    d.register("node.drain", drain, admin=True)
-    d.register("node.undrain", undrain, admin=True)
+    d.register("node.drain", drain, admin=True, audit=True)
+    d.register("node.undrain", undrain, admin=True, audit=True)

@@ -117,6 +117,7 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "container": (j.get("container") or {}).get("ref"),
         "image_id": (j.get("container") or {}).get("id"),
         "progress": dict(j.get("progress") or {}),
+        "requeues": j.get("requeues", 0), "requeue_reason": j.get("requeue_reason"),
     }
     return view
 
@@ -195,8 +196,9 @@ def register(d: Dispatcher, host: JobHost) -> None:
                 "gpus": [g for v in views for g in v["gpus"]], "exit_code": None, "reason": ""}
 
     async def cancel(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-        """Cancel jobs (an array's id cancels every task)."""
+        """Cancel jobs (an array's id cancels every task), with an optional reason."""
         ids = arg(args, "job_ids", list)
+        why = " ".join(arg(args, "reason", str, "").split())[:200]
         targets, missing = [], []
         for raw in ids:
             jid = str(raw)
@@ -206,7 +208,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
             targets += [t["job_id"] for t in tasks]
         if missing and not targets:
             raise ApiError(f"no job {', '.join(missing)} of yours to cancel", "not_found")
-        r = await host.replicate(host.jobs.cancel, targets, caller.name, time.time())
+        r = await host.replicate(host.jobs.cancel, targets, caller.name, time.time(), why)
         host.scheduler.forget(r["cancelled"])
         return {**r, "not_found": missing}
 
@@ -230,6 +232,6 @@ def register(d: Dispatcher, host: JobHost) -> None:
     d.register("job.submit", submit)
     d.register("job.list", list_)
     d.register("job.show", show)
-    d.register("job.cancel", cancel)
+    d.register("job.cancel", cancel, audit=True)  # audited when an admin cancels
     d.register("nodes", nodes)
 

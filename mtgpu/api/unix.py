@@ -17,6 +17,7 @@ from typing import Any
 from pathlib import Path
 
 from mtgpu.api.dispatcher import MAX_REQUEST_BYTES, Caller, Dispatcher
+from mtgpu.errors import ApiError
 
 log = logging.getLogger("mtgpu.api")
 
@@ -70,6 +71,24 @@ async def serve_lines(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
             pass
 
 
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  exc: ApiError) -> None:
+    """Answer the first request with the refusal, then close. The request is read
+    first: closing with it unread would reset the connection, and the client would
+    see a broken pipe instead of the reason."""
+    try:
+        await asyncio.wait_for(reader.readline(), 5)
+    except (asyncio.TimeoutError, ValueError, ConnectionError):
+        pass
+    try:
+        writer.write(json.dumps({"id": None, "ok": False, "code": exc.code,
+                                 "error": str(exc)}).encode() + b"\n")
+        await writer.drain()
+    except ConnectionError:
+        pass
+    writer.close()
+
+
 async def start_unix_api(path: str, dispatcher: Dispatcher,
                          identify: Callable[[int], Caller | None]) -> asyncio.AbstractServer:
     """Listen on ``path`` (mode 0666: any local user may ask, as themselves)."""
@@ -85,12 +104,12 @@ async def start_unix_api(path: str, dispatcher: Dispatcher,
         except OSError:
             writer.close()
             return
-        caller = identify(uid)
-        if caller is None:
-            writer.write(json.dumps({"id": None, "ok": False, "code": "unknown_user",
-                                     "error": f"UID {uid} is not an MTGPU user on this host"}
-                                    ).encode() + b"\n")
-            writer.close()
+        try:
+            caller = identify(uid)
+            if caller is None:
+                raise ApiError(f"UID {uid} is not an MTGPU user on this host", "unknown_user")
+        except ApiError as exc:  # unknown, or a known user not granted this cluster
+            await _refuse(reader, writer, exc)
             return
         await serve_lines(reader, writer, dispatcher, caller)
 

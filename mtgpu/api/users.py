@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import pwd
 import secrets
 import time
 from typing import Any, Protocol
@@ -51,10 +53,18 @@ def _result(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def _user_view(u: dict[str, Any]) -> dict[str, Any]:
+def _user_view(u: dict[str, Any], cluster: str) -> dict[str, Any]:
     return {"name": u["name"], "uid": u["uid"], "admin": u["admin"], "keys": list(u["keys"]),
-            "clusters": list(u["clusters"]), "created": u["created"],
-            "last_login": u["last_login"]}
+            "clusters": list(u["clusters"]), "granted": cluster in u["clusters"],
+            "cluster": cluster, "created": u["created"], "last_login": u["last_login"]}
+
+
+def _local_holder(uid: int) -> str | None:
+    """The local account that holds ``uid`` on this host, if any."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
 
 
 def register(d: Dispatcher, host: UserHost) -> None:
@@ -63,7 +73,7 @@ def register(d: Dispatcher, host: UserHost) -> None:
     def whoami(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Who the daemon believes is asking."""
         return {"name": caller.name, "uid": caller.uid, "admin": caller.admin, "via": caller.via,
-                "server": host.options.server_name}
+                "server": host.options.server_name, "cluster_id": host.options.cluster_name}
 
     def version(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """The MTGPU version of this daemon."""
@@ -94,20 +104,62 @@ def register(d: Dispatcher, host: UserHost) -> None:
         _refuse_local(name)
         skip = host.accounts.local_uids()
         r = _result(await host.replicate(host.registry.add_user, name, keys, admin, time.time(),
-                                         skip, caller.name, host.options.tenant_uid_range))
+                                         skip, caller.name, host.options.tenant_uid_range,
+                                         [host.options.cluster_name]))
         return {"name": name, "uid": r["uid"], "admin": admin}
 
     def user_list(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """Every registered user."""
-        return [_user_view(host.registry.users[n]) for n in host.registry.names()
+        cluster = host.options.cluster_name
+        return [_user_view(host.registry.users[n], cluster) for n in host.registry.names()
                 if n in host.registry.users]
 
     def user_show(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """One user's record."""
         u = host.registry.get(_name(args))
         if u is None:
-            raise ApiError(f"no user {args['name']!r}", "not_found")
-        return _user_view(u)
+            raise ApiError(f"no user {args['name']!r} on cluster {host.options.cluster_name}",
+                           "not_found")
+        return _user_view(u, host.options.cluster_name)
+
+    async def user_import(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Take a user record (name, keys, UID) from another cluster, granted here or not."""
+        name = _name(args)
+        uid = arg(args, "uid", int)
+        keys = [normalize_key(k) for k in arg(args, "keys", list, [])]
+        grant = arg(args, "grant", bool, False)
+        cluster = host.options.cluster_name
+        if uid < 1000:
+            raise ApiError(f"UID {uid} is a system UID; a tenant's UID is 1000 or more",
+                           "uid_conflict")
+        if host.registry.get(name) is None:
+            _refuse_local(name)
+            holder = await asyncio.to_thread(_local_holder, uid)
+            if holder is not None and holder != name:
+                raise ApiError(f"cluster {cluster} refuses UID {uid} for {name!r}: the local "
+                               f"account {holder!r} on {host.options.server_name} holds it. Give "
+                               f"that account another UID, or remove {name!r} where it was "
+                               "created and add it again", "uid_conflict")
+        if not keys and host.registry.get(name) is None:
+            raise ApiError(f"{name!r} has no key to carry; add one where the user was created",
+                           "bad_request")
+        r = await host.replicate(host.registry.import_user, name, keys, uid, grant, cluster,
+                                 time.time())
+        if "error" in r:
+            raise ApiError(f"cluster {cluster} refuses UID {uid} for {name!r}: {r['error']}. "
+                           "A user keeps one UID in every cluster, so that files on shared "
+                           f"storage keep their owner. To resolve it, remove {name!r} where it "
+                           f"was created (`mtgpu-admin user remove {name}`; UIDs are never "
+                           "reused, so it gets a new one when added again) and grant again",
+                           r["code"])
+        return {**r, "cluster": cluster}
+
+    async def user_revoke(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Take this cluster's grant from a user (the record and UID stay)."""
+        name = _name(args)
+        cluster = host.options.cluster_name
+        r = _result(await host.replicate(host.registry.set_grant, name, cluster, False))
+        return {**r, "cluster": cluster}
 
     async def user_remove(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Remove a user from the registry (the OS account and home are kept)."""
@@ -152,10 +204,12 @@ def register(d: Dispatcher, host: UserHost) -> None:
 
     d.register("whoami", whoami)
     d.register("version", version)
-    d.register("user.add", user_add, admin=True)
+    d.register("user.add", user_add, admin=True, audit=True)
     d.register("user.list", user_list, admin=True)
     d.register("user.show", user_show, admin=True)
-    d.register("user.remove", user_remove, admin=True)
-    d.register("user.key.add", key_add, admin=True)
-    d.register("user.key.remove", key_remove, admin=True)
-    d.register("invite", invite, admin=True)
+    d.register("user.remove", user_remove, admin=True, audit=True)
+    d.register("user.key.add", key_add, admin=True, audit=True)
+    d.register("user.key.remove", key_remove, admin=True, audit=True)
+    d.register("user.import", user_import, admin=True, audit=True)
+    d.register("user.revoke", user_revoke, admin=True, audit=True)
+    d.register("invite", invite, admin=True, audit=True)

@@ -1,4 +1,5 @@
-"""``mtgpu-admin``: users, invites and the host, for admins on a member."""
+"""``mtgpu-admin``: users, invites, members, jobs, the audit log and the daemon's log,
+for admins on a member (root, or a user with the admin flag, over ssh too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from typing import Any
 
 from mtgpu.cli.common import add_common, base_parser, client, emit, run_cli, table
+from mtgpu.errors import ApiError
 
 
 def _ago(t: float | None) -> str:
@@ -62,12 +64,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(dr)
     dr.add_argument("node", help="the member's name (SERVER_NAME)")
     dr.add_argument("--reason", default="", help="why, shown with the member's state")
+    dr.add_argument("--now", action="store_true",
+                    help="also empty it: requeue its running jobs that allow it (requeue=yes) "
+                         "and cancel the others, recording the reason")
     ud = sub.add_parser("undrain", help="let a drained member take new work again")
     add_common(ud)
     ud.add_argument("node", help="the member's name (SERVER_NAME)")
     jobs = sub.add_parser("jobs", help="every tenant's jobs")
     add_common(jobs)
     jobs.add_argument("--all", "-a", action="store_true", help="include finished jobs")
+    jobs.add_argument("--user", "-u", help="only this user's jobs")
+    jobs.add_argument("--state", "-t", help="only jobs in this state (RUNNING, PENDING...)")
+    can = sub.add_parser("cancel", help="cancel any tenant's jobs, with a reason")
+    add_common(can)
+    can.add_argument("job_ids", nargs="+", metavar="JOBID")
+    can.add_argument("--reason", default="", help="why; the job's owner sees it with the job")
+    aud = sub.add_parser("audit", help="admin actions: who did what, when, with which arguments")
+    add_common(aud)
+    aud.add_argument("--limit", "-n", type=int, default=50,
+                     help="the newest N entries (default 50; 0: all kept)")
+    aud.add_argument("--user", help="only this admin's actions")
+    aud.add_argument("--action", help="only this action, e.g. node.drain or user")
+    lg = sub.add_parser("logs", help="the daemon's own recent log lines")
+    add_common(lg)
+    lg.add_argument("--lines", "-n", type=int, default=100, help="how many (default 100)")
+    lg.add_argument("--level", help="at least this level: DEBUG, INFO, WARNING, ERROR")
+    lg.add_argument("--node", help="another member's log (in a cluster)")
     cl = sub.add_parser("cluster", help="the cluster: members, roles, the scheduler")
     add_common(cl)
     cls = cl.add_subparsers(dest="ccmd", required=True, metavar="ACTION")
@@ -103,17 +125,36 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         emit(args, api.call("nodes"), format_nodes_table)
     elif args.cmd == "drain":
-        r = api.call("node.drain", node=args.node, reason=args.reason)
+        r = api.call("node.drain", node=args.node, reason=args.reason, now=args.now or None)
         emit(args, r, _drain_text)
+    elif args.cmd == "cancel":
+        r = api.call("job.cancel", job_ids=args.job_ids, reason=args.reason or None)
+        emit(args, r, _cancel_text)
+    elif args.cmd == "audit":
+        if args.limit < 0:
+            raise ApiError("--limit must be 0 (all) or more", "bad_request")
+        r = api.call("audit", limit=args.limit, actor=args.user, action=args.action)
+        emit(args, r, _audit_text)
+    elif args.cmd == "logs":
+        r = api.call("logs", lines=args.lines, level=args.level, node=args.node)
+        emit(args, r, lambda r: "\n".join(
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ln['time']))} "
+            f"{ln['level']:<7} {ln['logger']}: {ln['message']}" for ln in r["lines"])
+            or f"(nothing logged on {r['node']} yet)")
     elif args.cmd == "undrain":
         r = api.call("node.undrain", node=args.node)
         emit(args, r, f"{r['node']} takes new work again" if r["was"] is not None
              else f"{r['node']} was not drained")
     elif args.cmd == "jobs":
-        jobs = api.call("job.list", all=args.all or None)
+        state = args.state.upper() if args.state else None
+        jobs = [j for j in api.call("job.list", all=args.all or (state is not None
+                                                                 and state not in ("PENDING", "RUNNING"))
+                                    or None, user=args.user)
+                if state is None or j["state"] == state]
         emit(args, jobs, lambda js: table(
-            [[j["job_id"], j["name"][:20], j["user"], j["state"], ",".join(j["nodes"]) or
-              f"({j['reason']})"] for j in js], ["JOBID", "NAME", "USER", "STATE", "NODES (REASON)"]))
+            [[j["job_id"], j["name"][:20], j["user"], j["state"], _elapsed(j),
+              ",".join(j["nodes"]) or f"({j['reason']})"] for j in js],
+            ["JOBID", "NAME", "USER", "STATE", "TIME", "NODES (REASON)"]))
     elif args.cmd == "cluster" and args.ccmd == "remove":
         r = api.call("cluster.remove", name=args.name)
         emit(args, r, f"removed {r['removed']} from the cluster")
@@ -126,7 +167,53 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _elapsed(j: dict[str, Any]) -> str:
+    start = j.get("start_time")
+    if not start:
+        return ""
+    secs = int((j.get("end_time") or time.time()) - start)
+    days, rest = divmod(secs, 86400)
+    text = time.strftime("%H:%M:%S", time.gmtime(rest))
+    return f"{days}-{text}" if days else text
+
+
+def _cancel_text(r: dict[str, Any]) -> str:
+    out = []
+    if r["cancelled"]:
+        out.append(f"cancelled {', '.join(r['cancelled'])}")
+    if r["stopping"]:
+        out.append(f"stopping {', '.join(r['stopping'])}")
+    if r.get("not_found"):
+        out.append(f"no job {', '.join(r['not_found'])}")
+    return "; ".join(out) or "nothing to cancel (already ended)"
+
+
+def _audit_text(entries: list[dict[str, Any]]) -> str:
+    rows = []
+    for e in entries:
+        args = " ".join(f"{k}={_short(v)}" for k, v in sorted(e.get("args", {}).items()))
+        rows.append([e["seq"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])),
+                     e["actor"], e["member"], e["action"], args[:60],
+                     "ok" if e["ok"] else f"refused: {(e.get('error') or '')[:40]}"])
+    return table(rows, ["#", "TIME", "WHO", "ON", "ACTION", "ARGUMENTS", "RESULT"])
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, list):
+        return ",".join(_short(x) for x in v)
+    text = str(v)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
 def _drain_text(r: dict[str, Any]) -> str:
+    if r.get("now"):
+        done = []
+        if r.get("requeued"):
+            done.append(f"requeued {', '.join(r['requeued'])}")
+        if r.get("cancelled"):
+            done.append(f"cancelled {', '.join(r['cancelled'])}")
+        return (f"{r['node']} is drained: it takes no new work; "
+                + ("; ".join(done) if done else "nothing ran there"))
     running = r.get("running") or []
     jobs = (f"; {len(running)} running job{'s go' if len(running) != 1 else ' goes'} on "
             f"({', '.join(running[:10])}{' ...' if len(running) > 10 else ''})" if running
@@ -135,6 +222,16 @@ def _drain_text(r: dict[str, Any]) -> str:
 
 
 def _cluster_text(st: dict[str, Any]) -> str:
+    if st.get("mode") == "standalone":
+        (m,) = st["members"]
+        out = [f"standalone host {m['name']} (cluster {st['cluster_id']}), term {st['term']}",
+               table([[m["name"], m["address"], "standalone",
+                       m["state"] + (", drained" if m["drained"] else "")]],
+                     ["MEMBER", "ADDRESS", "ROLE", "STATE"])]
+        if m["drained"]:
+            out.append(f"{m['name']} is drained: {m.get('drain_reason') or '(no reason given)'}")
+        out.append(f"users trust this host with these known_hosts lines:\n  {st['known_hosts']}")
+        return "\n".join(out)
     rows = []
     for m in st["members"]:
         state = m["state"] + (", drained" if m.get("drained") else "")
@@ -171,14 +268,16 @@ def _user(args: argparse.Namespace, api: Any) -> None:
     elif args.ucmd == "list":
         users = api.call("user.list")
         emit(args, users, lambda us: table(
-            [[u["name"], u["uid"], "yes" if u["admin"] else "", len(u["keys"]),
-              _ago(u["last_login"])] for u in us],
-            ["USER", "UID", "ADMIN", "KEYS", "LAST LOGIN"]))
+            [[u["name"], u["uid"], "yes" if u["admin"] else "", "yes" if u["granted"] else "no",
+              len(u["keys"]), _ago(u["last_login"])] for u in us],
+            ["USER", "UID", "ADMIN", "GRANTED", "KEYS", "LAST LOGIN"]))
     elif args.ucmd == "show":
         u = api.call("user.show", name=args.name)
         emit(args, u, lambda u: "\n".join(
             [f"user:       {u['name']}", f"uid:        {u['uid']}",
-             f"admin:      {'yes' if u['admin'] else 'no'}", f"last login: {_ago(u['last_login'])}",
+             f"admin:      {'yes' if u['admin'] else 'no'}",
+             f"granted:    {'yes' if u['granted'] else 'no'} (cluster {u['cluster']})",
+             f"last login: {_ago(u['last_login'])}",
              "keys:"] + [f"  {k}" for k in u["keys"]]))
     elif args.ucmd == "remove":
         r = api.call("user.remove", name=args.name)

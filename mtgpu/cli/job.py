@@ -124,6 +124,8 @@ def cmd_show(args: argparse.Namespace, api: Any) -> int:
             lines.append(f"reason:    {v['reason']}" + (f" - {v['reason_detail']}" if v.get("reason_detail") else ""))
         elif v.get("reason"):
             lines.append(f"reason:    {v['reason']}")
+        if v.get("requeues"):
+            lines.append(f"requeued:  {v['requeues']} time(s), last: {v.get('requeue_reason')}")
         gpus = ", ".join(str(g["node"]) + ":" + str(g["index"]) for g in v["gpus"]) or "-"
         lines += [f"nodes:     {','.join(v['nodes']) or '-'}",
                   f"gpus:      {gpus}",

@@ -418,7 +418,7 @@ class ClusterRuntime:
             return {"role": want, "changed": changed}
 
         d.register("cluster.join", join)
-        d.register("cluster.remove", remove, admin=True)
+        d.register("cluster.remove", remove, admin=True, audit=True)
         d.register("cluster.role", role)
         d.register("node.report", report)
         d.register("cluster.status", status, admin=True)

@@ -134,6 +134,12 @@ class Options:
     def api_socket(self) -> str:
         return str(Path(self.run_dir) / "api.sock")
 
+    @property
+    def cluster_name(self) -> str:
+        """The name users are granted this cluster by: ``CLUSTER_ID``, or for a
+        standalone host without one, its ``SERVER_NAME``."""
+        return self.cluster_id or self.server_name
+
 
 # ---------------------------------------------------------------- validators
 

@@ -71,6 +71,25 @@ def _api_bridge(sock_path: str) -> int:
             return 0
 
 
+def _not_granted(sock_path: str) -> str | None:
+    """The daemon's reason when this user is a tenant not granted this cluster.
+
+    sshd let them in with their own authorized_keys; the grant is the daemon's to
+    decide. Without a daemon to ask, the session goes on as it would without MTGPU.
+    """
+    from mtgpu.api.client import ApiClient
+    from mtgpu.errors import ApiError
+
+    client = ApiClient(sock_path, timeout=10)
+    try:
+        client.call("whoami")
+    except ApiError as exc:
+        return str(exc) if exc.code == "not_granted" else None
+    finally:
+        client.close()
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mtgpu-shell", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="the MTGPU configuration (default $MTGPU_CONFIG, then "
@@ -82,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     config = config_path(args.config)
     options = load(args.config)
     if args.api:
-        return _api_bridge(options.api_socket)
+        return _api_bridge(options.api_socket)  # the daemon refuses an ungranted caller
+    refused = _not_granted(options.api_socket)
+    if refused:
+        sys.stderr.write(f"mtgpu: {refused}\n")
+        return 1
     original = os.environ.get("SSH_ORIGINAL_COMMAND")
     subsystem = None
     if original:

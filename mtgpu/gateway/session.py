@@ -42,6 +42,8 @@ class Principal:
 
     username: str
     kind: str  # "tenant" (registry), "local" (existing OS account) or "invitee"
+    # A tenant not granted this cluster authenticates, so that every channel can be
+    # refused with the reason (a refused key would only say "Permission denied").
     key: str   # the authenticated public key, OpenSSH format
     peer: tuple[str, int] = ("", 0)
     local: tuple[str, int] = ("", 0)
@@ -90,6 +92,14 @@ def tenant_env(account: Account, host: Host, principal: Principal,
     return env
 
 
+def ungranted_message(host: Host, name: str) -> str:
+    """What a user who is not granted this cluster is told at login."""
+    cluster = host.options.cluster_name
+    return (f"{name} is not granted the cluster {cluster!r}, so cannot log in to "
+            f"{host.options.server_name} or see its queue. Ask an admin of the cluster to run "
+            f"`mtcode-admin grant {name} {cluster}`")
+
+
 class Gateway:
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -107,6 +117,11 @@ class Gateway:
             _fail(process, "internal error in the MTGPU gateway; the admin can see the log")
 
     async def _run(self, process: asyncssh.SSHServerProcess, principal: Principal) -> None:
+        # Checked for every channel, so a grant revoked after the login holds at once.
+        if principal.kind == "tenant" and not self.host.registry.granted(
+                principal.username, self.host.options.cluster_name):
+            _fail(process, ungranted_message(self.host, principal.username))
+            return
         env = dict(process.env or {})
         principal.env = {str(k): str(v) for k, v in env.items()}
         r = route(invitee=principal.kind == "invitee", command=process.command,
@@ -268,7 +283,7 @@ class Gateway:
         result = await host.replicate(host.registry.redeem_invite, principal.username,
                                       hash_code(code), principal.key, time.time(), skip,
                                       host.options.invite_max_failures,
-                                      host.options.tenant_uid_range)
+                                      host.options.tenant_uid_range, host.options.cluster_name)
         if "error" in result:
             log.warning("invite for %s refused from %s: %s", principal.username,
                         principal.peer[0], result["code"])

@@ -206,19 +206,20 @@ class JobTable(SyncObjConsumer):
         return {"job_id": job_id, "state": state}
 
     @replicated
-    def cancel(self, job_ids: list[str], by: str, now: float) -> dict[str, Any]:
-        """Cancel pending jobs at once; mark running ones for their member to stop."""
+    def cancel(self, job_ids: list[str], by: str, now: float, why: str = "") -> dict[str, Any]:
+        """Cancel pending jobs at once; mark running ones for their member to stop.
+        ``why`` (an admin's reason) is recorded with who cancelled."""
         done, asked = [], []
+        reason = f"cancelled by {by}" + (f": {why}" if why else "")
         for jid in job_ids:
             j = self.jobs.get(jid)
             if j is None or j["state"] in FINAL_STATES:
                 continue
             if j["state"] == PENDING:
-                self._put({**j, "state": CANCELLED, "end_time": now,
-                           "reason": f"cancelled by {by}"})
+                self._put({**j, "state": CANCELLED, "end_time": now, "reason": reason})
                 done.append(jid)
             elif not j["cancel_requested"]:
-                self._put({**j, "cancel_requested": True, "reason": f"cancelled by {by}"})
+                self._put({**j, "cancel_requested": True, "reason": reason})
                 asked.append(jid)
         return {"cancelled": done, "stopping": asked}
 
@@ -227,7 +228,8 @@ class JobTable(SyncObjConsumer):
         j = self.jobs.get(job_id)
         if j is not None and j["state"] == RUNNING:
             self._put({**j, "state": PENDING, "placement": None, "term": None,
-                       "start_time": None, "reason": reason, "requeues": j.get("requeues", 0) + 1})
+                       "start_time": None, "reason": reason, "requeue_reason": reason,
+                       "requeues": j.get("requeues", 0) + 1})
             self.pending_version += 1
 
     @replicated

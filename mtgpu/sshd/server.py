@@ -23,7 +23,7 @@ from asyncssh.stream import SSHReader, SSHWriter
 from mtgpu.accounts.names import check_username
 from mtgpu.cluster.identity import peer_name
 from mtgpu.errors import AccountError, MtgpuError
-from mtgpu.gateway.session import Gateway, Principal
+from mtgpu.gateway.session import Gateway, Principal, ungranted_message
 from mtgpu.sshd import fastpath
 
 log = logging.getLogger("mtgpu.sshd")
@@ -304,9 +304,18 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             return None
         if p.kind == "tenant":
             u = self.daemon.registry.get(p.username)
-            return u["uid"] if u else None
+            if u is None or not self.daemon.registry.granted(p.username,
+                                                             self.daemon.options.cluster_name):
+                return None  # not granted this cluster: no forwarding either
+            return u["uid"]
         acct = self.daemon.accounts.existing(p.username)
         return acct.uid if acct else None
+
+    def _no_uid_reason(self) -> str:
+        p = self.principal
+        if p is not None and p.kind == "tenant":
+            return ungranted_message(self.daemon, p.username)
+        return "forwarding needs a registered key"
 
     def _refuse(self, what: str, why: str) -> None:
         who = self.principal.username if self.principal else "?"
@@ -317,7 +326,7 @@ class MtgpuSSHServer(asyncssh.SSHServer):
                              orig_port: int) -> bool:
         """``ssh -L`` and ``ssh -D``: loopback destinations only."""
         if self._uid() is None:
-            self._refuse(f"forwarding to {dest_host}:{dest_port}", "forwarding needs a registered key")
+            self._refuse(f"forwarding to {dest_host}:{dest_port}", self._no_uid_reason())
         if dest_host.lower().rstrip(".") not in LOOPBACK_NAMES:
             self._refuse(f"forwarding to {dest_host}:{dest_port}",
                          f"forwarding to {dest_host} is not allowed; only 127.0.0.1, ::1 and "
@@ -349,7 +358,7 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         """
         uid = self._uid()
         if uid is None or self.conn is None:
-            self._refuse(f"forwarding to {dest_path}", "forwarding needs a registered key")
+            self._refuse(f"forwarding to {dest_path}", self._no_uid_reason())
         try:
             fd = os.open(dest_path, os.O_PATH | os.O_NOFOLLOW)
         except OSError as exc:

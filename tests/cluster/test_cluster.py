@@ -39,6 +39,15 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster):
         uids.add(r.stdout.strip())
         assert h.passwd("uma") is not None  # created on that member's own /etc
     assert len(uids) == 1
+    # The audit entry written through m1 is read on m3, from its own replica.
+    entry = wait_for(lambda: next((e for e in json.loads(c.hosts[2].admin("audit", "--json").stdout)
+                                   if e["action"] == "user.add"), None), what="the audit entry")
+    assert (entry["actor"], entry["member"], entry["args"]["name"], entry["ok"]) == \
+        ("root", "m1", "uma", True)
+    # And m1 shows m3's own log, asked over the peer channel.
+    logs = json.loads(c.hosts[0].admin("logs", "--node", "m3", "-n", "2000", "--json").stdout)
+    assert logs["node"] == "m3"
+    assert any("serving SSH" in ln["message"] and "as m3" in ln["message"] for ln in logs["lines"])
 
 
 def test_wrong_key_member_is_refused(cluster):

@@ -84,3 +84,23 @@ def test_terminal_lands_in_tmux(behind_openssh):
         assert r.stdout.split() == ["main"]
     finally:
         t.close()
+
+
+def test_a_tenant_not_granted_this_cluster_is_refused_with_the_reason(shared_host):
+    from mtgpu.api.client import ApiClient
+
+    host = shared_host
+    key = host.add_user("fcrev")
+    authorize_for_openssh(host, "fcrev", key)
+    shell = os.path.join(os.path.dirname(sys.executable), "mtgpu-shell")
+    sshd, port = start_openssh(host, f"ForceCommand {shell} --config {host.config_path}\n")
+    try:
+        api = ApiClient(str(host.run_dir / "api.sock"))
+        api.call("user.revoke", name="fcrev")  # what `mtcode-admin revoke` asks for
+        r = subprocess.run(["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key),
+                            "fcrev@127.0.0.1", "id"], capture_output=True)
+        assert r.returncode == 1 and r.stdout == b""
+        assert b"fcrev is not granted the cluster 'testhost'" in r.stderr, r.stderr
+    finally:
+        sshd.kill()
+
