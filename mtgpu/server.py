@@ -24,12 +24,15 @@ import asyncssh
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
+from mtgpu.accounts.quota import DiskQuotas
 from mtgpu.api import drains as drain_api
+from mtgpu.api import policy as policy_api
 from mtgpu.api import jobs as job_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.unix import serve_lines, start_unix_api
+from mtgpu.clock import PolicyClock
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.config import Options, load
 from mtgpu.errors import ConfigError, MtgpuError
@@ -77,6 +80,9 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
         self.workspaces: Workspaces | None = None  # container workspaces
+        self.clock = PolicyClock.from_environment()  # time-based policy (retention)
+        self.quotas = DiskQuotas(self)  # USER_DISK_LIMIT
+        self.retention = policy_api.Retention(self)  # TENANT_RETENTION_DAYS
 
     # ------------------------------------------------------------- helpers
 
@@ -250,6 +256,9 @@ class Daemon:
         self.workspaces = Workspaces(self)
         workspace_api.register(self.dispatcher, self.workspaces)
         self.workspaces.start()
+        policy_api.register(self.dispatcher, self, self.retention)
+        await self.quotas.start()
+        self._tasks.append(loop.create_task(self._tenant_retention_loop()))
         if self.cluster is not None:
             self.scheduler.grace = 3 * o.usage_sample_interval + 2
             self.scheduler.lost_after = o.cluster_lost_after
@@ -261,7 +270,8 @@ class Daemon:
             self.cluster.on_report = self.scheduler.report
             await self.cluster.start(self.replicate)
             self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes",
-                                     "node.drain", "node.undrain"))
+                                     "node.drain", "node.undrain", "retention",
+                                     "retention.unlock"))
         else:
             self.scheduler.start()
             self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
@@ -401,6 +411,20 @@ class Daemon:
             # Hourly, or ten times per retention period when that is shorter.
             await asyncio.sleep(max(1.0, min(3600.0, self.options.job_retention_days * 8640)))
 
+    async def _tenant_retention_loop(self) -> None:
+        """Lock, then remove, tenants inactive for TENANT_RETENTION_DAYS (on the scheduler)."""
+        while True:
+            days = self.options.tenant_retention_days
+            # Hourly, or ten times per retention period when that is shorter.
+            pause = max(1.0, min(3600.0, (days or 1) * 8640))
+            await asyncio.sleep(pause)
+            if days is None or (self.cluster is not None and not self.cluster.is_leader()):
+                continue
+            try:
+                await self.retention.run(False, "retention")
+            except Exception:  # noqa: BLE001 - retention must never stop the daemon
+                log.exception("tenant retention failed")
+
     async def purge_jobs(self, now: float) -> int:
         cutoff = now - self.options.job_retention_days * 86400
         old = [j for j in self.jobs.all()
@@ -464,6 +488,7 @@ class Daemon:
             t.cancel()
         if self.cluster is not None:
             await self.cluster.stop()
+        await self.quotas.stop()
         if self.workspaces is not None:
             await self.workspaces.stop()
         if self.scheduler is not None:

@@ -96,6 +96,8 @@ class Host:
         self.write_config()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.dir / "server.log"
+        #: Extra environment of the daemon (MTGPU_CLOCK_OFFSET_FILE, say).
+        self.env: dict[str, str] = {}
 
     # -------------------------------------------------------------- process
 
@@ -126,7 +128,7 @@ class Host:
         log = open(self.log_path, "ab")  # noqa: SIM115
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen([*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                                     stdout=log, stderr=log, env=python_env(),
+                                     stdout=log, stderr=log, env={**python_env(), **self.env},
                                      start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

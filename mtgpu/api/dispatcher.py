@@ -33,6 +33,8 @@ class Caller:
 
 
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[Any] | Any]
+#: A check run before an operation's handler; it refuses by raising ApiError.
+Guard = Callable[[Caller, dict[str, Any]], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,14 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._ops: dict[str, _Op] = {}
+        self._guards: dict[str, list[Guard]] = {}
+        #: A warning for the caller added to every successful answer (``notice``),
+        #: such as being over USER_DISK_LIMIT; None for nothing to say.
+        self.notice: Callable[[Caller], str | None] | None = None
+
+    def guard(self, name: str, fn: Guard) -> None:
+        """Run ``fn`` before the handler of ``name`` (kept when the handler is replaced)."""
+        self._guards.setdefault(name, []).append(fn)
 
     def register(self, name: str, fn: Handler, *, admin: bool = False) -> None:
         self._ops[name] = _Op(fn, admin, (inspect.getdoc(fn) or "").split("\n")[0])
@@ -72,10 +82,18 @@ class Dispatcher:
             if op.admin and not caller.admin:
                 raise ApiError(f"{name} needs an admin; ask an admin of this cluster",
                                "forbidden")
+            for check in self._guards.get(name, ()):
+                checked = check(caller, args)
+                if inspect.isawaitable(checked):
+                    await checked
             result = op.fn(caller, args)
             if inspect.isawaitable(result):
                 result = await result
-            return {"id": rid, "ok": True, "result": result}
+            answer = {"id": rid, "ok": True, "result": result}
+            note = self.notice(caller) if self.notice is not None else None
+            if note:
+                answer["notice"] = note
+            return answer
         except ApiError as exc:
             return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
         except MtgpuError as exc:
