@@ -127,12 +127,11 @@ def detect_mode(home_root: str) -> QuotaMode:
         except CommandError as exc:
             return QuotaMode("scan", mp, fstype, f"ext4 without the quota tools ({exc.stderr.strip()}); "
                              "install Debian's quota package for real quotas")
-        out = (r.stdout + r.stderr).strip()
-        if re.search(r"user quota on .* is on", out):
+        if re.search(r"user quota on .* is on", r.stdout + r.stderr):
             return QuotaMode("ext4", mp, fstype, f"user quotas are on at {mp}")
         return QuotaMode("scan", mp, fstype,
-                         f"ext4 at {mp} has no user quotas on ({out or 'quotaon says nothing'}); "
-                         "make it with -O quota (or mount it with usrquota) for real quotas")
+                         f"ext4 at {mp} has no user quotas on; make it with -O quota (or mount "
+                         "it with usrquota) for real quotas")
     if fstype == "xfs":
         try:
             r = run(["xfs_quota", "-x", "-c", "state -u", mp], check=False, timeout=20)
