@@ -103,6 +103,11 @@ class Retention:
                              o.tenant_retention_grace)
             for step in steps:
                 d = step.to_dict()
+                if dry_run and step.action == "remove":
+                    u = self.host.registry.get(step.user)
+                    why = await self._blockers(step.user, u["uid"]) if u else ""
+                    if why:
+                        d["done"] = "would be blocked: " + why
                 if not dry_run and step.action in ("lock", "remove"):
                     try:
                         d["done"] = await (self._lock(step, now, actor) if step.action == "lock"
@@ -127,21 +132,24 @@ class Retention:
         self._log(now, actor, step.user, "lock", {"reason": step.reason, "members": members})
         return "locked"
 
-    async def _remove(self, step: ret.Step, now: float, actor: str) -> str:
-        u = self.host.registry.get(step.user)
-        if u is None:
-            return "gone"
-        uid = u["uid"]
-        checks = await self.on_members("check", step.user, uid)
+    async def _blockers(self, name: str, uid: int) -> str:
+        """Why ``name`` cannot be removed right now on some member ("" if it can)."""
         blockers = []
-        for member, c in sorted(checks.items()):
+        for member, c in sorted((await self.on_members("check", name, uid)).items()):
             if "error" in c:
                 blockers.append(f"{member} did not answer ({c['error']})")
             elif c.get("processes"):
                 blockers.append(f"{len(c['processes'])} process(es) on {member} (a live "
                                 "session, tmux or job)")
-        if blockers:
-            why = "; ".join(blockers)
+        return "; ".join(blockers)
+
+    async def _remove(self, step: ret.Step, now: float, actor: str) -> str:
+        u = self.host.registry.get(step.user)
+        if u is None:
+            return "gone"
+        uid = u["uid"]
+        why = await self._blockers(step.user, uid)
+        if why:
             self._log(now, actor, step.user, "remove blocked", why)
             return "blocked: " + why
         removed = await self.on_members("remove", step.user, uid)

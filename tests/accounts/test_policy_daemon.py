@@ -168,6 +168,9 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
 
     set_clock(host, 39)
     others_log_in()
+    s = steps(retention(host, "--dry-run"))
+    assert s["idle"]["action"] == "remove" and "done" not in s["idle"]
+    assert s["lingers"]["done"].startswith("would be blocked: 1 process(es)")
     done = steps(retention(host))
     assert done["idle"]["done"] == "removed"
     assert done["lingers"]["done"].startswith("blocked: 1 process(es)")

@@ -58,12 +58,14 @@ class Cluster:
 def cluster() -> Iterator[Callable[..., Cluster]]:
     made: list[tuple[Network, list[Host]]] = []
 
-    def make(specs, start_order=None, stagger=0.0, private_homes=False):
+    def make(specs, start_order=None, stagger=0.0, private_homes=False, env=None):
         """Members from (name, GPUs, extra configuration) triples. With
         ``private_homes`` each member sees only its own home directory, as separate
         machines do (the members share this machine's filesystem otherwise)."""
         net = Network()
         hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        for h in hosts:
+            h.env.update(env or {})  # the daemons' environment, such as a policy clock
         if private_homes:
             for h in hosts:
                 h.hidden = tuple(str(o.homes) for o in hosts if o is not h)
