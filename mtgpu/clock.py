@@ -3,7 +3,7 @@
 Policy code asks :func:`PolicyClock.now` instead of calling ``time.time()``, so tests
 move time forward without touching the machine's clock: when the daemon's
 environment names ``MTGPU_CLOCK_OFFSET_FILE``, the number of seconds in that file is
-added to the real time. The file is re-read when it changes, so a test can advance a
+added to the real time. The file is read at every call, so a test can advance a
 running daemon. Production never sets the variable.
 """
 
@@ -22,29 +22,20 @@ class PolicyClock:
 
     def __init__(self, offset_file: str | None = None) -> None:
         self.offset_file = offset_file
-        self._stamp: tuple[int, int] | None = None
-        self._offset = 0.0
 
     @classmethod
     def from_environment(cls) -> PolicyClock:
         return cls(os.environ.get("MTGPU_CLOCK_OFFSET_FILE") or None)
 
     def offset(self) -> float:
+        """Seconds added to real time: the file's number (read each time), else 0."""
         if not self.offset_file:
             return 0.0
         try:
-            st = os.stat(self.offset_file)
-        except OSError:
+            with open(self.offset_file) as f:
+                return float(f.read().strip() or 0)
+        except (OSError, ValueError):
             return 0.0
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                with open(self.offset_file) as f:
-                    self._offset = float(f.read().strip() or 0)
-            except (OSError, ValueError):
-                self._offset = 0.0
-            self._stamp = stamp
-        return self._offset
 
     def now(self) -> float:
         return time.time() + self.offset()
