@@ -290,7 +290,9 @@ class DiskQuotas:
         if not existing:
             return out
         try:
-            r = run([sys.executable, "-m", "mtgpu.accounts.homescan", *existing], timeout=3600)
+            # -P and cwd /: nothing in a directory a tenant can write is ever imported.
+            r = run([sys.executable, "-P", "-m", "mtgpu.accounts.homescan", *existing],
+                    timeout=3600, cwd="/")
         except CommandError as exc:
             log.warning("measuring homes failed: %s", exc)
             return {h: {"error": "the measuring process failed; see the daemon's log"}
