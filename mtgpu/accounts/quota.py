@@ -238,7 +238,9 @@ class DiskQuotas:
 
     async def _loop(self) -> None:
         while True:
-            if self.limit is not None:
+            # With real quotas, a limit taken away (SIGHUP) is also cleared in the kernel.
+            stale = any(v is not None for v in self._limits_set.values())
+            if self.limit is not None or (self.mode.kind != "scan" and stale):
                 t0 = time.monotonic()
                 try:
                     await self.measure()
