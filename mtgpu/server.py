@@ -24,14 +24,17 @@ import asyncssh
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
+from mtgpu.accounts.quota import DiskQuotas
 from mtgpu.api import admin as admin_api
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
+from mtgpu.api import policy as policy_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
-from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.api.jobs import submitted_image
+from mtgpu.api.unix import serve_lines, start_unix_api
+from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.config import Options, load
@@ -84,6 +87,9 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.workspaces: Workspaces | None = None  # container workspaces
         self.job_containers: JobContainers | None = None  # containerized jobs
+        self.clock = PolicyClock.from_environment()  # time-based policy (retention)
+        self.quotas = DiskQuotas(self)  # USER_DISK_LIMIT
+        self.retention = policy_api.Retention(self)  # TENANT_RETENTION_DAYS
 
     # ------------------------------------------------------------- helpers
 
@@ -274,6 +280,9 @@ class Daemon:
         self.workspaces.start()
         self.job_containers = JobContainers(self.workspaces)
         self.agent.prepare_container = self.job_containers.prepare
+        policy_api.register(self.dispatcher, self, self.retention)
+        await self.quotas.start()
+        self._tasks.append(loop.create_task(self._tenant_retention_loop()))
         if self.cluster is not None:
             self.scheduler.grace = 3 * o.usage_sample_interval + 2
             self.scheduler.lost_after = o.cluster_lost_after
@@ -288,7 +297,8 @@ class Daemon:
                 "shares"].get(o.server_name, [])
             await self.cluster.start(self.replicate)
             self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes",
-                                     "node.drain", "node.undrain"))
+                                     "node.drain", "node.undrain", "retention",
+                                     "retention.unlock"))
         else:
             self.scheduler.start()
             self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
@@ -434,6 +444,20 @@ class Daemon:
             # Hourly, or ten times per retention period when that is shorter.
             await asyncio.sleep(max(1.0, min(3600.0, self.options.job_retention_days * 8640)))
 
+    async def _tenant_retention_loop(self) -> None:
+        """Lock, then remove, tenants inactive for TENANT_RETENTION_DAYS (on the scheduler)."""
+        while True:
+            days = self.options.tenant_retention_days
+            # Hourly, or ten times per retention period when that is shorter.
+            pause = max(1.0, min(3600.0, (days or 1) * 8640))
+            await asyncio.sleep(pause)
+            if days is None or (self.cluster is not None and not self.cluster.is_leader()):
+                continue
+            try:
+                await self.retention.run(False, "retention")
+            except Exception:  # noqa: BLE001 - retention must never stop the daemon
+                log.exception("tenant retention failed")
+
     async def purge_jobs(self, now: float) -> int:
         cutoff = now - self.options.job_retention_days * 86400
         old = [j for j in self.jobs.all()
@@ -497,6 +521,7 @@ class Daemon:
             t.cancel()
         if self.cluster is not None:
             await self.cluster.stop()
+        await self.quotas.stop()
         if self.workspaces is not None:
             await self.workspaces.stop()
         if self.scheduler is not None:

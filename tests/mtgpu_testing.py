@@ -96,6 +96,8 @@ class Host:
         self.write_config()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.dir / "server.log"
+        #: Extra environment of the daemon (MTGPU_CLOCK_OFFSET_FILE, say).
+        self.env: dict[str, str] = {}
 
     # -------------------------------------------------------------- process
 
@@ -133,7 +135,7 @@ class Host:
         # sysfs over /sys and so hides the cgroup hierarchies that jobs and podman use).
         prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
         self.proc = subprocess.Popen([*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                                     stdout=log, stderr=log, env=python_env(),
+                                     stdout=log, stderr=log, env={**python_env(), **self.env},
                                      start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -259,3 +259,33 @@ class Registry(SyncObjConsumer):
         u = self.users.get(name)
         if u is not None:
             self.users[name] = {**u, "last_login": now}
+
+    # ------------------------------------------------- tenant retention
+
+    @replicated
+    def record_activity(self, name: str, now: float) -> None:
+        """A job or workspace was started: the tenant is active (TENANT_RETENTION_DAYS)."""
+        u = self.users.get(name)
+        if u is not None and (u.get("last_active") or 0) < now:
+            self.users[name] = {**u, "last_active": now}
+
+    @replicated
+    def lock_user(self, name: str, now: float, actor: str, reason: str) -> dict[str, Any]:
+        """Refuse the tenant's logins on every member (the first step of retention)."""
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        if not u.get("locked"):
+            self.users[name] = {**u, "locked": now, "lock_reason": reason}
+        return {"name": name, "locked": self.users[name]["locked"]}
+
+    @replicated
+    def unlock_user(self, name: str, now: float, actor: str) -> dict[str, Any]:
+        """Let a locked tenant in again; counts as activity, so retention starts over."""
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        was = u.get("locked")
+        self.users[name] = {**{k: v for k, v in u.items() if k not in ("locked", "lock_reason")},
+                            "last_active": now}
+        return {"name": name, "was_locked": bool(was)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from typing import Any
 
 from mtgpu.errors import ApiError
@@ -21,6 +22,7 @@ class ApiClient:
         self._sock: socket.socket | None = None
         self._buf = b""
         self._next = 0
+        self._noticed = False
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -56,6 +58,10 @@ class ApiClient:
             raise
         if not answer.get("ok"):
             raise ApiError(answer.get("error", "request refused"), answer.get("code", "error"))
+        if answer.get("notice") and not self._noticed:
+            # Once per command, on stderr, so --json output stays clean.
+            self._noticed = True
+            print(f"mtgpu: warning: {answer['notice']}", file=sys.stderr)
         return answer.get("result")
 
     def _read_line(self, s: socket.socket) -> dict[str, Any]:

@@ -35,6 +35,8 @@ class Caller:
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[Any] | Any]
 #: Writes one audit entry: (caller, operation, arguments, error or None).
 Auditor = Callable[[Caller, str, dict[str, Any], "str | None"], Awaitable[None]]
+#: A check run before an operation's handler; it refuses by raising ApiError.
+Guard = Callable[[Caller, dict[str, Any]], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class Dispatcher:
         self._ops: dict[str, _Op] = {}
         #: Set by the daemon once the replicated audit log exists.
         self.auditor: Auditor | None = None
+        self._guards: dict[str, list[Guard]] = {}
+        #: A warning for the caller added to every successful answer (``notice``),
+        #: such as being over USER_DISK_LIMIT; None for nothing to say.
+        self.notice: Callable[[Caller], str | None] | None = None
+
+    def guard(self, name: str, fn: Guard) -> None:
+        """Run ``fn`` before the handler of ``name`` (kept when the handler is replaced)."""
+        self._guards.setdefault(name, []).append(fn)
 
     def register(self, name: str, fn: Handler, *, admin: bool = False, audit: bool = False) -> None:
         """Serve ``name`` with ``fn``. ``admin``: admins only. ``audit``: an action an
@@ -85,7 +95,7 @@ class Dispatcher:
                                "forbidden")
         except ApiError as exc:
             return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
-        answer = await self._run(op, caller, args, rid, request)
+        answer = await self._run(name, op, caller, args, rid, request)
         # Actions are audited where the admin asked (a relayed request was audited on
         # the member that relayed it).
         if op.audit and caller.admin and caller.via not in ("peer", "forwarded") \
@@ -97,13 +107,21 @@ class Dispatcher:
                 log.exception("could not write the audit entry of %s by %s", name, caller.name)
         return answer
 
-    async def _run(self, op: _Op, caller: Caller, args: dict[str, Any], rid: Any,
+    async def _run(self, name: str, op: _Op, caller: Caller, args: dict[str, Any], rid: Any,
                    request: dict[str, Any]) -> dict[str, Any]:
         try:
+            for check in self._guards.get(name, ()):
+                checked = check(caller, args)
+                if inspect.isawaitable(checked):
+                    await checked
             result = op.fn(caller, args)
             if inspect.isawaitable(result):
                 result = await result
-            return {"id": rid, "ok": True, "result": result}
+            answer = {"id": rid, "ok": True, "result": result}
+            note = self.notice(caller) if self.notice is not None else None
+            if note:
+                answer["notice"] = note
+            return answer
         except ApiError as exc:
             return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
         except MtgpuError as exc:

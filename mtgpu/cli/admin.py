@@ -7,6 +7,7 @@ import argparse
 import time
 from typing import Any
 
+from mtgpu.cli import policy_admin
 from mtgpu.cli.common import add_common, base_parser, client, emit, run_cli, table
 from mtgpu.errors import ApiError
 
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("node")
     sim.add_argument("gpu_index", type=int)
     sim.add_argument("--used", required=True, help="VRAM taken by work outside MTGPU, e.g. 20G")
+    policy_admin.add_parsers(sub)
     return p
 
 
@@ -161,6 +163,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.cmd == "cluster":
         st = api.call("cluster.status")
         emit(args, st, _cluster_text)
+    elif args.cmd in ("usage", "retention"):
+        policy_admin.dispatch(args, api)
     elif args.cmd == "simulate":
         r = api.call("simulate", node=args.node, index=args.gpu_index, used=args.used)
         emit(args, r, f"{r['node']} GPU {r['index']}: outside use set to {args.used}")

@@ -10,7 +10,8 @@
  *
  *   --parsable   the job id
  *   otherwise    "Submitted job ID" (+ " (N array tasks)" for an array)
- *   warnings     "mt-job: warning: TEXT" on standard error
+ *   warnings     "mt-job: warning: TEXT" on standard error (and the answer's
+ *                "notice", such as being over USER_DISK_LIMIT, as "mtgpu: warning: TEXT")
  *   refusal      "mt-job: TEXT" on standard error, exit status 1
  *
  * `list --json` prints the answer's result as the Python mt-job does (indent 2, keys
@@ -444,6 +445,7 @@ typedef struct {
     long tasks;      /* result.tasks */
     buf_t warnings;  /* result.warnings, each followed by '\0' */
     int n_warnings;
+    buf_t notice;    /* "notice": a warning for the caller (over USER_DISK_LIMIT, say) */
     int keep_result; /* list: keep the text of "result" instead of reading it */
     const char *result, *result_end;
 } answer_t;
@@ -511,6 +513,8 @@ static int answer_member(scan_t *s, const char *key, void *ctx) {
     }
     if (strcmp(key, "error") == 0 && s->p < s->end && *s->p == '"')
         return str(s, &a->error);
+    if (strcmp(key, "notice") == 0 && s->p < s->end && *s->p == '"')
+        return str(s, &a->notice);
     if (strcmp(key, "result") == 0 && a->keep_result) {
         a->result = s->p;
         if (!value(s, 1))
@@ -709,6 +713,8 @@ static int list_json(int all) {
     ws(&s);
     if (!object(&s, 0, answer_member, &a) || a.ok != 1 || a.result == NULL)
         exec_python();
+    if (a.notice.p)
+        fprintf(stderr, "mtgpu: warning: %s\n", a.notice.p);
     buf_t out = {0};
     pretty(&out, a.result, a.result_end);
     buf_addc(&out, '\n');
@@ -799,6 +805,8 @@ int main(int argc, char **argv) {
         fail("%s", a.error.p ? a.error.p : "request refused");
     if (!a.job_id.p)
         fail("the MTGPU daemon's answer has no job id");
+    if (a.notice.p)
+        fprintf(stderr, "mtgpu: warning: %s\n", a.notice.p);
     const char *w = a.warnings.p;
     for (int i = 0; i < a.n_warnings; i++) {
         fprintf(stderr, "mt-job: warning: %s\n", w);

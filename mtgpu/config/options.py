@@ -111,8 +111,12 @@ class Options:
     datasets_directories: tuple[str, ...] = ()
     python_interpreters: tuple[str, ...] = ()
     user_disk_limit: int | None = None
+    user_disk_scan_interval: float = 60.0
     job_retention_days: float = 30
     tenant_retention_days: float | None = None
+    tenant_retention_grace: float = 7 * 86400
+    tenant_retention_home: str = "archive"
+    tenant_retention_archive_dir: str = ""  # "" is STATE_DIR/retired-homes
     gpu_probes: tuple[GpuProbeSpec, ...] = ()
     simulated_gpus: tuple[SimulatedGpuSpec, ...] = ()
     simulated_cpus: int | None = None
@@ -129,6 +133,10 @@ class Options:
     log_level: str = "INFO"
     # Where the configuration was read from ("" for defaults); not a key.
     source: str = ""
+
+    @property
+    def retention_archive_dir(self) -> str:
+        return self.tenant_retention_archive_dir or str(Path(self.state_dir) / "retired-homes")
 
     @property
     def api_socket(self) -> str:
@@ -185,6 +193,13 @@ def _posint(v: object) -> int:
 
 def _duration(v: object) -> float:
     return parse_duration(v)
+
+
+def _positive_duration(v: object, what: str) -> float:
+    d = parse_duration(v)
+    if d <= 0:
+        raise ValueError(f"expected a duration longer than 0 for {what}, such as 60s")
+    return d
 
 
 def _days(v: object) -> float | None:
@@ -281,6 +296,13 @@ def _size_or_none(v: object) -> int | None:
     if v is None:
         return None
     return parse_size(v)
+
+
+def _retention_home(v: object) -> str:
+    s = _str(v)
+    if s not in ("archive", "remove"):
+        raise ValueError(f"expected archive (a tar of the home is kept) or remove, got {s!r}")
+    return s
 
 
 def _log_level(v: object) -> str:
@@ -609,8 +631,12 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "DATASETS_DIRECTORIES": _paths,
     "PYTHON_INTERPRETERS": _paths,
     "USER_DISK_LIMIT": _size_or_none,
+    "USER_DISK_SCAN_INTERVAL": lambda v: _positive_duration(v, "USER_DISK_SCAN_INTERVAL"),
     "JOB_RETENTION_DAYS": _days,
     "TENANT_RETENTION_DAYS": _days,
+    "TENANT_RETENTION_GRACE": _duration,
+    "TENANT_RETENTION_HOME": _retention_home,
+    "TENANT_RETENTION_ARCHIVE_DIR": lambda v: "" if v is None else _abspath(v),
     "GPU_PROBES": _probes,
     "SIMULATED_GPUS": _simulated,
     "SIMULATED_CPUS": lambda v: None if v is None else _posint(v),

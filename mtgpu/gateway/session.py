@@ -147,13 +147,19 @@ class Gateway:
                 return
             await self.pipe_session(process, account, [sftp], tenant_env(account, self.host, principal))
             return
+        notice = self._login_notice(account) if r.command is None else None
+        if notice:
+            # Like a motd: for logins only, never in the output of a command.
+            _write_stderr(process, f"mtgpu: warning: {notice}\r\n")
         if r.kind in (Kind.TERMINAL, Kind.EXEC_PTY):
             # A terminal is the tenant's tmux, run with this daemon's (world-readable)
             # interpreter; a command with -t runs in the pty directly, as OpenSSH does.
             argv = (terminal_argv(sys.executable) if r.command is None
                     else [account.shell, "-c", r.command])
-            env = tenant_env(account, self.host, principal,
-                             {"TERM": process.term_type or "xterm"})
+            extra = {"TERM": process.term_type or "xterm"}
+            if notice:
+                extra["MTGPU_LOGIN_NOTICE"] = notice  # shown again in tmux's status line
+            env = tenant_env(account, self.host, principal, extra)
             await self.pty_session(process, account, argv, env)
             return
         argv = [account.shell] if r.command is None else [account.shell, "-c", r.command]
@@ -173,9 +179,16 @@ class Gateway:
         asyncio.get_running_loop().create_task(self._record_login(principal.username))
         return acct
 
+    def _login_notice(self, account: Account) -> str | None:
+        """A warning for the tenant at login, such as being over USER_DISK_LIMIT."""
+        quotas = getattr(self.host, "quotas", None)
+        return quotas.notice(account.name) if quotas is not None else None
+
     async def _record_login(self, name: str) -> None:
         try:
-            await self.host.replicate(self.host.registry.record_login, name, time.time())
+            clock = getattr(self.host, "clock", None)
+            now = clock.now() if clock is not None else time.time()
+            await self.host.replicate(self.host.registry.record_login, name, now)
         except MtgpuError:
             log.warning("could not record the login of %s", name)
 
@@ -299,6 +312,13 @@ def _fail(process: asyncssh.SSHServerProcess, message: str) -> None:
     try:
         process.stderr.write(f"mtgpu: {message}\n".encode())
         process.exit(1)
+    except (asyncssh.Error, OSError):
+        pass
+
+
+def _write_stderr(process: asyncssh.SSHServerProcess, text: str) -> None:
+    try:
+        process.stderr.write(text.encode())
     except (asyncssh.Error, OSError):
         pass
 

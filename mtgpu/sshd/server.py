@@ -285,6 +285,11 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         registry = self.daemon.registry
         user = registry.get(username)
         if user is not None:
+            if user.get("locked"):
+                log.info("refusing login as %r from %s: the account is locked for inactivity "
+                         "(TENANT_RETENTION_DAYS); an admin can run `mtgpu-admin retention "
+                         "--unlock %s`", username, self.peer[0], username)
+                return None
             if registry.has_key(username, line):
                 return "tenant"
             if registry.pending_invite(username, time.time()):

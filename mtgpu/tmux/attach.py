@@ -57,6 +57,11 @@ def _inside_our_tmux() -> bool:
 
 
 def _exec(argv: list[str]) -> int:
+    # A login warning from the gateway (USER_DISK_LIMIT, say) would be hidden by tmux's
+    # screen: show it in the status line too, and keep it out of the session's shells.
+    notice = os.environ.pop("MTGPU_LOGIN_NOTICE", "")
+    if notice and argv[3:4] != ["switch-client"]:
+        argv = [*argv, ";", "display-message", "-d", "20000", "mtgpu: " + notice[:300]]
     tmux = shutil.which(argv[0])
     if tmux is None:
         raise TerminalError("tmux is not installed on this host; ask an admin to install it")

@@ -58,16 +58,18 @@ class Cluster:
 def cluster() -> Iterator[Callable[..., Cluster]]:
     made: list[tuple[Network, list[Host]]] = []
 
-    def make(specs, start_order=None, stagger=0.0, private_homes=False, private_dirs=None):
+    def make(specs, start_order=None, stagger=0.0, private_homes=False, private_dirs=None,
+             env=None):
         """Members from (name, GPUs, extra configuration) triples. With
         ``private_homes`` each member sees only its own home directory, as separate
         machines do (the members share this machine's filesystem otherwise);
         ``private_dirs`` maps a member's name to directories it has its own empty
-        copy of (``/run/user``, say)."""
+        copy of (``/run/user``, say); ``env`` is added to the daemons' environment."""
         net = Network()
         hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
         for h in hosts:
             h.private_dirs = tuple((private_dirs or {}).get(h.config["SERVER_NAME"], ()))
+            h.env.update(env or {})  # the daemons' environment, such as a policy clock
         if private_homes:
             for h in hosts:
                 h.hidden = tuple(str(o.homes) for o in hosts if o is not h)
