@@ -103,8 +103,10 @@ def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     assert len(running) == 2 and len(pending) == 1
     assert pending[0]["reason"] in ("Resources", "Priority") and pending[0]["position"] == 1
     assert {s["gpus"][0]["index"] for s in running} == {0, 1}
+    # The GPUs are free again once the jobs end: cancelled, not waited for.
+    assert host.ssh("gina", key, "mt-job cancel " + " ".join(ex)).returncode == 0
     for j in ex:
-        wait_state(host, key, "gina", j, {"COMPLETED"}, timeout=40)
+        wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
     sh = [submit(host, key, "gina", job("sleep 6", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
     time.sleep(1.5)
     states = at_once(host, key, "gina", sh)
@@ -114,8 +116,9 @@ def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     for s in running:
         per_gpu[s["gpus"][0]["index"]] = per_gpu.get(s["gpus"][0]["index"], 0) + 1
     assert per_gpu == {0: 2, 1: 2}
+    assert host.ssh("gina", key, "mt-job cancel " + " ".join(sh)).returncode == 0
     for j in sh:
-        wait_state(host, key, "gina", j, {"COMPLETED"}, timeout=40)
+        wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
 
 
 def test_impossible_job_is_rejected_at_once(gpu_host):
