@@ -61,6 +61,9 @@ auth: {{htpasswd: {{realm: test, path: {d}/htpasswd}}}}
         subprocess.run([*store, "push", "--quiet", "--creds", "robot:s3cret", "--tls-verify=false",
                         IMAGE, f"docker://127.0.0.1:{port}/mtgpu/test:1"], capture_output=True,
                        check=True)
+        subprocess.run([*store, "push", "--quiet", "--creds", "robot:s3cret", "--tls-verify=false",
+                        IMAGE, f"docker://127.0.0.1:{port}/mtgpu/jobs:2"], capture_output=True,
+                       check=True)  # not pre-pulled: a containerized job pulls it
         yield d, port
     finally:
         proc.kill()
@@ -133,3 +136,22 @@ def test_a_devcontainer_dockerfile_is_built_as_the_tenant(open_host) -> None:
         assert made.read_text() == out and made.stat().st_uid == w.uid
     finally:
         w.rm("bd")
+
+
+def test_a_containerized_job_pulls_its_image_with_the_registry_credentials(open_host) -> None:
+    import json
+
+    w, _d, port, _creds = open_host
+    ref = f"127.0.0.1:{port}/mtgpu/jobs:2"
+    _, out, _ = w.run("mt-job submit --parsable -",
+                      input=f"#!/bin/sh\n#MTGPU container={ref}\necho pulled-and-ran\n".encode())
+    jid = out.strip()
+    deadline = time.time() + 90
+    while (v := json.loads(w.run(f"mt-job show {jid} --json")[1]))["state"] in ("PENDING", "RUNNING"):
+        assert time.time() < deadline, v
+        time.sleep(0.3)
+    assert v["state"] == "COMPLETED", (v["reason"], w.host.log()[-2000:])
+    assert open(v["stdout"]).read() == "pulled-and-ran\n"
+    assert v["progress"] == {w.host.config["SERVER_NAME"]: f"pulling {ref}"}
+    assert not list(w.home.rglob("auth.json"))   # the credentials stayed root's
+    assert w.run(f"podman image exists {ref}", ok=False)[0] == 0   # now in the tenant's store
