@@ -333,9 +333,12 @@ def status(args: argparse.Namespace) -> int:
     pid = running_pid(options.run_dir)
     host, port = options.ssh_listen
     version = "unknown"
+    published = None
     if pid:
         try:
-            version = ApiClient(options.api_socket, timeout=5).call("version")["version"]
+            api = ApiClient(options.api_socket, timeout=30)
+            version = api.call("version")["version"]
+            published = api.call("published")
         except MtgpuError as exc:
             version = f"not answering ({exc})"
     lines = [f"daemon:     {'running (pid %d)' % pid if pid else 'not running'}",
@@ -345,8 +348,30 @@ def status(args: argparse.Namespace) -> int:
              f"server:     {options.server_name}",
              f"state:      {options.state_dir}",
              "host keys:"] + [f"  {fp}" for fp in fingerprints(options.state_dir)]
+    lines += published_lines(options, published)
     print("\n".join(lines))
     return 0 if pid else 3
+
+
+def published_lines(options: object, published: dict | None) -> list[str]:
+    """The datasets and interpreters, as the daemon published them or, with the daemon
+    down, as they would be (nothing is mounted then)."""
+    from mtgpu.accounts.published import plan_datasets, plan_interpreters
+
+    if published is None:
+        published = {"datasets": [d.to_dict() for d in plan_datasets(
+                         getattr(options, "datasets_directories"))],
+                     "interpreters": [i.to_dict() for i in plan_interpreters(
+                         getattr(options, "python_interpreters"))]}
+    out = ["datasets:" + ("" if published["datasets"] else " none")]
+    for d in published["datasets"]:
+        out.append(f"  {d['path']}  from {d['source']}, read-only" if d["ok"] else
+                   f"  {d['name']}: NOT PUBLISHED: {d['problem']}")
+    out.append("python interpreters:" + ("" if published["interpreters"] else " none"))
+    for i in published["interpreters"]:
+        out.append(f"  {i['name']}  Python {i['version']}  {i['path']}" if i["ok"] else
+                   f"  {i['name']}: NOT PUBLISHED: {i['problem']}")
+    return out
 
 
 def gpu_check(args: argparse.Namespace) -> int:
@@ -389,6 +414,12 @@ def uninstall(args: argparse.Namespace) -> int:
     if pid:
         stop_pid(pid)
         say(f"stopped mtgpu-server (pid {pid})")
+    # The read-only mounts of datasets and interpreters outlive the daemon; not MTGPU.
+    from mtgpu.accounts.published import Publisher
+
+    undone = Publisher(run_dir).undo_all()
+    if undone:
+        say(f"unmounted the published datasets and interpreters: {', '.join(undone)}")
     if unit.exists():
         unit.unlink()
         if systemd_running():

@@ -91,11 +91,12 @@ def check_source(path: str, readonly: bool, policy: Policy, cwd: str | None = No
     p = host_path(path, policy, cwd, realpath)
     if _under(p, policy.home):
         return p
-    for d in policy.datasets:
+    for d in (*policy.datasets, *policy.interpreters):
         if _under(p, d):
             if not readonly:
+                what = "the dataset" if d in policy.datasets else "the Python interpreter's prefix"
                 raise PolicyRefusal("datasets-read-only",
-                                    f"{p} is in the dataset {d}, which is published read-only; "
+                                    f"{p} is in {what} {d}, which is published read-only; "
                                     "add :ro to the mount")
             return p
     where = ", ".join([policy.home, *policy.datasets])
@@ -461,12 +462,13 @@ def publish_args(ports: Iterable[int], policy: Policy) -> list[str]:
 
 def mount_args(spec: WorkspaceSpec, tenant: Tenant, policy: Policy,
                cache_volumes: Sequence[str]) -> list[str]:
-    """The home at its own path, cache volumes, datasets (read-only) and the spec's mounts."""
+    """The home at its own path, cache volumes, the published datasets and interpreters
+    (read-only, at the same paths as on the host) and the spec's mounts."""
     home = tenant.home
     out = [f"--volume={home}:{home}"]
     for path in cache_volumes:
         out.append(f"--volume={home}/.mtgpu/cache/{cache_dir_name(path)}:{path}")
-    for d in policy.datasets:
+    for d in (*policy.datasets, *policy.interpreters):
         out.append(f"--volume={d}:{d}:ro")
     for m in spec.mounts:
         out.append(_mount_arg(m, policy))
@@ -485,7 +487,7 @@ def _mount_arg(m: Mount, policy: Policy) -> str:
 
 def _in_datasets(path: str, policy: Policy) -> bool:
     p = os.path.normpath(path)
-    return any(_under(p, d) for d in policy.datasets)
+    return any(_under(p, d) for d in (*policy.datasets, *policy.interpreters))
 
 
 def gpu_device_args(cdi: Sequence[str], nodes: Sequence[str]) -> list[str]:
@@ -531,6 +533,7 @@ def describe_rules(policy: Policy) -> str:
     lines = [f"{name}: {text}" for name, text in RULES.items()]
     lines += ["", f"your home: {policy.home}",
               f"datasets (read-only): {', '.join(policy.datasets) or 'none'}",
+              f"Python interpreters (read-only): {', '.join(policy.interpreters) or 'none'}",
               f"your GPUs here: {', '.join([*policy.cdi_devices, *policy.devices]) or 'none'}",
               f"network: {'on' if policy.network else 'off'}; {ports}",
               f"images: {'any' if policy.allow_user_images else ', '.join(policy.images) or 'none'}"]
