@@ -311,11 +311,10 @@ class Publisher:
                 done.append(self.root)
             except MountError as exc:
                 log.warning("%s", exc)
-        try:
-            os.rmdir(self.root)
-        except OSError:
-            pass
-        self._save(rec)
+        # The empty /datasets directory stays: removing a directory that is a mount point
+        # in another mount namespace would detach that namespace's mounts.
+        if self.record_path.parent.is_dir():
+            self._save(rec)
         return done
 
 

@@ -415,11 +415,7 @@ def uninstall(args: argparse.Namespace) -> int:
         stop_pid(pid)
         say(f"stopped mtgpu-server (pid {pid})")
     # The read-only mounts of datasets and interpreters outlive the daemon; not MTGPU.
-    from mtgpu.accounts.published import Publisher
-
-    undone = Publisher(run_dir).undo_all()
-    if undone:
-        say(f"unmounted the published datasets and interpreters: {', '.join(undone)}")
+    unpublish(run_dir, Path(args.prefix))
     if unit.exists():
         unit.unlink()
         if systemd_running():
@@ -443,6 +439,21 @@ def uninstall(args: argparse.Namespace) -> int:
         say(f"kept {args.config}, the state in {state} and tenant homes under {home}; "
             "`uninstall --purge` also removes the configuration and state")
     return 0
+
+
+def unpublish(run_dir: str, prefix: Path) -> None:
+    """Unmount the published datasets and interpreters (what ``RUN_DIR/published.json``
+    records)."""
+    try:
+        from mtgpu.accounts.published import Publisher
+    except ImportError:  # stage one's system Python: the virtualenv has the libraries
+        py = prefix / "venv" / "bin" / "python"
+        if py.exists():
+            subprocess.call([str(py), "-m", "mtgpu.cli.setup", "unpublish", "--run-dir", run_dir])
+        return
+    undone = Publisher(run_dir).undo_all()
+    if undone:
+        say(f"unmounted the published datasets and interpreters: {', '.join(undone)}")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -479,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("uninstall", help="stop and remove MTGPU (keeps config, state and homes)")
     common(u)
     u.add_argument("--purge", action="store_true", help="also remove the configuration and state")
+    up = sub.add_parser("unpublish", help=argparse.SUPPRESS)  # uninstall's second half
+    up.add_argument("--run-dir", required=True)
     return p
 
 
@@ -495,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
             return gpu_check(args)
         if args.cmd == "podman-check":
             return podman_check(args)
+        if args.cmd == "unpublish":
+            unpublish(args.run_dir, Path(PREFIX))
+            return 0
     except SetupFailed as exc:
         say(str(exc))
         return 1
