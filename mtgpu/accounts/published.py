@@ -102,12 +102,6 @@ class Published:
                 + [f"interpreter {i.name}: {i.problem}"
                    for i in self.interpreters if not i.ok])
 
-    def container_paths(self) -> tuple[str, ...]:
-        """What workspaces mount read-only at the same path: datasets both ways, and
-        interpreters with a prefix of their own."""
-        out = [p for d in self.datasets if d.ok for p in (d.source, d.path)]
-        out += [i.prefix for i in self.interpreters if i.ok and i.read_only]
-        return tuple(dict.fromkeys(out))
 
 
 # ------------------------------------------------------------ interpreters

@@ -277,8 +277,7 @@ class Workspaces:
         specs = cdi.load_specs()
         published = getattr(self.host, "published", None)
         if published is not None:
-            datasets = tuple(dict.fromkeys(p for d in published.datasets if d.ok
-                                           for p in (d.source, d.path)))
+            datasets = tuple(d.source for d in published.datasets if d.ok)
             interpreters = tuple(i.prefix for i in published.interpreters if i.ok and i.read_only)
         else:
             datasets = tuple(d for d in self.options.datasets_directories if os.path.isdir(d))

@@ -159,9 +159,9 @@ class Policy:
     images every tenant may use (templates and pre-pulled ones, fully qualified).
     ``system_sources`` are host paths that podman itself or CDI mount (never the
     tenant's choice), allowed only in the OCI hook's check. ``datasets`` are the
-    published datasets, both at their sources and at ``/datasets/NAME``, and
-    ``interpreters`` the prefixes of published Python interpreters that have one of
-    their own: both are mounted read-only at the same paths.
+    published datasets' sources, mounted read-only at their own paths and at
+    ``/datasets/NAME``; ``interpreters`` the prefixes of published Python
+    interpreters that have one of their own, mounted read-only at the same paths.
     """
 
     home: str
