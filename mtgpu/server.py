@@ -82,6 +82,7 @@ class Daemon:
         # Datasets and interpreters published read-only (mounted at start and on SIGHUP).
         self.publisher = Publisher(options.run_dir)
         self.published = Published()
+        self._publishing = asyncio.Lock()
         self.accounts.home_hooks.append(self._link_home)
 
     # ------------------------------------------------------------- helpers
@@ -188,10 +189,11 @@ class Daemon:
     async def publish(self) -> None:
         """Mount the datasets and interpreters the configuration lists, read-only; a
         missing or broken one is logged and skipped."""
-        try:
-            self.published = await asyncio.to_thread(self.publisher.apply, self.options)
-        except Exception:  # noqa: BLE001 - publishing must never stop the daemon
-            log.exception("publishing datasets and interpreters failed")
+        async with self._publishing:  # one at a time: a reload may come during start
+            try:
+                self.published = await asyncio.to_thread(self.publisher.apply, self.options)
+            except Exception:  # noqa: BLE001 - publishing must never stop the daemon
+                log.exception("publishing datasets and interpreters failed")
 
     def _link_home(self, acct: Account) -> None:
         if acct.managed and any(d.ok for d in self.published.datasets):

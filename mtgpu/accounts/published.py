@@ -91,11 +91,6 @@ class Published:
         return {"datasets": [d.to_dict() for d in self.datasets],
                 "interpreters": [i.to_dict() for i in self.interpreters]}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Published:
-        return cls(tuple(Dataset(**x) for x in d.get("datasets", ())),
-                   tuple(Interpreter(**x) for x in d.get("interpreters", ())))
-
     def problems(self) -> list[str]:
         """One line per entry that is not published, saying why."""
         return ([f"dataset {d.name}: {d.problem}" for d in self.datasets if not d.ok]
@@ -106,7 +101,7 @@ class Published:
 
 # ------------------------------------------------------------ interpreters
 
-def probe(path: str, timeout: float = 20) -> dict[str, Any]:
+def probe(path: str, timeout: float = 10) -> dict[str, Any]:
     """Run the interpreter at ``path`` as ``nobody``; its version and prefix, or a problem."""
     if not os.path.exists(path):
         return {"problem": f"{path} does not exist; install it or remove it from PYTHON_INTERPRETERS"}
@@ -185,14 +180,16 @@ class Publisher:
         self.record_path = Path(run_dir) / RECORD
         self.root = root
 
-    def _record(self) -> dict[str, list[str]]:
+    def _record(self) -> dict[str, Any]:
+        """``protected``: directories bound over themselves; ``published``: each
+        ``/datasets/NAME`` made, with the directory bound there."""
         try:
             d = json.loads(self.record_path.read_text())
-            return {"protected": list(d.get("protected", [])), "published": list(d.get("published", []))}
-        except (OSError, ValueError):
-            return {"protected": [], "published": []}
+            return {"protected": list(d.get("protected", [])), "published": dict(d.get("published", {}))}
+        except (OSError, ValueError, TypeError):
+            return {"protected": [], "published": {}}
 
-    def _save(self, rec: dict[str, list[str]]) -> None:
+    def _save(self, rec: dict[str, Any]) -> None:
         tmp = self.record_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=1))
         os.replace(tmp, self.record_path)
@@ -205,8 +202,9 @@ class Publisher:
         protect = {os.path.realpath(d.source): d.source for d in datasets if d.ok}
         protect.update({i.prefix: i.prefix for i in interpreters if i.ok and i.read_only})
         # What an earlier configuration published and this one does not: undone first.
-        for path in list(reversed(rec["published"])):
-            if path not in {d.path for d in datasets if d.ok}:
+        wanted = {d.path: os.path.realpath(d.source) for d in datasets if d.ok}
+        for path, real in reversed(list(rec["published"].items())):
+            if wanted.get(path) != real:
                 self._undo(path, rec, "published")
         for path in list(reversed(rec["protected"])):
             if path not in protect:
@@ -234,7 +232,7 @@ class Publisher:
             log.warning("not published: %s", line)
         return pub
 
-    def _protect(self, real: str, rec: dict[str, list[str]]) -> None:
+    def _protect(self, real: str, rec: dict[str, Any]) -> None:
         """Bind ``real`` read-only over itself, unless its visible mount already is read-only."""
         m = mounts.top(real)
         if m is not None and m.read_only:
@@ -252,7 +250,7 @@ class Publisher:
             return  # the host's own /datasets: the mount points go into it
         mounts.mount_tmpfs(self.root, TMPFS_DEVICE)
 
-    def _publish(self, d: Dataset, rec: dict[str, list[str]]) -> Dataset:
+    def _publish(self, d: Dataset, rec: dict[str, Any]) -> Dataset:
         real = os.path.realpath(d.source)
         if real == os.path.realpath(d.path):
             return d  # it already lives at /datasets/NAME, and is read-only there
@@ -271,10 +269,10 @@ class Publisher:
             mounts.bind_read_only(real, d.path)
         except (MountError, OSError) as exc:
             return _failed(d, f"{d.source} cannot be published at {d.path}: {exc}")
-        rec["published"].append(d.path)
+        rec["published"][d.path] = real
         return d
 
-    def _undo(self, path: str, rec: dict[str, list[str]], kind: str) -> None:
+    def _undo(self, path: str, rec: dict[str, Any], kind: str) -> None:
         try:
             if mounts.top(path) is not None:
                 mounts.unmount(path)
@@ -287,14 +285,17 @@ class Publisher:
         except MountError as exc:
             log.warning("%s", exc)
             return
-        rec[kind].remove(path)
+        if kind == "published":
+            del rec[kind][path]
+        else:
+            rec[kind].remove(path)
 
     def undo_all(self) -> list[str]:
         """Unmount everything this host published (``mtgpu-setup uninstall``); what was done."""
         rec = self._record()
         done = []
         for kind in ("published", "protected"):
-            for path in list(reversed(rec[kind])):
+            for path in list(reversed(list(rec[kind]))):
                 self._undo(path, rec, kind)
                 if path not in rec[kind]:
                     done.append(path)

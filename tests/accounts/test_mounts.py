@@ -62,6 +62,9 @@ SCRIPT = textwrap.dedent("""
     assert sum(m.path == src for m in mounts.table()) == 1
     p.apply(load_text(""))  # removed from the configuration: undone
     assert writable(f"{src}/a.txt") and not os.path.exists("/datasets/corpus")
+    other = f"{base}/other/corpus"  # the same name, another directory: it replaces the first
+    p.apply(load_text(f"DATASETS_DIRECTORIES: [{other}]"))
+    assert sorted(os.listdir("/datasets/corpus")) == ["c.txt"] and writable(f"{src}/a.txt")
     p.apply(on)
     assert p.undo_all()
     assert writable(f"{src}/a.txt") and writable(f"{src}/inner/b.txt")
@@ -77,6 +80,8 @@ def test_publish_is_read_only_for_everyone_idempotent_and_undone(tmp_path):
     corpus = tmp_path / "corpus"
     (corpus / "inner").mkdir(parents=True)
     (corpus / "a.txt").write_text("a")
+    (tmp_path / "other" / "corpus").mkdir(parents=True)
+    (tmp_path / "other" / "corpus" / "c.txt").write_text("c")
     script = (f"mount -t tmpfs inner {corpus}/inner && echo -n b > {corpus}/inner/b.txt && "
               f"exec {sys.executable} -c '{SCRIPT}' {tmp_path}")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
