@@ -340,7 +340,8 @@ def status(args: argparse.Namespace) -> int:
             version = api.call("version")["version"]
             published = api.call("published")
         except MtgpuError as exc:
-            version = f"not answering ({exc})"
+            if version == "unknown":
+                version = f"not answering ({exc})"
     lines = [f"daemon:     {'running (pid %d)' % pid if pid else 'not running'}",
              f"version:    {version}",
              f"config:     {options.source or 'defaults (no file)'}",
