@@ -8,7 +8,8 @@ Third-party errors are translated at the boundary with ``raise ... from exc``::
     ├── CommandError         a subprocess failed (argv and stderr attached)
     ├── StateError           the replicated state refused or timed out
     ├── AccountError         a tenant account cannot be created or used
-    │   └── UidConflictError a local account already holds the registry's UID
+    │   ├── UidConflictError a local account already holds the registry's UID
+    │   └── MountError       a published directory cannot be mounted read-only
     ├── AuthError            an invite or key cannot be accepted
     ├── ApiError             an API request was refused (carries a code)
     ├── GpuProbeError        a GPU probe failed or printed bad output
@@ -75,6 +76,10 @@ class AccountError(MtgpuError):
 
 class UidConflictError(AccountError):
     """A local account already holds the UID the registry assigned."""
+
+
+class MountError(AccountError):
+    """A dataset or interpreter cannot be bound read-only, or unbound."""
 
 
 class AuthError(MtgpuError):

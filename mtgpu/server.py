@@ -23,12 +23,14 @@ import asyncssh
 
 import mtgpu
 from mtgpu.accounts.provision import Account, LocalAccounts
+from mtgpu.accounts.published import DATASETS_ROOT, Published, Publisher, link_home
 from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.accounts.quota import DiskQuotas
 from mtgpu.api import admin as admin_api
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
 from mtgpu.api import policy as policy_api
+from mtgpu.api import published as published_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
@@ -90,6 +92,11 @@ class Daemon:
         self.clock = PolicyClock.from_environment()  # time-based policy (retention)
         self.quotas = DiskQuotas(self)  # USER_DISK_LIMIT
         self.retention = policy_api.Retention(self)  # TENANT_RETENTION_DAYS
+        # Datasets and interpreters published read-only (mounted at start and on SIGHUP).
+        self.publisher = Publisher(options.run_dir)
+        self.published = Published()
+        self._publishing = asyncio.Lock()
+        self.accounts.home_hooks.append(self._link_home)
 
     # ------------------------------------------------------------- helpers
 
@@ -201,6 +208,35 @@ class Daemon:
                 return True
         return False
 
+    # ------------------------------------------------------ published paths
+
+    async def publish(self) -> None:
+        """Mount the datasets and interpreters the configuration lists, read-only; a
+        missing or broken one is logged and skipped."""
+        async with self._publishing:  # one at a time: a reload may come during start
+            try:
+                self.published = await asyncio.to_thread(self.publisher.apply, self.options)
+            except Exception:  # noqa: BLE001 - publishing must never stop the daemon
+                log.exception("publishing datasets and interpreters failed")
+
+    def _link_home(self, acct: Account) -> None:
+        if acct.managed and any(d.ok for d in self.published.datasets):
+            link_home(acct.home, acct.uid, acct.gid, DATASETS_ROOT)
+
+    def _link_homes(self) -> None:
+        """``~/datasets`` in the homes of tenants that existed before (new ones get it
+        when their account is made)."""
+        if not any(d.ok for d in self.published.datasets):
+            return
+        for name in self.registry.names():
+            u = self.registry.get(name)
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            if u is not None and pw.pw_uid == u["uid"]:
+                link_home(pw.pw_dir, pw.pw_uid, pw.pw_gid, DATASETS_ROOT)
+
     # ------------------------------------------------------------ lifecycle
 
     def _prepare_dirs(self) -> None:
@@ -236,7 +272,10 @@ class Daemon:
         o = self.options
         admin_api.recent_log()  # `mtgpu-admin logs` shows what is logged from now on
         self.dispatcher.auditor = lambda *a: admin_api.write_audit(self, *a)
+        # Before any tenant can log in: datasets are read-only from the first session.
+        await self.publish()
         user_api.register(self.dispatcher, self)
+        published_api.register(self.dispatcher, self)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
         if self.identity is not None:
@@ -256,6 +295,7 @@ class Daemon:
             self.store = StateStore(o.server_name, [self.registry, self.jobs, self.drains,
                                                     self.audit], o.state_dir)
         await self.store.wait_ready(timeout=120)
+        await asyncio.to_thread(self._link_homes)
         runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
         if self.cluster is not None:
             runner.workdir_help = self.cluster.workdir_help  # homes may not be shared
@@ -557,6 +597,11 @@ class Daemon:
                         ", ".join(k.upper() for k in needs_restart))
             new = _keep(new, self.options, needs_restart)
         self.options = new
+
+        async def republish() -> None:  # a dataset or interpreter may have been fixed too
+            await self.publish()
+            await asyncio.to_thread(self._link_homes)
+        self._tasks.append(asyncio.get_running_loop().create_task(republish()))
         self.penalties.failures = new.ssh_penalty_failures
         self.penalties.seconds = new.ssh_penalty_seconds
         logging.getLogger("mtgpu").setLevel(new.log_level)

@@ -14,6 +14,7 @@ import pwd
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,8 @@ class LocalAccounts(AccountProvisioner):
         # One lock across threads and across daemons that share /etc.
         self._file_lock = FileLock(lock_path)
         self._thread_lock = threading.Lock()
+        # Called with each home made or repaired (the daemon adds ~/datasets this way).
+        self.home_hooks: list[Callable[[Account], None]] = []
 
     def ensure(self, name: str, uid: int) -> Account:
         # Every login and job start asks; almost always the account is there as it
@@ -144,6 +147,8 @@ class LocalAccounts(AccountProvisioner):
                     raise AccountError(f"account {name!r} was created but cannot be found")
                 log.info("created account %s uid=%d home=%s", name, uid, acct.home)
             self._ensure_home(acct)
+            for hook in self.home_hooks:
+                hook(acct)
             return acct
 
     def _check(self, name: str, uid: int) -> Account | None:

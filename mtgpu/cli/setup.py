@@ -333,11 +333,15 @@ def status(args: argparse.Namespace) -> int:
     pid = running_pid(options.run_dir)
     host, port = options.ssh_listen
     version = "unknown"
+    published = None
     if pid:
         try:
-            version = ApiClient(options.api_socket, timeout=5).call("version")["version"]
+            api = ApiClient(options.api_socket, timeout=30)
+            version = api.call("version")["version"]
+            published = api.call("published")
         except MtgpuError as exc:
-            version = f"not answering ({exc})"
+            if version == "unknown":
+                version = f"not answering ({exc})"
     lines = [f"daemon:     {'running (pid %d)' % pid if pid else 'not running'}",
              f"version:    {version}",
              f"config:     {options.source or 'defaults (no file)'}",
@@ -345,8 +349,30 @@ def status(args: argparse.Namespace) -> int:
              f"server:     {options.server_name}",
              f"state:      {options.state_dir}",
              "host keys:"] + [f"  {fp}" for fp in fingerprints(options.state_dir)]
+    lines += published_lines(options, published)
     print("\n".join(lines))
     return 0 if pid else 3
+
+
+def published_lines(options: object, published: dict | None) -> list[str]:
+    """The datasets and interpreters, as the daemon published them or, with the daemon
+    down, as they would be (nothing is mounted then)."""
+    from mtgpu.accounts.published import plan_datasets, plan_interpreters
+
+    if published is None:
+        published = {"datasets": [d.to_dict() for d in plan_datasets(
+                         getattr(options, "datasets_directories"))],
+                     "interpreters": [i.to_dict() for i in plan_interpreters(
+                         getattr(options, "python_interpreters"))]}
+    out = ["datasets:" + ("" if published["datasets"] else " none")]
+    for d in published["datasets"]:
+        out.append(f"  {d['path']}  from {d['source']}, read-only" if d["ok"] else
+                   f"  {d['name']}: NOT PUBLISHED: {d['problem']}")
+    out.append("python interpreters:" + ("" if published["interpreters"] else " none"))
+    for i in published["interpreters"]:
+        out.append(f"  {i['name']}  Python {i['version']}  {i['path']}" if i["ok"] else
+                   f"  {i['name']}: NOT PUBLISHED: {i['problem']}")
+    return out
 
 
 def gpu_check(args: argparse.Namespace) -> int:
@@ -389,6 +415,8 @@ def uninstall(args: argparse.Namespace) -> int:
     if pid:
         stop_pid(pid)
         say(f"stopped mtgpu-server (pid {pid})")
+    # The read-only mounts of datasets and interpreters outlive the daemon; not MTGPU.
+    unpublish(run_dir, Path(args.prefix))
     if unit.exists():
         unit.unlink()
         if systemd_running():
@@ -412,6 +440,21 @@ def uninstall(args: argparse.Namespace) -> int:
         say(f"kept {args.config}, the state in {state} and tenant homes under {home}; "
             "`uninstall --purge` also removes the configuration and state")
     return 0
+
+
+def unpublish(run_dir: str, prefix: Path) -> None:
+    """Unmount the published datasets and interpreters (what ``RUN_DIR/published.json``
+    records)."""
+    try:
+        from mtgpu.accounts.published import Publisher
+    except ImportError:  # stage one's system Python: the virtualenv has the libraries
+        py = prefix / "venv" / "bin" / "python"
+        if py.exists():
+            subprocess.call([str(py), "-m", "mtgpu.cli.setup", "unpublish", "--run-dir", run_dir])
+        return
+    undone = Publisher(run_dir).undo_all()
+    if undone:
+        say(f"unmounted the published datasets and interpreters: {', '.join(undone)}")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -448,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("uninstall", help="stop and remove MTGPU (keeps config, state and homes)")
     common(u)
     u.add_argument("--purge", action="store_true", help="also remove the configuration and state")
+    up = sub.add_parser("unpublish", help=argparse.SUPPRESS)  # uninstall's second half
+    up.add_argument("--run-dir", required=True)
     return p
 
 
@@ -464,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             return gpu_check(args)
         if args.cmd == "podman-check":
             return podman_check(args)
+        if args.cmd == "unpublish":
+            unpublish(args.run_dir, Path(PREFIX))
+            return 0
     except SetupFailed as exc:
         say(str(exc))
         return 1

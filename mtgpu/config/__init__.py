@@ -14,6 +14,7 @@ from mtgpu.config.options import (
     DEFAULT_CONFIG_PATH,
     ContainersOptions,
     GpuProbeSpec,
+    InterpreterSpec,
     Options,
     SimulatedGpuSpec,
     load,
@@ -28,7 +29,7 @@ def config_path(explicit: str | None = None) -> str:
 
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ContainersOptions", "GpuProbeSpec", "Options",
+    "DEFAULT_CONFIG_PATH", "ContainersOptions", "GpuProbeSpec", "InterpreterSpec", "Options",
     "SimulatedGpuSpec", "config_path", "format_size", "load", "load_text",
     "parse_duration", "parse_size",
 ]

@@ -60,6 +60,18 @@ class GpuProbeSpec:
 
 
 @dataclass(frozen=True)
+class InterpreterSpec:
+    """One ``PYTHON_INTERPRETERS`` entry: an interpreter's path and, optionally, its name.
+
+    Without a name, the interpreter is named from its version (``python3.11``) when
+    the daemon first runs it.
+    """
+
+    path: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class ContainersOptions:
     """The ``CONTAINERS`` mapping (workspaces). Details are validated per key.
 
@@ -109,7 +121,7 @@ class Options:
     admins: tuple[str, ...] = ()
     containers: ContainersOptions = field(default_factory=ContainersOptions)
     datasets_directories: tuple[str, ...] = ()
-    python_interpreters: tuple[str, ...] = ()
+    python_interpreters: tuple[InterpreterSpec, ...] = ()
     user_disk_limit: int | None = None
     user_disk_scan_interval: float = 60.0
     job_retention_days: float = 30
@@ -223,6 +235,42 @@ def _paths(v: object) -> tuple[str, ...]:
     if not isinstance(v, list):
         raise ValueError(f"expected a list of absolute paths, got {_kind(v)}")
     return tuple(_abspath(x) for x in v)
+
+
+_INTERPRETER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+
+
+def _interpreters(v: object) -> tuple[InterpreterSpec, ...]:
+    """A list of interpreter paths, or of ``NAME: PATH`` entries, or both."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of interpreter paths (or NAME: PATH entries), got {_kind(v)}")
+    out: list[InterpreterSpec] = []
+    for i, e in enumerate(v):
+        try:
+            if isinstance(e, dict):
+                if len(e) != 1:
+                    raise ValueError("an entry with a name is one NAME: PATH pair, such as "
+                                     "py311: /opt/python3.11/bin/python3")
+                (name, path), = e.items()
+                if not isinstance(name, str) or not _INTERPRETER_NAME_RE.match(name):
+                    raise ValueError(f"{name!r} is not an interpreter name; use letters, digits, "
+                                     "'.', '_', '+' or '-', such as py311")
+                spec = InterpreterSpec(_abspath(path), name)
+            else:
+                spec = InterpreterSpec(_abspath(e))
+        except ValueError as exc:
+            raise _SubKeyError(f"[{i}]", str(exc)) from exc
+        for j, prev in enumerate(out):
+            if prev.path == spec.path:
+                raise _SubKeyError(f"[{i}]", f"{spec.path} is listed twice (also entry {j}); "
+                                             "list each interpreter once")
+            if spec.name and prev.name == spec.name:
+                raise _SubKeyError(f"[{i}]", f"the name {spec.name!r} is given twice (also entry "
+                                             f"{j}); give each interpreter its own name")
+        out.append(spec)
+    return tuple(out)
 
 
 def _mode(v: object) -> str:
@@ -629,7 +677,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "ADMINS": _names,
     "CONTAINERS": _containers,
     "DATASETS_DIRECTORIES": _paths,
-    "PYTHON_INTERPRETERS": _paths,
+    "PYTHON_INTERPRETERS": _interpreters,
     "USER_DISK_LIMIT": _size_or_none,
     "USER_DISK_SCAN_INTERVAL": lambda v: _positive_duration(v, "USER_DISK_SCAN_INTERVAL"),
     "JOB_RETENTION_DAYS": _days,
@@ -729,6 +777,21 @@ def _check_whole(o: Options, lines: dict[str, int], path: str) -> None:
         except ValueError as exc:
             raise ConfigError(f"{host!r} is not an IP address to listen on",
                               key="SSH_LISTEN", line=lines.get("SSH_LISTEN"), path=path) from exc
+    names: dict[str, int] = {}
+    for i, d in enumerate(o.datasets_directories):
+        name = Path(d).name
+        where = f"DATASETS_DIRECTORIES[{i}]"
+        if not name:
+            raise ConfigError("/ cannot be published as a dataset; list the directories to publish",
+                              key=where, line=lines.get(where), path=path)
+        if name in names:
+            first = o.datasets_directories[names[name]]
+            what = ("is listed twice" if first == d else
+                    f"has the same name as {first}: both would be published at /datasets/{name}")
+            raise ConfigError(f"{d} {what}; each dataset is published under its directory's "
+                              "name, so list each once and rename one of the directories",
+                              key=where, line=lines.get(where), path=path)
+        names[name] = i
     seen: dict[str, int] = {}
     for i, spec in enumerate(o.simulated_gpus):
         if spec.type in seen and o.simulated_gpus[seen[spec.type]].brand != spec.brand:

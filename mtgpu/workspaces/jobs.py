@@ -44,7 +44,7 @@ from typing import Any
 
 from mtgpu.schedd.jobenv import JobLaunch
 from mtgpu.workspaces.podman import SYSTEM_PATH
-from mtgpu.workspaces.policy import cache_dir_name, canonical_image, check_image
+from mtgpu.workspaces.policy import cache_dir_name, canonical_image, check_image, published_mounts
 from mtgpu.workspaces.types import JOB_LABEL, SAVED_PREFIX, PodmanError, Tenant, WorkspaceError
 
 log = logging.getLogger("mtgpu.workspaces")
@@ -202,8 +202,7 @@ class JobContainers:
         for path in c.cache_volumes:
             argv.append(f"--volume={home}/.mtgpu/cache/{cache_dir_name(path)}:{path}")
         self.ws._cache_dirs(t)
-        for d in pol.datasets:
-            argv.append(f"--volume={d}:{d}:ro")
+        argv += published_mounts(pol)
         argv += [f"--device={d}" for d in [*cdis, *nodes]]
         if c.job_network == "host":
             argv.append("--network=host")

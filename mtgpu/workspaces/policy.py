@@ -21,6 +21,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from mtgpu.accounts.published import DATASETS_ROOT
 from mtgpu.workspaces.types import JOB_LABEL, LABEL, SAVED_PREFIX, Mount, Policy, PolicyRefusal, Tenant, WorkspaceSpec
 
 RULES: dict[str, str] = {
@@ -62,6 +63,22 @@ _EXEC_SHORT_BOOL = frozenset("ditl")
 
 # ------------------------------------------------------------------ helpers
 
+def published_at(dataset: str) -> str:
+    """Where every tenant finds a dataset (``mtgpu.accounts.published`` mounts it there).
+
+    >>> published_at("/srv/data/imagenet")
+    '/datasets/imagenet'
+    """
+    return f"{DATASETS_ROOT}/{os.path.basename(dataset.rstrip('/'))}"
+
+
+def read_only_roots(policy: Policy) -> tuple[str, ...]:
+    """What a tenant may bind only read-only: the datasets at both their paths, and the
+    interpreters' prefixes."""
+    return tuple(dict.fromkeys([*policy.datasets, *(published_at(d) for d in policy.datasets),
+                                *policy.interpreters]))
+
+
 def _under(path: str, root: str) -> bool:
     """True if ``path`` is ``root`` or inside it (both normalized).
 
@@ -91,11 +108,12 @@ def check_source(path: str, readonly: bool, policy: Policy, cwd: str | None = No
     p = host_path(path, policy, cwd, realpath)
     if _under(p, policy.home):
         return p
-    for d in policy.datasets:
+    for d in read_only_roots(policy):
         if _under(p, d):
             if not readonly:
+                what = "the Python interpreter's prefix" if d in policy.interpreters else "the dataset"
                 raise PolicyRefusal("datasets-read-only",
-                                    f"{p} is in the dataset {d}, which is published read-only; "
+                                    f"{p} is in {what} {d}, which is published read-only; "
                                     "add :ro to the mount")
             return p
     where = ", ".join([policy.home, *policy.datasets])
@@ -468,15 +486,30 @@ def publish_args(ports: Iterable[int], policy: Policy) -> list[str]:
 
 def mount_args(spec: WorkspaceSpec, tenant: Tenant, policy: Policy,
                cache_volumes: Sequence[str]) -> list[str]:
-    """The home at its own path, cache volumes, datasets (read-only) and the spec's mounts."""
+    """The home at its own path, cache volumes, the published datasets and interpreters
+    (read-only, at the same paths as on the host) and the spec's mounts."""
     home = tenant.home
     out = [f"--volume={home}:{home}"]
     for path in cache_volumes:
         out.append(f"--volume={home}/.mtgpu/cache/{cache_dir_name(path)}:{path}")
-    for d in policy.datasets:
-        out.append(f"--volume={d}:{d}:ro")
+    out += published_mounts(policy)
     for m in spec.mounts:
         out.append(_mount_arg(m, policy))
+    return out
+
+
+def published_mounts(policy: Policy) -> list[str]:
+    """The published datasets and interpreters, read-only at the host's paths.
+
+    Bound from the sources (paths on disk), not from the host's /datasets mounts: a
+    tenant's podman may run in a mount namespace made before those."""
+    out = []
+    for d in policy.datasets:
+        out.append(f"--volume={d}:{d}:ro")
+        if published_at(d) != d:
+            out.append(f"--volume={d}:{published_at(d)}:ro")
+    for d in policy.interpreters:
+        out.append(f"--volume={d}:{d}:ro")
     return out
 
 
@@ -492,7 +525,7 @@ def _mount_arg(m: Mount, policy: Policy) -> str:
 
 def _in_datasets(path: str, policy: Policy) -> bool:
     p = os.path.normpath(path)
-    return any(_under(p, d) for d in policy.datasets)
+    return any(_under(p, d) for d in read_only_roots(policy))
 
 
 def gpu_device_args(cdi: Sequence[str], nodes: Sequence[str]) -> list[str]:
@@ -537,7 +570,9 @@ def describe_rules(policy: Policy) -> str:
              "on any address"}[policy.port_publishing]
     lines = [f"{name}: {text}" for name, text in RULES.items()]
     lines += ["", f"your home: {policy.home}",
-              f"datasets (read-only): {', '.join(policy.datasets) or 'none'}",
+              "datasets (read-only): " + (", ".join(f"{published_at(d)} (also at {d})"
+                                                    for d in policy.datasets) or "none"),
+              f"Python interpreters (read-only): {', '.join(policy.interpreters) or 'none'}",
               f"your GPUs here: {', '.join([*policy.cdi_devices, *policy.devices]) or 'none'}",
               f"network: {'on' if policy.network else 'off'}; {ports}",
               f"images: {'any' if policy.allow_user_images else ', '.join(policy.images) or 'none'}"]

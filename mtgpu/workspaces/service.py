@@ -275,8 +275,14 @@ class Workspaces:
             log.warning("GPU devices of %s: %s", t.name, exc)
             cdis, nodes = [], []
         specs = cdi.load_specs()
-        return Policy(home=t.home, datasets=tuple(d for d in self.options.datasets_directories
-                                                  if os.path.isdir(d)),
+        published = getattr(self.host, "published", None)
+        if published is not None:
+            datasets = tuple(d.source for d in published.datasets if d.ok)
+            interpreters = tuple(i.prefix for i in published.interpreters if i.ok and i.read_only)
+        else:
+            datasets = tuple(d for d in self.options.datasets_directories if os.path.isdir(d))
+            interpreters = ()
+        return Policy(home=t.home, datasets=datasets, interpreters=interpreters,
                       port_publishing=c.port_publishing, network=c.network,
                       allow_user_images=c.allow_user_images, images=tuple(sorted(images)),
                       registry=reg, devices=tuple(nodes), cdi_devices=tuple(cdis),

@@ -160,11 +160,15 @@ class Policy:
     ``cdi_devices`` their CDI names (``nvidia.com/gpu=...``); ``images`` are the
     images every tenant may use (templates and pre-pulled ones, fully qualified).
     ``system_sources`` are host paths that podman itself or CDI mount (never the
-    tenant's choice), allowed only in the OCI hook's check.
+    tenant's choice), allowed only in the OCI hook's check. ``datasets`` are the
+    published datasets' sources, mounted read-only at their own paths and at
+    ``/datasets/NAME``; ``interpreters`` the prefixes of published Python
+    interpreters that have one of their own, mounted read-only at the same paths.
     """
 
     home: str
     datasets: tuple[str, ...] = ()
+    interpreters: tuple[str, ...] = ()
     port_publishing: str = "loopback"
     network: bool = True
     allow_user_images: bool = False

@@ -40,6 +40,14 @@ def test_documented_example_is_valid_and_complete():
     ("CONTAINERS:\n  enabled: yes\n  port_publishing: all\n", "CONTAINERS.port_publishing", 3, "none, loopback or any"),
     ("JOB_RETENTION_DAYS: -1\n", "JOB_RETENTION_DAYS", 1, "above 0"),
     ("LOG_LEVEL: loud\n", "LOG_LEVEL", 1, "DEBUG"),
+    ("DATASETS_DIRECTORIES:\n  - /srv/a/imagenet\n  - /srv/b/imagenet\n", "DATASETS_DIRECTORIES[1]", 3,
+     "both would be published at /datasets/imagenet"),
+    ("DATASETS_DIRECTORIES: [/srv/x, /srv/x]\n", "DATASETS_DIRECTORIES[1]", 1, "is listed twice"),
+    ("DATASETS_DIRECTORIES: [/]\n", "DATASETS_DIRECTORIES[0]", 1, "cannot be published"),
+    ("PYTHON_INTERPRETERS:\n  - py: /opt/a/bin/python3\n  - py: /opt/b/bin/python3\n",
+     "PYTHON_INTERPRETERS[1]", 3, "given twice"),
+    ("PYTHON_INTERPRETERS: [bin/python3]\n", "PYTHON_INTERPRETERS[0]", 1, "absolute path"),
+    ("PYTHON_INTERPRETERS: [{a: /x, b: /y}]\n", "PYTHON_INTERPRETERS[0]", 1, "one NAME: PATH pair"),
     ("[1, 2]\n", None, 1, "mapping"),
     ("SSH_LISTEN: [\n", None, 2, "not valid YAML"),
 ])
@@ -53,6 +61,14 @@ def test_bad_values_name_key_and_line(text, key, line, words):
         assert key in str(err)
     assert words in str(err)
     assert str(err).startswith(f"cfg.yaml:{line}")
+
+
+def test_interpreters_are_paths_or_named_paths():
+    from mtgpu.config import InterpreterSpec
+
+    o = load_text("PYTHON_INTERPRETERS:\n  - /usr/bin/python3\n  - py311: /opt/py311/bin/python3/\n")
+    assert o.python_interpreters == (InterpreterSpec("/usr/bin/python3"),
+                                     InterpreterSpec("/opt/py311/bin/python3", "py311"))
 
 
 def test_sizes_are_binary():

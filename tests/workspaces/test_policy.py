@@ -54,6 +54,7 @@ REFUSED = [
     (["run", "--rootfs", "/srv/rootfs", "sh"], "host-paths"),
     (["volume", "create", "-o", "type=none", "-o", "device=/etc", "-o", "o=bind", "v"], "host-paths"),
     (["run", "-v", "/data/set:/d", IMG], "datasets-read-only"),
+    (["run", "-v", "/datasets/data/set:/d", IMG], "datasets-read-only"),
     (["run", "--mount", "type=bind,src=/data,dst=/d", IMG], "datasets-read-only"),
     (["run", "-p", "8080:80", IMG], "ports"),
     (["run", "-p", "0.0.0.0:8080:80", IMG], "ports"),
@@ -74,6 +75,7 @@ ALLOWED = [
     ["run", "-v", "/home/ann/work:/work", IMG],
     ["run", "-v", "~/work:/work:rw", IMG],
     ["run", "-v", "/data/set:/d:ro", IMG],
+    ["run", "-v", "/datasets/data:/d:ro", IMG],
     ["run", "--mount", "type=bind,source=/data,target=/d,readonly", IMG],
     ["run", "-v", "cachevol:/cache", IMG],
     ["run", "-v", "/anon", IMG],
@@ -244,6 +246,7 @@ def test_create_argv_mounts_home_cache_datasets_and_publishes_on_loopback() -> N
     assert "--volume=/home/ann:/home/ann" in argv and "--env=HOME=/home/ann" in argv
     assert "--volume=/home/ann/.mtgpu/cache/root-.cache:/root/.cache" in argv
     assert "--volume=/data:/data:ro" in argv and "--volume=/data/x:/x:ro" in argv
+    assert "--volume=/data:/datasets/data:ro" in argv  # where every tenant finds it
     assert "--volume=/home/ann/proj:/proj" in argv
     assert "--publish=127.0.0.1::8888" in argv and "--device=nvidia.com/gpu=0" in argv
     assert "--label=mtgpu.reservation=7" in argv and "--env=A=1" in argv

@@ -19,8 +19,11 @@ def test_files_land_in_the_home_owned_by_the_tenant_and_datasets_are_read_only(w
     try:
         assert v["state"] == "RUNNING" and v["reservation"] and v["image"] == "localhost/mtgpu-test:1"
         ds = w.datasets
+        pub = f"/datasets/{ds.name}"  # the same dataset where every tenant finds it
         script = (f"id -u; echo $HOME; pwd; echo made-inside > $HOME/from-ws.txt; "
                   f"cat {ds}/imagenet/labels.txt; touch {ds}/imagenet/new 2>&1 || echo ro-refused; "
+                  f"sed s/^/pub:/ {pub}/imagenet/labels.txt; "
+                  f"touch {pub}/imagenet/new 2>&1 || echo pub-ro-refused; "
                   f"touch /cache/c && echo cache-ok; env | grep ^MTGPU_WORKSPACE=")
         info = w.mc("shell", "files")
         assert info["argv"][1:3] == ["exec", "-it"] and info["tmux_session"] == "ws-files"
@@ -30,6 +33,7 @@ def test_files_land_in_the_home_owned_by_the_tenant_and_datasets_are_read_only(w
         assert lines[1] == lines[2] == str(w.home)
         assert "cat" in lines and "dog" in lines and "Read-only file system" in out
         assert "ro-refused" in lines and "cache-ok" in lines and "MTGPU_WORKSPACE=files" in lines
+        assert "pub:cat" in lines and "pub:dog" in lines and "pub-ro-refused" in lines
         made = w.home / "from-ws.txt"
         assert made.read_text() == "made-inside\n"
         assert made.stat().st_uid == w.uid and made.stat().st_gid == w.uid
