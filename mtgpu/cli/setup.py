@@ -89,7 +89,7 @@ def source_digest(root: Path) -> str:
 
 
 def systemd_running() -> bool:
-    return Path("/run/systemd/system").is_dir()
+    return (host_root() / "run/systemd/system").is_dir()
 
 
 # ---------------------------------------------------------------- stage one
