@@ -30,9 +30,10 @@ from pathlib import Path
 MANIFEST = "BUNDLE.json"
 #: What goes into the bundle from the source tree (tests/ and benchmarks/ do not).
 CONTENTS = ("pyproject.toml", "README.md", "LICENSE", "bin", "etc", "docs", "mtgpu")
-#: Built into the bundle beside MTGPU's dependencies, so that the source tree in it
-#: can also be built offline (pyproject's build requirement).
-BUILD_REQUIREMENTS = ("setuptools>=64",)
+#: Put into the bundle beside MTGPU's dependencies: pip, which install runs from its
+#: wheel (so the host needs neither pip nor python3-venv's ensurepip), and setuptools,
+#: so that the source tree in the bundle can also be built offline.
+BOOTSTRAP = ("pip", "setuptools>=64")
 
 
 class BundleError(Exception):
@@ -125,10 +126,10 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
             for p in platforms:
                 target += ["--platform", p]
             _pip(py, ["download", "-q", *source_opts, *target, "-d", str(wheels), str(own),
-                      *BUILD_REQUIREMENTS], say)
+                      *BOOTSTRAP], say)
         else:
             # This machine's Python: what has no wheel is built into one here.
-            _pip(py, ["wheel", "-q", *source_opts, "-w", str(wheels), str(own), *BUILD_REQUIREMENTS], say)
+            _pip(py, ["wheel", "-q", *source_opts, "-w", str(wheels), str(own), *BOOTSTRAP], say)
         for f in wheels.iterdir():
             if not f.name.endswith(".whl"):
                 raise BundleError(f"pip left {f.name}, which is not a wheel: the target "
@@ -146,7 +147,8 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
             return info
 
         tmp = tarball.with_name(tarball.name + ".tmp")
-        with tarfile.open(tmp, "w:gz") as tar:
+        # Wheels are compressed already: more effort would gain nothing.
+        with tarfile.open(tmp, "w:gz", compresslevel=5) as tar:
             tar.add(tree, arcname=name, filter=clean)
         os.replace(tmp, tarball)
     finally:

@@ -110,7 +110,7 @@ def _containers_enabled(config: Path) -> bool:
     return isinstance(c, dict) and c.get("enabled") is True
 
 
-def ensure_os_packages(config: Path, *, skip: bool) -> list[str]:
+def ensure_os_packages(config: Path, *, skip: bool, venv_check: str = "import ensurepip, venv") -> list[str]:
     """Install the missing OS packages where a package mirror answers.
 
     What is still missing is listed with what does not work without it. A missing
@@ -120,8 +120,7 @@ def ensure_os_packages(config: Path, *, skip: bool) -> list[str]:
     root = host_root()
     wanted = [row for row in OS_PACKAGES if row[0] != "podman" or _containers_enabled(config)]
     missing = [row for row in wanted if not _have(row[0], root)]
-    venv_ok = subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip, venv"],
-                             capture_output=True).returncode == 0
+    venv_ok = subprocess.run([SYSTEM_PYTHON, "-c", venv_check], capture_output=True).returncode == 0
     if not venv_ok:
         missing.append(("venv", "python3-venv", True, "building MTGPU's virtualenv"))
     if not missing:
@@ -146,7 +145,7 @@ def ensure_os_packages(config: Path, *, skip: bool) -> list[str]:
                f"{last[-1].strip() if last else 'no output'})")
         missing = [row for row in missing if not _have(row[0], root)
                    and (row[0] != "venv" or subprocess.run(
-                       [SYSTEM_PYTHON, "-c", "import ensurepip, venv"], capture_output=True).returncode)]
+                       [SYSTEM_PYTHON, "-c", venv_check], capture_output=True).returncode)]
         if not missing:
             return []
     width = max(len(row[1]) for row in missing)
@@ -257,23 +256,30 @@ def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool,
     prefix.mkdir(parents=True, exist_ok=True)
     os.chmod(prefix, 0o755)
     fresh = not py.exists()
-    if fresh:
-        say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
-        _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if bundle is not None:
         wheels = root / "wheels"
         own = sorted(wheels.glob(f"mtgpu-{bundle['version']}-*.whl"))
-        if not own:
-            raise SetupFailed(f"the bundle has no mtgpu-{bundle['version']} wheel in {wheels}; "
-                              "unpack it again")
+        pip_whl = sorted(wheels.glob("pip-*.whl"))
+        if not own or not pip_whl:
+            raise SetupFailed(f"the bundle's {wheels} lacks the mtgpu-{bundle['version']} or the pip "
+                              "wheel; unpack it again")
+        if fresh:
+            # pip runs from the bundle's own wheel: no ensurepip (python3-venv) needed.
+            say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
+            _run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)])
         say(f"installing MTGPU {bundle['version']} into {venv} from the bundle's wheels "
             f"({wheels}), offline")
-        offline = pip + ["--no-index", "--find-links", str(wheels)]
+        offline = [str(py), str(pip_whl[-1] / "pip"), "install", "-q", "--disable-pip-version-check",
+                   "--no-index", "--find-links", str(wheels)]
         _run(offline + [str(own[-1])], env=_offline_pip_env())
-        if not fresh:
+        if _installed_version(prefix) == bundle["version"]:
+            # The same release again with other code: pip would call it satisfied.
             _run(offline + ["--no-deps", "--force-reinstall", str(own[-1])], env=_offline_pip_env())
     else:
+        if fresh:
+            say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
+            _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if wheelhouse:
             pip += ["--no-index", "--find-links", wheelhouse]
         say(f"installing MTGPU from {root} into {venv}")
@@ -285,6 +291,13 @@ def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool,
         shutil.copytree(docs, prefix / "docs", dirs_exist_ok=True)
     stamp.write_text(digest + "\n")
     return True
+
+
+def _installed_version(prefix: Path) -> str | None:
+    try:
+        return str(json.loads((prefix / RELEASE_STAMP).read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def stage_one(args: argparse.Namespace) -> int:
@@ -304,7 +317,9 @@ def stage_one(args: argparse.Namespace) -> int:
     except BundleError as exc:
         raise SetupFailed(str(exc)) from exc
     refuse_older(Path(args.prefix), Path(args.config), version, state_format)
-    without = ensure_os_packages(Path(args.config), skip=args.skip_os_packages)
+    # From a bundle pip comes with it: the venv module alone will do (no ensurepip).
+    without = ensure_os_packages(Path(args.config), skip=args.skip_os_packages,
+                                 venv_check="import venv" if bundle else "import ensurepip, venv")
     changed = build_venv(Path(args.prefix), root, wheelhouse=args.wheelhouse, force=args.force,
                          bundle=bundle)
     py = str(Path(args.prefix) / "venv" / "bin" / "python")
