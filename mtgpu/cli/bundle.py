@@ -114,8 +114,11 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
         source_opts = [a for d in find_links for a in ("--find-links", d)]
         if no_index:
             source_opts.append("--no-index")
-        # MTGPU's own wheel, from the copied tree (pure Python: one wheel for every target).
-        _pip(py, ["wheel", "-q", "--no-deps", *source_opts, "-w", str(wheels), str(tree)], say)
+        # MTGPU's own wheel, from the copied tree (pure Python: one wheel for every target),
+        # with this Python's setuptools where it can build wheels (quicker than pip's
+        # isolated build environment).
+        isolation = ["--no-build-isolation"] if _can_build_here(py) else []
+        _pip(py, ["wheel", "-q", "--no-deps", *isolation, *source_opts, "-w", str(wheels), str(tree)], say)
         own = next(wheels.glob("mtgpu-*.whl"))
         # pip builds a local tree in place: its leftovers do not belong in the bundle.
         for junk in [tree / "build", *tree.glob("*.egg-info")]:
@@ -154,6 +157,17 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return tarball
+
+
+def _can_build_here(py: str) -> bool:
+    """Whether ``py`` has a setuptools that builds MTGPU's wheel (pyproject: >=64, and
+    bdist_wheel: setuptools 70.1 or the wheel package)."""
+    probe = ("import setuptools, sys\n"
+             "v = tuple(int(x) for x in setuptools.__version__.split('.')[:2])\n"
+             "try:\n    import wheel  # noqa: F401\n    w = True\n"
+             "except ImportError:\n    w = False\n"
+             "sys.exit(0 if v >= (64, 0) and (w or v >= (70, 1)) else 1)\n")
+    return subprocess.run([py, "-c", probe], capture_output=True).returncode == 0
 
 
 def _machine_of(platform_tag: str) -> str:
