@@ -53,7 +53,7 @@ def bundles(tmp_path_factory):
         new = _bundle(d / "new", REPO, "--find-links", str(WHEEL_CACHE), "--no-index", check=False)
     new = new or _bundle(d / "new", REPO)  # from the registry
     with tarfile.open(new) as tar:
-        tar.extractall(d / "unpacked", filter="data")
+        tar.extractall(d / "unpacked")
     wheels = d / "unpacked" / "mtgpu-0.1.0" / "wheels"
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     for w in wheels.iterdir():
@@ -137,7 +137,7 @@ def test_offline_install_then_upgrade_keeps_terminal_and_job_and_older_refuses(b
         upload.mkdir()
         for tarball in (old, new):
             with tarfile.open(tarball) as tar:
-                tar.extractall(upload, filter="data")
+                tar.extractall(upload)
 
         r = _install(host, upload / f"mtgpu-{OLD}", first=True)
         assert r.returncode == 0, r.stdout + r.stderr
