@@ -125,7 +125,15 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
             shutil.rmtree(junk, ignore_errors=True)
         if cross:
             # Another machine's Python or architecture: only wheels can be fetched for it.
-            target = ["--only-binary=:all:", "--python-version", target_py, "--implementation", "cp"]
+            # A dependency published only as source and pure Python (pysyncobj) is built
+            # here first: its py3-none-any wheel serves every target.
+            local = stage / "local"
+            _pip(py, ["wheel", "-q", *source_opts, "-w", str(local), str(own), *BOOTSTRAP], say)
+            for f in local.iterdir():
+                if not f.name.endswith("-none-any.whl"):
+                    f.unlink()
+            target = ["--only-binary=:all:", "--python-version", target_py, "--implementation", "cp",
+                      "--find-links", str(local)]
             for p in platforms:
                 target += ["--platform", p]
             _pip(py, ["download", "-q", *source_opts, *target, "-d", str(wheels), str(own),

@@ -192,3 +192,24 @@ def test_offline_install_then_upgrade_keeps_terminal_and_job_and_older_refuses(b
                            capture_output=True, timeout=60)
         host.cleanup()
         net.close()
+
+
+def test_a_bundle_for_another_machine_is_refused_before_anything_changes(bundles, tmp_path):
+    new, _ = bundles
+    with tarfile.open(new) as tar:
+        tar.extractall(tmp_path)
+    tree = tmp_path / "mtgpu-0.1.0"
+    manifest = json.loads((tree / "BUNDLE.json").read_text())
+    (tree / "BUNDLE.json").write_text(json.dumps({**manifest, "python": "3.99", "machine": "s390x"}))
+    have = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True).stdout.strip()
+    machine = os.uname().machine
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("MTGPU_")}
+    env["MTGPU_PYTHON"] = "/usr/bin/python3"
+    r = subprocess.run([str(tree / "bin" / "mtgpu-setup"), "install", "--yes", "--prefix", str(tmp_path / "opt"),
+                        "--config", str(tmp_path / "mtgpu.yaml")], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 1
+    assert f"wheels for Python 3.99 on s390x, but this host has Python {have} on {machine}" in r.stdout
+    assert f"--python-version {have} --platform manylinux2014_{machine}" in r.stdout
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "mtgpu.yaml").exists()
