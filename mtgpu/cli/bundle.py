@@ -87,8 +87,8 @@ def build(root: Path, output: Path, *, python_version: str | None, platforms: li
     """Write the bundle of the source at ``root`` into ``output``; return its path."""
     py = sys.executable
     if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
-        raise BundleError(f"{py} has no pip: install python3-pip, or run the bundle command with a "
-                          "Python that has it (MTGPU_PYTHON=/opt/mtgpu/venv/bin/python bin/mtgpu-setup ...)")
+        raise BundleError(f"{py} has no pip: install python3-pip, or name a Python that has it "
+                          "(MTGPU_PYTHON=/path/to/python bin/mtgpu-setup bundle ...)")
     version, state_format = source_version(root)
     cross = bool(python_version or platforms)
     target_py = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"

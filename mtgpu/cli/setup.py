@@ -279,6 +279,8 @@ def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool,
         if fresh:
             say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
             _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
+        elif subprocess.run([str(py), "-c", "import pip"], capture_output=True).returncode != 0:
+            _run([str(py), "-m", "ensurepip"])  # a bundle's venv has no pip of its own
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if wheelhouse:
             pip += ["--no-index", "--find-links", wheelhouse]
