@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from mtgpu.cli import ospackages
 from mtgpu.cli.bundle import BundleError, check_target, read_manifest, source_version, version_key
+from mtgpu.cli.ospackages import host_root
 
 PREFIX = "/opt/mtgpu"
 CONFIG = "/etc/mtgpu/mtgpu.yaml"
@@ -39,20 +41,6 @@ DEFAULT_STATE_DIR = "/var/lib/mtgpu"
 RELEASE_STAMP = "release.json"
 SCRIPTS = ("mtgpu-server", "mtgpu-setup", "mtgpu-admin", "mtgpu-shell", "mtcode-admin", "mt-job",
            "mt-container", "mt-podman", "mt-python", "mt-attach", "remotegpu-cli")
-# Debian/Ubuntu packages the host needs: the command that shows one is there, the
-# package, whether MTGPU can work at all without it, and what does not work without it.
-OS_PACKAGES = (
-    ("tmux", "tmux", True, "terminals: an interactive ssh login runs in the tenant's tmux"),
-    ("sftp-server", "openssh-sftp-server", True, "sftp, scp and VS Code Remote-SSH"),
-    ("setsid", "util-linux", True, "tenants' commands and jobs in sessions of their own"),
-    ("useradd", "passwd", True, "tenant accounts, created on first login"),
-    ("newuidmap", "uidmap", False, "container workspaces (rootless podman maps subordinate IDs)"),
-    ("podman", "podman", False, "container workspaces (CONTAINERS.enabled)"),
-    # The C fast paths: mt-job's submit and list (fastjob.c) and the job-start
-    # helper (jobinit.c). Without them MTGPU works, only slower.
-    ("cc", "gcc", False, "the C fast paths (mt-job submit/list, the job-start helper): the "
-                         "Python ones are used, slower"),
-)
 
 
 def say(msg: str) -> None:
@@ -94,83 +82,30 @@ def systemd_running() -> bool:
 
 # ---------------------------------------------------------------- stage one
 
-def host_root() -> Path:
-    """The root of the host being set up: ``/``, or a stand-in directory in tests."""
-    return Path(os.environ.get("MTGPU_HOST_ROOT") or "/")
-
-
-def _containers_enabled(config: Path) -> bool:
-    try:
-        import yaml  # Debian's python3-yaml; without it podman is not asked for
-
-        raw = yaml.safe_load(config.read_text()) or {}
-    except Exception:  # noqa: BLE001 - stage one must not fail on this
-        return False
-    c = raw.get("CONTAINERS") if isinstance(raw, dict) else None
-    return isinstance(c, dict) and c.get("enabled") is True
-
-
 def ensure_os_packages(config: Path, *, skip: bool, venv_check: str = "import ensurepip, venv") -> list[str]:
-    """Install the missing OS packages where a package mirror answers.
+    """Install the missing OS packages where a package mirror answers (mtgpu.cli.ospackages).
 
     What is still missing is listed with what does not work without it. A missing
     package MTGPU cannot work without stops the install (unless ``skip``); the
     others are returned, to be named again at the end of the install.
     """
-    root = host_root()
-    wanted = [row for row in OS_PACKAGES if row[0] != "podman" or _containers_enabled(config)]
-    missing = [row for row in wanted if not _have(row[0], root)]
-    venv_ok = subprocess.run([SYSTEM_PYTHON, "-c", venv_check], capture_output=True).returncode == 0
-    if not venv_ok:
-        missing.append(("venv", "python3-venv", True, "building MTGPU's virtualenv"))
+    missing, why = ospackages.ensure(config, skip=skip, python=SYSTEM_PYTHON, venv_check=venv_check,
+                                     say=say)
     if not missing:
         return []
-    if skip:
-        why = "--skip-os-packages: not installing them"
-    elif str(root) != "/":
-        why = f"packages are not installed into a host root other than / ({root})"
-    elif shutil.which("apt-get") is None:
-        why = "there is no apt-get on this host"
-    else:
-        pkgs = [row[1] for row in missing]
-        say(f"installing OS packages: {', '.join(pkgs)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        argv = ["apt-get", "install", "-y", "-q", *pkgs]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
-            proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        last = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        why = ("apt-get could not install them (no package mirror answered: "
-               f"{last[-1].strip() if last else 'no output'})")
-        missing = [row for row in missing if not _have(row[0], root)
-                   and (row[0] != "venv" or subprocess.run(
-                       [SYSTEM_PYTHON, "-c", venv_check], capture_output=True).returncode)]
-        if not missing:
-            return []
-    width = max(len(row[1]) for row in missing)
+    width = max(len(m.package) for m in missing)
     say(f"these OS packages are missing ({why}):")
-    for _cmd, pkg, required, what in missing:
-        print(f"    {pkg:<{width}}  {'required' if required else 'optional'}  without it: {what}",
-              flush=True)
-    required = [row[1] for row in missing if row[2]]
+    for m in missing:
+        print(f"    {m.package:<{width}}  {'required' if m.required else 'optional'}  without it: "
+              f"{m.without}", flush=True)
+    required = [m.package for m in missing if m.required]
     if required and not skip:
         raise SetupFailed(
             f"MTGPU cannot work without {', '.join(required)}. Install them (from a package mirror, "
             "or copy their .deb files up with scp and `apt-get install ./FILE.deb`), then run install "
             "again; `install --yes --skip-os-packages` installs MTGPU without them. Nothing was changed")
     say("going on without them; install them later and run install again")
-    return [row[1] for row in missing]
-
-
-def _have(cmd: str, root: Path | None = None) -> bool:
-    root = root or host_root()
-    if cmd == "sftp-server":
-        return any((root / p).exists() for p in ("usr/lib/openssh/sftp-server",
-                                                  "usr/libexec/openssh/sftp-server"))
-    if str(root) == "/" and shutil.which(cmd) is not None:
-        return True
-    return any((root / d / cmd).exists() for d in ("usr/local/bin", "usr/bin", "bin", "usr/sbin", "sbin"))
+    return [m.package for m in missing]
 
 
 # ------------------------------------------------------------- the release stamp
