@@ -669,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--no-start", action="store_true", help="install but do not start")
     i.add_argument("--force", action="store_true", help="reinstall the package even if unchanged")
     i.add_argument("--wheelhouse", help="install from this directory of wheels, offline")
-    i.add_argument("--skip-os-packages", action="store_true", help="do not install OS packages")
+    i.add_argument("--skip-os-packages", action="store_true",
+                   help="install no OS package and go on without missing ones (they are listed)")
     i.add_argument("--log-file", default=LOG_FILE,
                    help=f"daemon log where systemd is absent (default {LOG_FILE})")
     wsl_boot = dict(choices=("auto", "command", "systemd"), default="auto",
