@@ -98,9 +98,9 @@ def _install(host: Host, tree: Path, *, first: bool) -> subprocess.CompletedProc
     argv = [str(tree / "bin" / "mtgpu-setup"), "install", "--yes", "--prefix", str(host.dir / "opt"),
             "--bin-dir", str(host.dir / "bin"), "--unit-dir", str(host.dir / "units"),
             "--config", str(host.config_path), "--log-file", str(host.log_path)]
-    if first:  # the host's namespaces: its network, its /etc
-        argv = ["ip", "netns", "exec", host.netns, "unshare", "-m", "--propagation", "private", "sh",
-                "-c", f'mount --bind {host.etc} /etc && exec "$@"', "sh", *argv]
+    if first:  # the host's namespaces: its network (entered as nsenter does, keeping /sys), its /etc
+        argv = ["nsenter", f"--net=/run/netns/{host.netns}", "unshare", "-m", "--propagation", "private",
+                "sh", "-c", f'mount --bind {host.etc} /etc && exec "$@"', "sh", *argv]
     else:  # the same namespaces, entered through the running daemon
         argv = ["nsenter", "-t", str(host._server_pid()), "-m", "-n", *argv]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
