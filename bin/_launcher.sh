@@ -7,5 +7,7 @@ launch() {
     py=${MTGPU_PYTHON:-}
     [ -n "$py" ] || { [ -x /opt/mtgpu/venv/bin/python ] && py=/opt/mtgpu/venv/bin/python; }
     [ -n "$py" ] || py=/usr/bin/python3
-    PYTHONPATH="$MTGPU_SRC${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m "$module" "$@"
+    # PYTHONSAFEPATH: `-m` must not import an mtgpu/ from the current directory instead
+    # of this tree's (an unpacked bundle run from a checkout, say).
+    PYTHONSAFEPATH=1 PYTHONPATH="$MTGPU_SRC${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m "$module" "$@"
 }

@@ -239,6 +239,22 @@ class Daemon:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _check_state_format(self) -> None:
+        """Refuse state written by a newer MTGPU in a format this one cannot read
+        (``release.json``, written by mtgpu-setup install)."""
+        import json
+
+        stamp = Path(self.options.state_dir) / "release.json"
+        try:
+            data = json.loads(stamp.read_text())
+            fmt, by = int(data.get("state_format", 1)), str(data.get("version", "?"))
+        except (OSError, ValueError, AttributeError, TypeError):
+            return
+        if fmt > mtgpu.STATE_FORMAT:
+            raise MtgpuError(f"STATE_DIR {self.options.state_dir} holds state format {fmt}, written by "
+                             f"MTGPU {by}; this is MTGPU {mtgpu.__version__}, which reads format "
+                             f"{mtgpu.STATE_FORMAT}. Run MTGPU {by} or newer (mtgpu-setup install)")
+
     def _prepare_dirs(self) -> None:
         o = self.options
         for d, mode in ((o.state_dir, 0o700), (o.run_dir, 0o755)):
@@ -252,6 +268,7 @@ class Daemon:
                 key = "STATE_DIR" if d == o.state_dir else "RUN_DIR"
                 raise MtgpuError(f"{key} {d} cannot be written: {exc.strerror}. Fix its "
                                  f"permissions or point {key} elsewhere") from exc
+        self._check_state_format()
         tools = Path(self.tools_dir)
         tools.mkdir(exist_ok=True)
         os.chmod(tools, 0o755)

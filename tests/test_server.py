@@ -40,6 +40,16 @@ def test_unwritable_state_dir_is_a_clear_error(make_host, tmp_path):
     assert "STATE_DIR" in str(info.value)
 
 
+def test_state_of_a_newer_format_is_refused(make_host):
+    host = make_host(start=False)
+    host.state_dir.mkdir(mode=0o700)
+    (host.state_dir / "release.json").write_text('{"version": "9.0.0", "state_format": 99}\n')
+    with pytest.raises(RuntimeError) as info:
+        host.start(timeout=20)
+    assert "holds state format 99, written by MTGPU 9.0.0" in str(info.value)
+    assert "Run MTGPU 9.0.0 or newer" in str(info.value)
+
+
 def test_sighup_reloads_or_keeps_the_old_config(make_host):
     host = make_host()
     key = host.add_user("hup")

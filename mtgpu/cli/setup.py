@@ -1,17 +1,23 @@
-"""``mtgpu-setup``: headless, idempotent install, status and uninstall.
+"""``mtgpu-setup``: headless, idempotent install, upgrade, status and uninstall.
 
 ``install`` runs in two stages. The first uses only the standard library, so it
-works from a fresh checkout with the system Python: it installs what the host needs,
+works from a fresh checkout or an unpacked release bundle with the system Python:
+it refuses a release older than the one installed, installs what the host needs,
 builds the virtualenv under ``--prefix`` from ``/usr/bin/python3`` (never from an
-interpreter under /root, so tenants can run the tools) and installs MTGPU into it.
-The second stage runs inside that virtualenv: configuration, host keys, links,
-the systemd unit, and start.
+interpreter under /root, so tenants can run the tools) and installs MTGPU into it,
+from the bundle's wheels alone when it runs from a bundle. The second stage runs
+inside that virtualenv: configuration, host keys, links, the systemd unit, the WSL2
+steps, start, and the release stamp.
+
+``bundle`` makes the offline release tarball (mtgpu.cli.bundle); ``start`` starts the
+daemon in the background where systemd does not (WSL's ``[boot] command``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -20,20 +26,21 @@ import sys
 import time
 from pathlib import Path
 
+from mtgpu.cli import ospackages
+from mtgpu.cli.bundle import BundleError, check_target, read_manifest, source_version, version_key
+from mtgpu.cli.ospackages import host_root
+
 PREFIX = "/opt/mtgpu"
 CONFIG = "/etc/mtgpu/mtgpu.yaml"
 BIN_DIR = "/usr/local/bin"
 UNIT_DIR = "/etc/systemd/system"
 SYSTEM_PYTHON = "/usr/bin/python3"
 LOG_FILE = "/var/log/mtgpu.log"
+DEFAULT_STATE_DIR = "/var/lib/mtgpu"
+#: Written into PREFIX and STATE_DIR after each install: the release and state format.
+RELEASE_STAMP = "release.json"
 SCRIPTS = ("mtgpu-server", "mtgpu-setup", "mtgpu-admin", "mtgpu-shell", "mtcode-admin", "mt-job",
            "mt-container", "mt-podman", "mt-python", "mt-attach", "remotegpu-cli")
-# Debian/Ubuntu packages the host needs, and what needs them.
-OS_PACKAGES = {"tmux": "tmux", "sftp-server": "openssh-sftp-server", "setsid": "util-linux",
-               "useradd": "passwd", "newuidmap": "uidmap",
-               # The C fast paths: mt-job's submit and list (fastjob.c) and the job-start
-               # helper (jobinit.c). Without them MTGPU works, only slower.
-               "cc": "gcc"}
 
 
 def say(msg: str) -> None:
@@ -70,40 +77,111 @@ def source_digest(root: Path) -> str:
 
 
 def systemd_running() -> bool:
-    return Path("/run/systemd/system").is_dir()
+    return (host_root() / "run/systemd/system").is_dir()
 
 
 # ---------------------------------------------------------------- stage one
 
-def ensure_os_packages(assume_yes: bool) -> None:
-    missing = sorted({pkg for cmd, pkg in OS_PACKAGES.items() if not _have(cmd)})
-    venv_ok = subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip, venv"],
-                             capture_output=True).returncode == 0
-    if not venv_ok:
-        missing.append("python3-venv")
+def ensure_os_packages(config: Path, *, skip: bool, venv_check: str = "import ensurepip, venv") -> list[str]:
+    """Install the missing OS packages where a package mirror answers (mtgpu.cli.ospackages).
+
+    What is still missing is listed with what does not work without it. A missing
+    package MTGPU cannot work without stops the install (unless ``skip``); the
+    others are returned, to be named again at the end of the install.
+    """
+    missing, why = ospackages.ensure(config, skip=skip, python=SYSTEM_PYTHON, venv_check=venv_check,
+                                     say=say)
     if not missing:
-        return
-    if shutil.which("apt-get") is None:
-        raise SetupFailed(f"these packages are missing and there is no apt-get to install them: "
-                          f"{', '.join(missing)}. Install them, then run install again")
-    say(f"installing OS packages: {', '.join(missing)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run(["apt-get", "install", "-y", "-q", *missing], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
-        _run(["apt-get", "install", "-y", "-q", *missing], env=env)
+        return []
+    width = max(len(m.package) for m in missing)
+    say(f"these OS packages are missing ({why}):")
+    for m in missing:
+        print(f"    {m.package:<{width}}  {'required' if m.required else 'optional'}  without it: "
+              f"{m.without}", flush=True)
+    required = [m.package for m in missing if m.required]
+    if required and not skip:
+        raise SetupFailed(
+            f"MTGPU cannot work without {', '.join(required)}. Install them (from a package mirror, "
+            "or copy their .deb files up with scp and `apt-get install ./FILE.deb`), then run install "
+            "again; `install --yes --skip-os-packages` installs MTGPU without them. Nothing was changed")
+    say("going on without them; install them later and run install again")
+    return [m.package for m in missing]
 
 
-def _have(cmd: str) -> bool:
-    if cmd == "sftp-server":
-        return any(Path(p).exists() for p in ("/usr/lib/openssh/sftp-server",
-                                              "/usr/libexec/openssh/sftp-server"))
-    return shutil.which(cmd) is not None or Path("/usr/sbin", cmd).exists()
+# ------------------------------------------------------------- the release stamp
+
+def _state_dir_of(config: Path) -> str:
+    """STATE_DIR from the configuration, read with the standard library where need be."""
+    import re
+
+    try:
+        text = config.read_text()
+    except OSError:
+        return DEFAULT_STATE_DIR
+    try:
+        import yaml
+
+        raw = yaml.safe_load(text)
+        if isinstance(raw, dict) and isinstance(raw.get("STATE_DIR"), str):
+            return raw["STATE_DIR"]
+        return DEFAULT_STATE_DIR
+    except Exception:  # noqa: BLE001 - no PyYAML in this Python, or a broken file
+        m = re.search(r"""^STATE_DIR:\s*["']?([^"'#\s]+)""", text, re.M)
+        return m.group(1) if m else DEFAULT_STATE_DIR
 
 
-def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool) -> bool:
-    """Create ``prefix/venv`` and install MTGPU from ``root``; True if anything changed."""
+def refuse_older(prefix: Path, config: Path, version: str, state_format: int) -> None:
+    """Refuse to install ``version`` over an installation or state of a newer release."""
+    stamps = []
+    state_dir = None
+    try:
+        data = json.loads((prefix / RELEASE_STAMP).read_text())
+        stamps.append((str(prefix), data))
+        state_dir = data.get("state_dir")
+    except (OSError, ValueError):
+        pass
+    state_dir = state_dir or _state_dir_of(config)
+    try:
+        stamps.append((state_dir, json.loads((Path(state_dir) / RELEASE_STAMP).read_text())))
+    except (OSError, ValueError):
+        pass
+    for where, data in stamps:
+        have = str(data.get("version", "0"))
+        fmt = int(data.get("state_format", 1))
+        if version_key(version) < version_key(have) or state_format < fmt:
+            raise SetupFailed(
+                f"this is MTGPU {version} (state format {state_format}), older than MTGPU {have} "
+                f"(state format {fmt}) recorded in {where}/{RELEASE_STAMP}. An older release may not "
+                f"read the newer state (users, jobs, keys in {state_dir}), so nothing was changed. "
+                f"Install MTGPU {have} or newer; to go back anyway, `mtgpu-setup uninstall --purge` "
+                "first (it deletes the users, jobs and keys)")
+
+
+def write_release_stamps(prefix: Path, state_dir: str) -> None:
+    import mtgpu
+
+    data = {"version": mtgpu.__version__, "state_format": mtgpu.STATE_FORMAT,
+            "installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (Path(state_dir) / RELEASE_STAMP).write_text(json.dumps(data) + "\n")
+    (prefix / RELEASE_STAMP).write_text(json.dumps({**data, "state_dir": state_dir}) + "\n")
+    os.chmod(prefix / RELEASE_STAMP, 0o644)
+
+
+def _offline_pip_env() -> dict[str, str]:
+    """pip's environment for a bundle install: no registry, and no pip configuration of
+    the host's (an index or find-links in /etc/pip.conf must not be consulted)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+
+
+def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool,
+               bundle: dict | None = None) -> bool:
+    """Create ``prefix/venv`` and install MTGPU from ``root``; True if anything changed.
+
+    From a bundle, MTGPU's own wheel and its dependencies come from ``root/wheels``
+    alone; the wheel is reinstalled even when its version did not change, since the
+    code may have.
+    """
     venv = prefix / "venv"
     py = venv / "bin" / "python"
     stamp = prefix / "installed-source.sha256"
@@ -112,14 +190,37 @@ def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool)
         return False
     prefix.mkdir(parents=True, exist_ok=True)
     os.chmod(prefix, 0o755)
-    if not py.exists():
-        say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
-        _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    if wheelhouse:
-        pip += ["--no-index", "--find-links", wheelhouse]
-    say(f"installing MTGPU from {root} into {venv}")
-    _run(pip + [str(root)])
+    fresh = not py.exists()
+    if bundle is not None:
+        wheels = root / "wheels"
+        own = sorted(wheels.glob(f"mtgpu-{bundle['version']}-*.whl"))
+        pip_whl = sorted(wheels.glob("pip-*.whl"))
+        if not own or not pip_whl:
+            raise SetupFailed(f"the bundle's {wheels} lacks the mtgpu-{bundle['version']} or the pip "
+                              "wheel; unpack it again")
+        if fresh:
+            # pip runs from the bundle's own wheel: no ensurepip (python3-venv) needed.
+            say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
+            _run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)])
+        say(f"installing MTGPU {bundle['version']} into {venv} from the bundle's wheels "
+            f"({wheels}), offline")
+        offline = [str(py), str(pip_whl[-1] / "pip"), "install", "-q", "--disable-pip-version-check",
+                   "--no-index", "--find-links", str(wheels)]
+        _run(offline + [str(own[-1])], env=_offline_pip_env())
+        if _installed_version(prefix) == bundle["version"]:
+            # The same release again with other code: pip would call it satisfied.
+            _run(offline + ["--no-deps", "--force-reinstall", str(own[-1])], env=_offline_pip_env())
+    else:
+        if fresh:
+            say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
+            _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
+        elif subprocess.run([str(py), "-c", "import pip"], capture_output=True).returncode != 0:
+            _run([str(py), "-m", "ensurepip"])  # a bundle's venv has no pip of its own
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        if wheelhouse:
+            pip += ["--no-index", "--find-links", wheelhouse]
+        say(f"installing MTGPU from {root} into {venv}")
+        _run(pip + [str(root)])
     # Tenants run the tools from here: everything must be world-readable.
     _run(["chmod", "-R", "a+rX", str(prefix)])
     docs = root / "docs"
@@ -127,6 +228,13 @@ def build_venv(prefix: Path, root: Path, *, wheelhouse: str | None, force: bool)
         shutil.copytree(docs, prefix / "docs", dirs_exist_ok=True)
     stamp.write_text(digest + "\n")
     return True
+
+
+def _installed_version(prefix: Path) -> str | None:
+    try:
+        return str(json.loads((prefix / RELEASE_STAMP).read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def stage_one(args: argparse.Namespace) -> int:
@@ -138,17 +246,29 @@ def stage_one(args: argparse.Namespace) -> int:
     if root is None:
         raise SetupFailed("cannot find the MTGPU source next to this program; run "
                           "bin/mtgpu-setup from a checkout or an unpacked release")
-    if not args.skip_os_packages:
-        ensure_os_packages(args.yes)
-    changed = build_venv(Path(args.prefix), root, wheelhouse=args.wheelhouse, force=args.force)
+    try:
+        bundle = read_manifest(root)
+        version, state_format = source_version(root)
+        if bundle is not None:
+            check_target(bundle, SYSTEM_PYTHON)
+    except BundleError as exc:
+        raise SetupFailed(str(exc)) from exc
+    refuse_older(Path(args.prefix), Path(args.config), version, state_format)
+    # From a bundle pip comes with it: the venv module alone will do (no ensurepip).
+    without = ensure_os_packages(Path(args.config), skip=args.skip_os_packages,
+                                 venv_check="import venv" if bundle else "import ensurepip, venv")
+    changed = build_venv(Path(args.prefix), root, wheelhouse=args.wheelhouse, force=args.force,
+                         bundle=bundle)
     py = str(Path(args.prefix) / "venv" / "bin" / "python")
     argv = [py, "-m", "mtgpu.cli.setup", "install", "--yes", "--stage2",
             "--prefix", args.prefix, "--config", args.config, "--bin-dir", args.bin_dir,
-            "--unit-dir", args.unit_dir]
+            "--unit-dir", args.unit_dir, "--wsl-boot", args.wsl_boot]
     if changed:
         argv.append("--code-changed")
     if args.no_start:
         argv.append("--no-start")
+    if without:
+        argv += ["--without", ",".join(without)]
     argv += ["--log-file", args.log_file]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     return subprocess.call(argv, env=env)
@@ -203,32 +323,82 @@ def stage_two(args: argparse.Namespace) -> int:
         unit.parent.mkdir(parents=True, exist_ok=True)
         unit.write_text(unit_text)
     restart = args.code_changed or unit_changed
+    start_cmd = f"{Path(args.bin_dir) / 'mtgpu-setup'} start --config {config}"
+    wsl = wsl_step(options, boot=args.wsl_boot, start_command=start_cmd, config=str(config))
+    if wsl is not None and wsl.boot_systemd and not systemd_running():
+        _enable_unit_offline(unit)
     if args.no_start:
         say("installed; not started (--no-start)")
     elif systemd_running():
         _run(["systemctl", "daemon-reload"])
         _run(["systemctl", "enable", "mtgpu.service"])
         _run(["systemctl", "restart" if restart else "start", "mtgpu.service"])
-        say("mtgpu.service is enabled and running; it starts at boot")
+        say("mtgpu.service is enabled and running; it starts at boot. Restarts and upgrades "
+            "stop only the daemon (KillMode=process): tenants' tmux sessions and jobs run on")
     else:
         pid = running_pid(options.run_dir)
         if pid and restart:
+            # Only the daemon stops: tenants' tmux servers and each job's supervisor are
+            # processes of their own, and the new daemon re-adopts the jobs.
             stop_pid(pid)
+            say(f"stopped mtgpu-server (pid {pid}) to run the new code; tenants' tmux sessions "
+                "and running jobs are kept")
             pid = None
         if pid:
             say(f"mtgpu-server already runs (pid {pid})")
         else:
-            pid = start_background(prefix, config, options, args.log_file)
+            pid = start_background(prefix / "venv" / "bin" / "mtgpu-server", config, options,
+                                   args.log_file)
             say(f"started mtgpu-server in the background (pid {pid}), logging to {args.log_file}")
-        say("systemd is not running on this host, so nothing starts MTGPU at boot yet. "
-            f"Add `{Path(args.bin_dir) / 'mtgpu-server'} --config {config}` to the host's boot "
-            "commands (for example WSL's [boot] command in /etc/wsl.conf, or a cron @reboot line)")
+        if wsl is None:
+            say("systemd is not running on this host, so nothing starts MTGPU at boot yet. "
+                f"Add `{start_cmd}` to the host's boot commands (for example a cron @reboot line)")
+    write_release_stamps(prefix, options.state_dir)
     host, port = options.ssh_listen
     say(f"MTGPU listens for SSH on {host}:{port}; host keys:")
     for fp in fingerprints(options.state_dir):
         print(f"    {fp}")
+    if args.without:
+        say(f"installed WITHOUT these OS packages: {args.without.replace(',', ', ')} (listed above "
+            "with what does not work without them); install them and run install again")
     say("next: `mtgpu-admin invite NAME` prints a code for a new user")
     return 0
+
+
+def wsl_step(options: object, *, boot: str, start_command: str, config: str):  # noqa: ANN201
+    """On a WSL2 host, lock the Windows drives, arrange the start at boot and look for
+    NVIDIA's driver (mtgpu.cli.wsl); say what was done and how to undo it. None elsewhere."""
+    from mtgpu.cli.wsl import prepare, wsl_version
+
+    root = host_root()
+    v = wsl_version(root)
+    if v is None:
+        return None
+    if v == 1:
+        say("WARNING: this is WSL1, which MTGPU does not support (no cgroups, no rootless podman); "
+            "convert it in Windows with `wsl --set-version DISTRO 2`")
+        return None
+    say("WSL2 host: locking the Windows drives away from tenants, arranging the start at boot")
+    rep = prepare(root, lock_drives=getattr(options, "wsl_lock_drives"), boot=boot,
+                  start_command=start_command, systemd_running=systemd_running(), config=config)
+    for line in rep.done:
+        say(line)
+    for line in rep.warnings:
+        say(f"WARNING: {line}")
+    for line in rep.undo:
+        say(f"to undo, {line}")
+    return rep
+
+
+def _enable_unit_offline(unit: Path) -> None:
+    """What ``systemctl enable`` does, for a systemd that is not running yet (WSL before
+    its restart with [boot] systemd = true)."""
+    wants = unit.parent / "multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit.name
+    if not link.is_symlink():
+        link.symlink_to(unit)
+    say(f"enabled {unit.name} for systemd's next start ({link})")
 
 
 def build_fast_mtjob(prefix: Path, bin_dir: Path) -> None:
@@ -306,9 +476,9 @@ def stop_pid(pid: int, timeout: float = 15) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def start_background(prefix: Path, config: Path, options: object, log_file: str) -> int:
+def start_background(server: Path, config: Path, options: object, log_file: str) -> int:
     log = open(log_file, "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen([str(prefix / "venv" / "bin" / "mtgpu-server"), "--config", str(config)],
+    proc = subprocess.Popen([str(server), "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             start_new_session=True, close_fds=True)
     run_dir = getattr(options, "run_dir")
@@ -319,6 +489,72 @@ def start_background(prefix: Path, config: Path, options: object, log_file: str)
             raise SetupFailed(f"mtgpu-server exited with status {proc.returncode}; see {log_file}")
         time.sleep(0.1)
     raise SetupFailed(f"mtgpu-server did not come up within 30s; see {log_file}")
+
+
+def start(args: argparse.Namespace) -> int:
+    """Start the daemon in the background unless it runs (WSL's [boot] command, hosts
+    without systemd)."""
+    from mtgpu.config import load
+
+    options = load(args.config)
+    pid = running_pid(options.run_dir)
+    if pid:
+        say(f"mtgpu-server already runs (pid {pid})")
+        return 0
+    pid = start_background(Path(sys.executable).parent / "mtgpu-server", Path(args.config), options,
+                           args.log_file)
+    say(f"started mtgpu-server in the background (pid {pid}), logging to {args.log_file}")
+    return 0
+
+
+def wsl(args: argparse.Namespace) -> int:
+    """The WSL2 step of install on its own: drives, start at boot, NVIDIA's driver."""
+    from mtgpu.config import load
+
+    options = load(args.config)
+    start_cmd = f"{Path(args.bin_dir) / 'mtgpu-setup'} start --config {args.config}"
+    rep = wsl_step(options, boot=args.wsl_boot, start_command=start_cmd, config=args.config)
+    if rep is None:
+        raise SetupFailed("this is not a WSL2 host (its kernel release names no "
+                          "microsoft-standard-WSL2); install does what it needs")
+    if rep.boot_systemd and not systemd_running():
+        _enable_unit_offline(Path(args.unit_dir) / "mtgpu.service")
+    return 1 if any(w.startswith("/") for w in rep.warnings) else 0
+
+
+def bundle(args: argparse.Namespace) -> int:
+    from mtgpu.cli.bundle import build
+
+    root = Path(args.source) if args.source else source_root()
+    if root is None or not (root / "pyproject.toml").exists():
+        raise SetupFailed("bundle needs MTGPU's source: run bin/mtgpu-setup bundle from a checkout or "
+                          "an unpacked release, or pass --source DIR")
+    try:
+        tarball = build(root, Path(args.output), python_version=args.python_version,
+                        platforms=args.platform or [], find_links=args.find_links or [],
+                        no_index=args.no_index, say=say)
+    except BundleError as exc:
+        raise SetupFailed(str(exc)) from exc
+    manifest = read_manifest_of_tarball(tarball)
+    size = tarball.stat().st_size / 2**20
+    say(f"wrote {tarball} ({size:.0f} MiB, {len(manifest['wheels'])} wheels, for Python "
+        f"{manifest['python']} on {manifest['machine']})")
+    top = f"mtgpu-{manifest['version']}"
+    print(f"Copy it to the GPU host and install from it, with no registry needed there:\n"
+          f"    scp {tarball.name} root@gpu01:\n"
+          f"    ssh root@gpu01 'tar xzf {tarball.name} && {top}/bin/mtgpu-setup install --yes'",
+          flush=True)
+    return 0
+
+
+def read_manifest_of_tarball(tarball: Path) -> dict:
+    import tarfile
+
+    with tarfile.open(tarball) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/BUNDLE.json"))
+        f = tar.extractfile(member)
+        assert f is not None
+        return json.loads(f.read())
 
 
 # -------------------------------------------------------- status, uninstall
@@ -476,11 +712,37 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--no-start", action="store_true", help="install but do not start")
     i.add_argument("--force", action="store_true", help="reinstall the package even if unchanged")
     i.add_argument("--wheelhouse", help="install from this directory of wheels, offline")
-    i.add_argument("--skip-os-packages", action="store_true", help="do not install OS packages")
+    i.add_argument("--skip-os-packages", action="store_true",
+                   help="install no OS package and go on without missing ones (they are listed)")
     i.add_argument("--log-file", default=LOG_FILE,
                    help=f"daemon log where systemd is absent (default {LOG_FILE})")
+    wsl_boot = dict(choices=("auto", "command", "systemd"), default="auto",
+                    help="on WSL2, how MTGPU starts at boot: systemd where it runs or wsl.conf "
+                         "turns it on, else a [boot] command (auto, the default); or force one")
+    i.add_argument("--wsl-boot", **wsl_boot)
     i.add_argument("--stage2", action="store_true", help=argparse.SUPPRESS)
     i.add_argument("--code-changed", action="store_true", help=argparse.SUPPRESS)
+    i.add_argument("--without", help=argparse.SUPPRESS)
+    b = sub.add_parser("bundle", help="make the offline release tarball: MTGPU and every "
+                                      "dependency's wheel, to copy up with scp")
+    b.add_argument("--output", required=True, help="directory to write the tarball into")
+    b.add_argument("--python-version", help="the target's Python as MAJOR.MINOR (default: this "
+                                            "Python's); wheels only")
+    b.add_argument("--platform", action="append",
+                   help="the target's wheel platform, such as manylinux2014_x86_64 or "
+                        "manylinux_2_28_aarch64 (repeatable; default: this machine)")
+    b.add_argument("--find-links", action="append", help="also take wheels from this directory "
+                                                         "(repeatable), such as an older bundle's wheels/")
+    b.add_argument("--no-index", action="store_true", help="use --find-links only, no registry")
+    b.add_argument("--source", help="the MTGPU source to bundle (default: the one this runs from)")
+    st = sub.add_parser("start", help="start the daemon in the background unless it runs "
+                                      "(hosts without systemd; WSL's [boot] command)")
+    common(st)
+    st.add_argument("--log-file", default=LOG_FILE, help=f"daemon log (default {LOG_FILE})")
+    w = sub.add_parser("wsl", help="WSL2: lock the Windows drives, start at boot, check NVIDIA's "
+                                   "driver (install does this too)")
+    common(w)
+    w.add_argument("--wsl-boot", **wsl_boot)
     s = sub.add_parser("status", help="is the daemon running, its version, port and host keys")
     common(s)
     g = sub.add_parser("gpu-check", help="test every GPU probe, built-in and configured")
@@ -512,6 +774,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "unpublish":
             unpublish(args.run_dir, Path(PREFIX))
             return 0
+        if args.cmd == "bundle":
+            return bundle(args)
+        if args.cmd == "start":
+            return start(args)
+        if args.cmd == "wsl":
+            return wsl(args)
     except SetupFailed as exc:
         say(str(exc))
         return 1

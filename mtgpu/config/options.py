@@ -142,6 +142,7 @@ class Options:
     ssh_penalty_failures: int = 10
     ssh_penalty_seconds: float = 60.0
     allow_agent_forwarding: bool = False
+    wsl_lock_drives: bool = True
     log_level: str = "INFO"
     # Where the configuration was read from ("" for defaults); not a key.
     source: str = ""
@@ -698,6 +699,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "SSH_PENALTY_FAILURES": _posint,
     "SSH_PENALTY_SECONDS": _duration,
     "ALLOW_AGENT_FORWARDING": _bool,
+    "WSL_LOCK_DRIVES": _bool,
     "LOG_LEVEL": _log_level,
 }
 

@@ -141,3 +141,22 @@ def test_unit_passes_systemd_analyze_verify(tmp):
     unit.write_text(text.replace("KillMode=process", "KillMode=sometimes"))
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert "kill mode" in r.stderr.lower()
+
+
+def test_missing_os_packages_are_listed_and_nothing_is_installed(tmp):
+    """A host (a stand-in root with none of the commands) where no package can be installed."""
+    root = tmp / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
+    env.update(MTGPU_PYTHON="/usr/bin/python3", MTGPU_HOST_ROOT=str(root))
+    r = subprocess.run([SETUP, "install", "--yes", "--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin"),
+                        "--unit-dir", str(tmp / "units"), "--config", str(tmp / "etc" / "mtgpu.yaml")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines() if line.startswith("    ")}
+    assert rows == {"tmux": "required", "openssh-sftp-server": "required", "util-linux": "required",
+                    "passwd": "required", "uidmap": "optional", "gcc": "optional"}
+    assert "without it: terminals" in r.stdout and "without it: the C fast paths" in r.stdout
+    assert "MTGPU cannot work without tmux, openssh-sftp-server, util-linux, passwd" in r.stdout
+    assert "--skip-os-packages" in r.stdout and "Nothing was changed" in r.stdout
+    assert not (tmp / "opt").exists() and not (tmp / "etc" / "mtgpu.yaml").exists()
