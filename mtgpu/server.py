@@ -26,6 +26,7 @@ from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
+from mtgpu.api import servers as server_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
@@ -211,6 +212,7 @@ class Daemon:
         self._prepare_dirs()
         o = self.options
         user_api.register(self.dispatcher, self)
+        server_api.register(self.dispatcher, self)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
         if self.identity is not None:
