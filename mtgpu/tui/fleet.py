@@ -90,6 +90,7 @@ class Fleet:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._new: list[str] = []
+        self._stopping = False
         self.on_change: Callable[[], None] = lambda: None
         for t in server_list.targets:
             self._add(t)
@@ -125,9 +126,16 @@ class Fleet:
         self._new = []
 
     async def stop(self) -> None:
-        for t in self._tasks.values():
+        self._stopping = True
+        for ev in self._wake.values():
+            ev.set()
+        tasks = list(self._tasks.values())
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if tasks:
+            # A cancel can be lost inside a timeout that fires at the same moment
+            # (asyncio.wait_for before 3.12); the flag ends those tasks at their next turn.
+            await asyncio.wait(tasks, timeout=self.timeout + 5)
         self._tasks.clear()
         await asyncio.gather(*(link.close() for link in self.links.values()),
                              return_exceptions=True)
@@ -139,12 +147,12 @@ class Fleet:
 
     async def _run(self, st: ServerState) -> None:
         backoff = 2.0
-        while True:
+        while self._alive(st):
             try:
                 await self._connect(st)
                 backoff = 2.0
                 count = 0
-                while True:
+                while self._alive(st):
                     await self._refresh(st, workspaces=count % self.workspace_every == 0)
                     count += 1
                     ev = self._wake[st.name]
@@ -155,11 +163,15 @@ class Fleet:
                         pass
                     ev.clear()
             except ServerUnreachable as exc:
+                if not self._alive(st):
+                    break
                 self._unreachable(st, str(exc))
                 if st.hidden:
                     await self.links[st.name].close()
                     return
             except Exception as exc:  # noqa: BLE001 - a bug must not silently stop a server
+                if not self._alive(st):
+                    break
                 log.exception("refreshing %s failed", st.name)
                 self._unreachable(st, f"internal error: {exc}")
             try:
@@ -168,6 +180,10 @@ class Fleet:
                 pass
             self._wake[st.name].clear()
             backoff = min(backoff * 2, 30.0)
+
+    def _alive(self, st: ServerState) -> bool:
+        """Whether ``st``'s task should go on (not stopping, not removed)."""
+        return not self._stopping and self.states.get(st.name) is st
 
     def _unreachable(self, st: ServerState, reason: str) -> None:
         # A ~/.ssh/config host that never answered as MTGPU is some other host: hide it.
@@ -362,10 +378,10 @@ class Fleet:
     async def remove_server(self, st: ServerState) -> None:
         self.server_list = remove_server(self.server_list, st.name)
         save_server_list(self.server_list)
+        self.states.pop(st.name, None)
         task = self._tasks.pop(st.name, None)
         if task is not None:
             task.cancel()
-        self.states.pop(st.name, None)
         link = self.links.pop(st.name, None)
         if link is not None:
             await link.close()

@@ -212,7 +212,7 @@ class App:
                          for p in w.get("ports") or [])
         extra = w.get("reason") or w.get("error") or ""
         text = [f" {str(w.get('name'))[:16]:<16} ", (state_attr(state), f"{state:<9}"),
-                f" {st.name[:12]:<12} {str(w.get('image') or '')[-20:]:<20} ", ports,
+                f" {st.name[:12]:<12} {str(w.get('image') or '').removeprefix('localhost/')[-20:]:<20} ", ports,
                 ("dim", f" {extra}" if extra else "")]
         return Row(text, "workspace", ("ws", st.name, w.get("name")), st, w)
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.root, pytest.mark.podman]
 
 
 def make_fleet() -> Fleet:
-    return Fleet(load_server_list(), timeout=2.0, interval=0.3)
+    return Fleet(load_server_list(), timeout=1.0, interval=0.3)
 
 
 async def until(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
@@ -66,7 +66,7 @@ def test_one_pass_finds_the_server_its_gpus_and_the_dead_one(at_home) -> None:
                             "address": f"127.0.0.1:{at_home.host.host.port}"}]
     assert gpu.workspaces == []
     assert by["dead"].status == "unreachable"
-    assert by["dead"].reason == "no answer within 2 s"
+    assert by["dead"].reason == "no answer within 1 s"
     assert by["dead"].to_dict()["source"] == "list"
 
 
