@@ -80,7 +80,7 @@ class Fleet:
     """Every server the user can reach, refreshed in the background."""
 
     def __init__(self, server_list: ServerList, *, timeout: float = 10.0, interval: float = 2.0,
-                 workspace_every: int = 5, ssh_config: Path | None = None) -> None:
+                 workspace_every: int = 15, ssh_config: Path | None = None) -> None:
         self.server_list = server_list
         self.timeout = timeout
         self.interval = interval
@@ -182,8 +182,12 @@ class Fleet:
             backoff = min(backoff * 2, 30.0)
 
     def _alive(self, st: ServerState) -> bool:
-        """Whether ``st``'s task should go on (not stopping, not removed)."""
-        return not self._stopping and self.states.get(st.name) is st
+        """Whether ``st``'s task should go on: not stopping, not removed, and not
+        cancelled (a cancel can be lost in a timeout that fires at the same moment, in
+        asyncio.wait_for before Python 3.12, but the task still counts it)."""
+        task = asyncio.current_task()
+        return (not self._stopping and self.states.get(st.name) is st
+                and not (task is not None and task.cancelling()))
 
     def _unreachable(self, st: ServerState, reason: str) -> None:
         # A ~/.ssh/config host that never answered as MTGPU is some other host: hide it.
@@ -230,11 +234,8 @@ class Fleet:
                 continue
             self._add(t)
             added = True
-        if added:
-            try:
-                self.start()
-            except RuntimeError:  # no running loop: once() starts them
-                pass
+        if added and self._tasks and not self._stopping:
+            self.start()  # the view is running: follow the new members too
 
     async def _refresh(self, st: ServerState, workspaces: bool = True) -> None:
         link = self.links[st.name]
@@ -251,10 +252,11 @@ class Fleet:
     async def once(self) -> list[ServerState]:
         """Connect to every server, read everything once, and close (for subcommands)."""
         try:
-            while self._new:
+            while self._new:  # members learnt from one pass are read in the next
                 batch, self._new = self._new, []
                 await asyncio.gather(*(self._once(self.states[n]) for n in batch))
         finally:
+            self._stopping = True
             await asyncio.gather(*(link.close() for link in self.links.values()),
                                  return_exceptions=True)
         return self.visible()
