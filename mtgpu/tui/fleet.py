@@ -335,9 +335,9 @@ class Fleet:
     async def create_workspace(self, st: ServerState, name: str, source: str,
                                ports: list[int] | None = None) -> dict[str, Any]:
         """``source`` is a template name, or an image (anything with ``/`` or ``:``)."""
-        kind = "image" if ("/" in source or ":" in source) else "template"
-        r = await self._link(st).call_long("workspace.create", name=name, ports=ports or None,
-                                           **{kind: source})
+        args: dict[str, Any] = {"name": name, "ports": ports or None}
+        args["image" if ("/" in source or ":" in source) else "template"] = source
+        r = await self._link(st).call_long("workspace.create", **args)
         self.refresh_now(st)
         return dict(r)
 

@@ -83,7 +83,8 @@ class ApiChannel:
                     answer = json.loads(line)
                 except ValueError:
                     continue
-                fut = self._waiting.pop(answer.get("id"), None) if isinstance(answer, dict) else None
+                rid = answer.get("id") if isinstance(answer, dict) else None
+                fut = self._waiting.pop(rid, None) if isinstance(rid, int) else None
                 if fut is not None and not fut.done():
                     fut.set_result(answer)
         except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as exc:

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import urwid
 
@@ -69,14 +69,14 @@ class Row(urwid.WidgetWrap):
     """One selectable line; ``kind`` says which keys apply to it."""
 
     def __init__(self, markup: Any, kind: str, key: tuple[Any, ...], state: ServerState,
-                 item: dict[str, Any] | None = None, wrap: str = "clip") -> None:
+                 item: dict[str, Any] | None = None, wrap: Literal["clip", "space"] = "clip") -> None:
         self.kind, self.key, self.state, self.item = kind, key, state, item
         super().__init__(urwid.AttrMap(urwid.Text(markup, wrap=wrap), None, focus_map="focus"))
 
     def selectable(self) -> bool:
         return True
 
-    def keypress(self, size: tuple[int, ...], key: str) -> str:
+    def keypress(self, size: tuple[()] | tuple[int] | tuple[int, int], key: str) -> str:
         return key
 
 
@@ -87,14 +87,14 @@ class Prompt(urwid.Edit):
         super().__init__(caption)
         self.done = done
 
-    def keypress(self, size: tuple[int], key: str) -> str | None:
+    def keypress(self, size: tuple[()] | tuple[int] | tuple[int, int], key: str) -> str | None:
         if key == "enter":
             self.done(self.edit_text)
             return None
         if key == "esc":
             self.done(None)
             return None
-        return super().keypress(size, key)
+        return super().keypress(size, key)  # type: ignore[arg-type]  # an Edit is a flow widget
 
 
 class App:
@@ -102,7 +102,7 @@ class App:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.walker = urwid.SimpleFocusListWalker([])
+        self.walker: Any = urwid.SimpleFocusListWalker([])
         self.listbox = urwid.ListBox(self.walker)
         self.header = urwid.Text("", wrap="clip")
         self.message = urwid.Text("", wrap="clip")
@@ -312,8 +312,8 @@ class App:
                 self.ask_confirm(f"Remove workspace {name} on {st.name}?",
                                  lambda: self.fleet.workspace_action(st, "rm", name), f"removing {name}")
             else:
-                action = "start" if key == "s" else "stop"
-                self.run(self.fleet.workspace_action(st, action, name), f"{action} {name}",
+                verb = "start" if key == "s" else "stop"
+                self.run(self.fleet.workspace_action(st, verb, name), f"{verb} {name}",
                          lambda r: f"{name} is {r.get('state', 'done')}")
         else:
             return False
@@ -432,7 +432,7 @@ class App:
         return argv
 
     def follow_log(self, st: ServerState, job_id: str) -> None:
-        body = urwid.SimpleFocusListWalker([])
+        body: Any = urwid.SimpleFocusListWalker([])
         box = urwid.LineBox(urwid.ListBox(body), title=f"job {job_id} on {st.name}  (Esc closes)")
         assert self.loop is not None
         self.loop.widget = urwid.Overlay(box, self.frame, "center", ("relative", 96), "middle",
