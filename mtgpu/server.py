@@ -26,8 +26,8 @@ from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
-from mtgpu.api import servers as server_api
 from mtgpu.api import users as user_api
+from mtgpu.api import servers as server_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.unix import serve_lines, start_unix_api
@@ -212,7 +212,6 @@ class Daemon:
         self._prepare_dirs()
         o = self.options
         user_api.register(self.dispatcher, self)
-        server_api.register(self.dispatcher, self)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
         if self.identity is not None:
@@ -246,6 +245,7 @@ class Daemon:
         self._tasks += [loop.create_task(self._sample_loop()),
                         loop.create_task(self._retention_loop())]
         job_api.register(self.dispatcher, self)
+        server_api.register(self.dispatcher, self)
         drain_api.register(self.dispatcher, self)
         self._register_host_ops()
         # Container workspaces: reservations in the job table, podman as the tenant.

@@ -38,7 +38,6 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster, tmp_
                      what="login on every member")
         uids.add(r.stdout.strip())
         assert h.passwd("uma") is not None  # created on that member's own /etc
-    assert len(uids) == 1
     # Any member tells a tenant every member and its SSH address (remotegpu-cli's discovery).
     want = {h.config["SERVER_NAME"]: f"{h.address}:{h.port}" for h in c.hosts}
     req = json.dumps({"op": "cluster.members", "args": {}, "id": 1}).encode() + b"\n"
@@ -71,6 +70,7 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster, tmp_
     assert {(s.server, s.status, s.target.source, s.user) for s in found} == {
         ("m1", "up", "list", "uma"), ("m2", "up", "cluster", "uma"), ("m3", "up", "cluster", "uma")}
     assert {s.cluster_id for s in found} == {"lab"}
+    assert len(uids) == 1
 
 
 def test_wrong_key_member_is_refused(cluster):
