@@ -32,6 +32,7 @@ from mtgpu.api import jobs as job_api
 from mtgpu.api import policy as policy_api
 from mtgpu.api import published as published_api
 from mtgpu.api import users as user_api
+from mtgpu.api import servers as server_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
 from mtgpu.api.jobs import submitted_image
@@ -328,6 +329,7 @@ class Daemon:
         self._tasks += [loop.create_task(self._sample_loop()),
                         loop.create_task(self._retention_loop())]
         job_api.register(self.dispatcher, self)
+        server_api.register(self.dispatcher, self)
         drain_api.register(self.dispatcher, self)
         admin_api.register(self.dispatcher, self)
         self._register_host_ops()

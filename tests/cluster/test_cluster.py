@@ -29,7 +29,7 @@ def test_most_capable_member_becomes_scheduler_even_if_started_last(cluster):
     assert st["cluster_id"] == "lab" and st["term"] >= 1
 
 
-def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster):
+def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster, tmp_path, monkeypatch):
     c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 2, {})])
     k = c.hosts[0].add_user("uma")
     uids = set()
@@ -38,6 +38,38 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster):
                      what="login on every member")
         uids.add(r.stdout.strip())
         assert h.passwd("uma") is not None  # created on that member's own /etc
+    # Any member tells a tenant every member and its SSH address (remotegpu-cli's discovery).
+    want = {h.config["SERVER_NAME"]: f"{h.address}:{h.port}" for h in c.hosts}
+    req = json.dumps({"op": "cluster.members", "args": {}, "id": 1}).encode() + b"\n"
+
+    def members():
+        r = c.hosts[1].ssh("uma", k, "mtgpu-api", opts=["-s"], input=req)
+        ans = json.loads(r.stdout.splitlines()[0])
+        assert ans["ok"] and ans["result"]["cluster_id"] == "lab", ans
+        got = {m["name"]: m["address"] for m in ans["result"]["members"]}
+        return got if got == want else None
+
+    wait_for(members, what=f"members {want}")
+
+    # remotegpu-cli, told of one member, finds and reaches the others as the same user.
+    import asyncio
+
+    from mtgpu.tui.fleet import Fleet
+    from mtgpu.tui.sources import ServerList, Target
+
+    scans = [subprocess.run(["ssh-keyscan", "-p", str(h.port), h.address], capture_output=True,
+                            text=True, timeout=30).stdout for h in c.hosts]
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").write_text("".join(scans))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    first = c.hosts[0]
+    fleet = Fleet(ServerList((Target("first", first.address, first.port, "uma", str(k)),),
+                             ssh_config=False), timeout=5)
+    found = asyncio.run(fleet.once())
+    assert {(s.server, s.status, s.target.source, s.user) for s in found} == {
+        ("m1", "up", "list", "uma"), ("m2", "up", "cluster", "uma"), ("m3", "up", "cluster", "uma")}
+    assert {s.cluster_id for s in found} == {"lab"}
     assert len(uids) == 1
     # The audit entry written through m1 is read on m3, from its own replica.
     entry = wait_for(lambda: next((e for e in json.loads(c.hosts[2].admin("audit", "--json").stdout)

@@ -1,0 +1,233 @@
+"""One SSH connection to one MTGPU server, speaking the ``mtgpu-api`` subsystem.
+
+The connection is an asyncssh client that reads the user's ``~/.ssh/config``, keys,
+agent and ``known_hosts`` as OpenSSH would. Requests are JSON lines on a channel of
+that connection, answered in process by the server: nothing is spawned there per
+refresh. Actions that may take a while (creating a workspace) get a channel of their
+own so that refreshing goes on meanwhile.
+
+Errors::
+
+    MtgpuError
+    ├── ServerUnreachable   the connection or the subsystem could not be had (reason)
+    └── ApiError            the server refused a request (carries the server's code)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncssh
+
+from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.tui.sources import Target
+
+log = logging.getLogger("remotegpu")
+
+SUBSYSTEM = "mtgpu-api"
+
+
+class ServerUnreachable(MtgpuError):
+    """No working connection: ``str()`` is the reason, in words a user can act on."""
+
+
+def reason_for(exc: BaseException, target: Target, timeout: float) -> str:
+    """What went wrong, and what to do, for an error raised while connecting."""
+    dest = " ".join(target.ssh_argv()[1:])
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return (f"host key not trusted ({exc.reason}); check and accept it once with "
+                f"`ssh {dest}`, or add the cluster's @cert-authority line to known_hosts")
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return ("key not accepted: ask an admin to add your public key or for an invite "
+                f"(`ssh {dest}` redeems it)")
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return f"not an MTGPU server (no {SUBSYSTEM} subsystem): {exc.reason}"
+    if isinstance(exc, asyncssh.DisconnectError):
+        return f"disconnected: {exc.reason}"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, asyncssh.ConnectionLost)):
+        return f"no answer within {timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host {target.host!r}: {exc.strerror}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused on port {target.port or 22}: is mtgpu-server running?"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, (asyncssh.Error, ValueError, asyncssh.KeyImportError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ApiChannel:
+    """One ``mtgpu-api`` channel: requests matched to answers by id."""
+
+    def __init__(self, writer: asyncssh.SSHWriter, reader: asyncssh.SSHReader) -> None:
+        self._writer, self._reader = writer, reader
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pump = asyncio.get_running_loop().create_task(self._read())
+        self.closed: str | None = None
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    continue
+                rid = answer.get("id") if isinstance(answer, dict) else None
+                fut = self._waiting.pop(rid, None) if isinstance(rid, int) else None
+                if fut is not None and not fut.done():
+                    fut.set_result(answer)
+        except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as exc:
+            self.closed = str(exc) or type(exc).__name__
+        finally:
+            self.closed = self.closed or "the server closed the API channel"
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(ServerUnreachable(f"connection lost: {self.closed}"))
+            self._waiting.clear()
+
+    async def call(self, op: str, timeout: float, **args: Any) -> Any:
+        """Send one request; return its result or raise ApiError / ServerUnreachable."""
+        if self.closed:
+            raise ServerUnreachable(f"connection lost: {self.closed}")
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": rid}
+        try:
+            self._writer.write(json.dumps(req) + "\n")
+            answer = await asyncio.wait_for(fut, timeout)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise ServerUnreachable(f"{op} got no answer within {timeout:g} s") from exc
+        except (asyncssh.Error, OSError) as exc:
+            raise ServerUnreachable(f"connection lost: {exc}") from exc
+        finally:
+            self._waiting.pop(rid, None)
+        if not answer.get("ok"):
+            raise ApiError(str(answer.get("error", "request refused")), str(answer.get("code", "error")))
+        return answer.get("result")
+
+    def close(self) -> None:
+        self._pump.cancel()
+        try:
+            self._writer.close()
+        except (asyncssh.Error, OSError):
+            pass
+
+
+class ServerLink:
+    """The connection to one server; :meth:`connect` again after it is lost."""
+
+    def __init__(self, target: Target, timeout: float = 10.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.api: ApiChannel | None = None
+        self.forwards: list[Any] = []
+
+    async def connect(self) -> None:
+        """Connect and open the API channel, or raise ServerUnreachable with the reason."""
+        await self.close()
+        t = self.target
+        kwargs: dict[str, Any] = {"connect_timeout": self.timeout, "login_timeout": self.timeout,
+                                  "keepalive_interval": 15, "keepalive_count_max": 3}
+        if t.port:
+            kwargs["port"] = t.port
+        if t.user:
+            kwargs["username"] = t.user
+        if t.identity:
+            import os
+
+            kwargs["client_keys"] = [os.path.expanduser(t.identity)]
+        try:
+            self.conn = await asyncssh.connect(t.host, **kwargs)
+            self.api = await self._open_channel()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a reason on screen
+            await self.close()
+            raise ServerUnreachable(reason_for(exc, t, self.timeout)) from exc
+
+    async def _open_channel(self) -> ApiChannel:
+        assert self.conn is not None
+        writer, reader, _ = await asyncio.wait_for(
+            self.conn.open_session(subsystem=SUBSYSTEM, encoding="utf-8"), self.timeout)
+        return ApiChannel(writer, reader)
+
+    @property
+    def up(self) -> bool:
+        return self.api is not None and not self.api.closed
+
+    async def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        if self.api is None:
+            raise ServerUnreachable("not connected")
+        return await self.api.call(op, timeout or self.timeout, **args)
+
+    async def call_long(self, op: str, timeout: float = 120.0, **args: Any) -> Any:
+        """A request on a channel of its own, so a slow action holds up no refresh."""
+        if self.conn is None:
+            raise ServerUnreachable("not connected")
+        try:
+            chan = await self._open_channel()
+        except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+            raise ServerUnreachable(reason_for(exc, self.target, self.timeout)) from exc
+        try:
+            return await chan.call(op, timeout, **args)
+        finally:
+            chan.close()
+
+    async def follow(self, command: str) -> AsyncIterator[str]:
+        """Run ``command`` on the server (as the user) and yield its output as it comes."""
+        if self.conn is None:
+            raise ServerUnreachable("not connected")
+        try:
+            proc = await self.conn.create_process(command, encoding="utf-8", errors="replace",
+                                                  stderr=asyncssh.STDOUT)
+        except (asyncssh.Error, OSError) as exc:
+            raise ServerUnreachable(reason_for(exc, self.target, self.timeout)) from exc
+        try:
+            while True:
+                chunk = await proc.stdout.read(4096)
+                if not chunk:
+                    break
+                yield chunk
+        finally:
+            proc.close()
+
+    async def forward(self, remote_port: int, local_port: int = 0) -> int:
+        """Forward ``127.0.0.1:local_port`` here to the server's loopback ``remote_port``;
+        returns the local port (a free one when ``local_port`` is 0 or taken)."""
+        if self.conn is None:
+            raise ServerUnreachable("not connected")
+        try:
+            listener = await self.conn.forward_local_port("127.0.0.1", local_port, "127.0.0.1",
+                                                          remote_port)
+        except OSError:
+            if local_port == 0:
+                raise
+            listener = await self.conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", remote_port)
+        self.forwards.append(listener)
+        return int(listener.get_port())
+
+    async def close(self) -> None:
+        if self.api is not None:
+            self.api.close()
+            self.api = None
+        for f in self.forwards:
+            f.close()
+        self.forwards = []
+        if self.conn is not None:
+            self.conn.close()
+            try:
+                await asyncio.wait_for(self.conn.wait_closed(), 2)
+            except (asyncio.TimeoutError, asyncssh.Error, OSError):
+                pass
+            self.conn = None

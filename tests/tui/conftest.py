@@ -1,0 +1,87 @@
+"""One real host for the remotegpu-cli tests (two simulated GPUs, workspaces on), and a
+laptop-side HOME whose ~/.ssh/config and servers.yaml point at it and at a dead server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workspaces"))
+
+from mtgpu_testing import free_port  # noqa: E402
+from workspace_testing import (IMAGE, WorkspaceHost, podman_ready,  # noqa: E402
+                               start_workspace_host, stop_workspace_host)
+
+TEMPLATES = {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}}
+
+
+@dataclass
+class Laptop:
+    """The user's side: a HOME with ~/.ssh and ~/.config/remotegpu."""
+
+    home: Path
+    host: WorkspaceHost
+    dead_port: int
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("MTGPU_", "XDG_", "SSH_AUTH_SOCK", "NO_COLOR", "REMOTEGPU"))}
+        env.update(HOME=str(self.home), TERM="xterm-256color", LANG="C.UTF-8", **extra)
+        return env
+
+
+@pytest.fixture(scope="package")
+def laptop() -> Iterator[Laptop]:
+    why = podman_ready()
+    if why:
+        pytest.skip(why)
+    wh = start_workspace_host({
+        "TENANT_UID_RANGE": "32300-32399",
+        "SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}],
+        "CONTAINERS": {"enabled": True, "port_publishing": "loopback", "templates": TEMPLATES}},
+        user="lena")
+    # A server that accepts connections and never answers: the worst case for a UI.
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead.listen(8)
+    home = Path(tempfile.mkdtemp(prefix="remotegpu-home-", dir="/tmp"))
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700)
+    scan = subprocess.run(["ssh-keyscan", "-p", str(wh.host.port), "127.0.0.1"],
+                          capture_output=True, text=True, timeout=30).stdout
+    (ssh / "known_hosts").write_text(scan)
+    (ssh / "config").write_text(
+        f"Host gpu\n  HostName 127.0.0.1\n  Port {wh.host.port}\n  User lena\n"
+        f"  IdentityFile {wh.key}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {ssh / 'known_hosts'}\n\n"
+        # A pattern (never a server), and a host that does not answer as MTGPU.
+        "Host *.example.invalid\n  User nobody\n\n"
+        f"Host elsewhere\n  HostName 127.0.0.1\n  Port {free_port()}\n")
+    cfg = home / ".config" / "remotegpu"
+    cfg.mkdir(parents=True)
+    (cfg / "servers.yaml").write_text(
+        f"servers:\n  - name: dead\n    host: 127.0.0.1\n    port: {dead.getsockname()[1]}\n")
+    try:
+        yield Laptop(home, wh, dead.getsockname()[1])
+    finally:
+        dead.close()
+        stop_workspace_host(wh.host)
+        subprocess.run(["rm", "-rf", str(home)], check=False)
+
+
+@pytest.fixture
+def at_home(laptop: Laptop, monkeypatch: pytest.MonkeyPatch) -> Laptop:
+    """This process as the laptop: HOME is the laptop's, no agent, colours on."""
+    for k in list(os.environ):
+        if k.startswith(("XDG_", "REMOTEGPU", "NO_COLOR")) or k == "SSH_AUTH_SOCK":
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(laptop.home))
+    return laptop
