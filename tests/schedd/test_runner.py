@@ -484,8 +484,9 @@ FAKE_PODMAN = r"""#!/bin/sh
 # Stands in for podman: `run` records what it was given and runs the command after the
 # image with the script the options mount; `rm` records the removal.
 if [ "$1" = rm ]; then echo "$@" >> "$HOME/podman-rm.txt"; exit 0; fi
-printf '%s\n' "$@" > "$HOME/podman-args.txt"
 env > "$HOME/podman-env.txt"
+printf '%s\n' "$@" > "$HOME/podman-args.new"
+mv "$HOME/podman-args.new" "$HOME/podman-args.txt"  # whole, after the environment
 shift
 for a in "$@"; do
   case "$a" in --volume=*:/.mtgpu-job:ro) s=${a#--volume=}; script=${s%%:*};; esac
