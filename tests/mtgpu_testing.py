@@ -28,10 +28,19 @@ SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/nul
             "-o", "ConnectTimeout=10"]
 
 
+def run_share() -> tuple[int, int]:
+    """``(i, n)``: this test run is the i-th of n running at once on this machine
+    (tests/run.sh runs the cluster tests beside the others); each takes its own UID
+    blocks and subnets, so that no run's cleanup reaches another's tenants."""
+    i, _, n = os.environ.get("MTGPU_TEST_SHARE", "0/1").partition("/")
+    return int(i), max(1, int(n))
+
+
 def _uid_block() -> str:
     import random
 
-    lo = 20000 + random.randrange(0, 110) * 100  # below the workspace tests' 32100+
+    i, n = run_share()
+    lo = 20000 + random.choice(range(i, 110, n)) * 100  # below the workspace tests' 32100+
     return f"{lo}-{lo + 99}"
 
 
@@ -348,7 +357,9 @@ class Network:
         Network._count += 1
         self.tag = f"{os.getpid() % 10000}{Network._count}"
         self.bridge = f"mtbr{self.tag}"[:15]
-        self.subnet = 1 + (os.getpid() + Network._count) % 200
+        i, n = run_share()
+        subnets = range(1 + i, 201, n)
+        self.subnet = subnets[(os.getpid() + Network._count) % len(subnets)]
         self.hosts: list[Host] = []
         self._run(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._run(["ip", "addr", "add", f"10.213.{self.subnet}.1/24", "dev", self.bridge])
