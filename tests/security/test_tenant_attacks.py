@@ -152,6 +152,16 @@ def test_admin_and_peer_verbs_are_refused_to_a_tenant(arena, victim):
     _intact(h, alice, victim)
 
 
+def test_system_accounts_and_nobody_are_refused(arena):
+    """``nobody`` is shared by unprivileged daemons: it must not submit jobs."""
+    h = arena["host"]
+    for uid in (65534, 1, 999):
+        with api_socket(h.run_dir, uid) as s:
+            a = call(s, "job.submit", {"script": "#!/bin/sh\ntrue\n"})
+        assert not a["ok"] and a["code"] == "unknown_user", (uid, a)
+        tally("attacks_refused")
+
+
 async def _subsystem_requests(h, tenant, requests):
     async with asyncssh.connect(h.address, h.port, username=tenant.name,
                                 client_keys=[str(tenant.key)], known_hosts=None) as conn:
