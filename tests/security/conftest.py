@@ -23,10 +23,11 @@ from security_testing import Tenant, api_socket, call  # noqa: E402,F401
 
 #: The limits the host runs with: low, so abuse reaches them quickly.
 LIMITS = {"USER_SUBMIT_RATE": 2, "USER_SUBMIT_BURST": 40, "USER_MAX_QUEUED_JOBS": 60,
-          "SSH_MAX_STARTUPS": 20, "SIMULATED_CPUS": 2}
+          "SSH_MAX_STARTUPS": 20, "SIMULATED_CPUS": 2,
+          "USER_DISK_LIMIT": "100G"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def arena() -> Iterator[dict]:
     """A host with two tenants (``alice`` the victim, ``mallory`` the attacker) and an
     admin, all logged in once."""
