@@ -39,6 +39,18 @@ _FAIL_TEXT = {
 }
 
 
+#: Free space STATE_DIR must keep for a state change to be accepted. The journal is a
+#: memory-mapped file: a page written on a full filesystem kills the process with
+#: SIGBUS instead of raising, so changes are refused well before the disk is full.
+STATE_MIN_FREE = 32 << 20
+
+
+def state_dir_free(state_dir: str) -> int:
+    """Bytes free for root under ``state_dir``."""
+    st = os.statvfs(state_dir)
+    return st.f_bavail * st.f_frsize
+
+
 class LocalTransport(Transport):
     """The transport of a cluster of one: there is nobody to talk to."""
 
@@ -114,6 +126,24 @@ class StateStore:
                              "check the disk and the directory's permissions") from exc
         if not peers:
             self.sync.addOnTickCallback(self._commit_alone)
+        self.state_dir = state_dir
+        self._free_checked = 0.0
+
+    def check_space(self) -> None:
+        """Refuse a state change while STATE_DIR is nearly full (checked at most every
+        100 ms): the journal cannot take it safely, and nothing is recorded."""
+        now = time.monotonic()
+        if now - self._free_checked < 0.1:
+            return
+        try:
+            free = state_dir_free(self.state_dir)
+        except OSError:
+            return
+        if free < STATE_MIN_FREE:
+            raise StateError(f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
+                             f"{STATE_MIN_FREE >> 20} MiB needed); nothing was recorded. "
+                             "An admin must free space there, then retry")
+        self._free_checked = now
 
     def _commit_alone(self) -> None:
         # A leader without peers commits an entry on the tick after appending it, but
@@ -128,6 +158,7 @@ class StateStore:
 
     async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         """Run a replicated ``method`` and return its result once committed."""
+        self.check_space()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -145,6 +176,7 @@ class StateStore:
         """Blocking form of :meth:`call`, for threads outside the event loop."""
         import threading
 
+        self.check_space()
         box: dict[str, Any] = {}
         ev = threading.Event()
 
