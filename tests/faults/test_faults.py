@@ -128,7 +128,7 @@ def test_kill_9_during_a_running_job_keeps_the_job_and_its_result(host):
         v = _wait_state(h, h.uid, jid, ("FAILED", "COMPLETED", "NODE_FAIL"))
     finally:
         flag.unlink(missing_ok=True)
-    assert v["state"] == "FAILED" and v["exit_code"] == 7, v  # its own exit, recorded
+    assert v["state"] == "FAILED" and v["exit_code"] == 7, (v["state"], v["reason"])
     assert Path(v["stdout"]).read_text().startswith("started")
     tally("faults_survived")
     tally("acked_jobs_checked")
