@@ -26,6 +26,7 @@ from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
 from mtgpu.errors import StateError
+from mtgpu.state.journal import repair_journal
 
 log = logging.getLogger("mtgpu.state")
 
@@ -116,6 +117,8 @@ class StateStore:
                  **conf_overrides: Any) -> None:
         self.consumers = list(consumers)
         conf = make_conf(state_dir, **conf_overrides)
+        #: What was cut from a damaged journal at this start, if anything.
+        self.repaired = repair_journal(conf.journalFile) if conf.journalFile else None
         tclass = transport_factory or LocalTransport
         try:
             # A self node of None makes a read-only member: a full replica that never votes.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -132,6 +133,66 @@ def test_kill_9_during_a_running_job_keeps_the_job_and_its_result(host):
     assert Path(v["stdout"]).read_text().startswith("started")
     tally("faults_survived")
     tally("acked_jobs_checked")
+
+
+def _journal_records(path: Path) -> tuple[bytes, int]:
+    data = path.read_bytes()
+    return data, struct.unpack_from("<I", data, 36)[0]
+
+
+def test_a_torn_journal_tail_is_cut_and_every_committed_job_kept(host):
+    """A record half-written at a power cut, after the last acknowledged one."""
+    h = host
+    with api_socket(h.run_dir, h.uid) as s:
+        mine = [call(s, "job.submit", {"script": HOLD})["result"]["job_id"] for _ in range(5)]
+    committed = _ids(h)
+    h.stop()
+    journal = h.state_dir / "raft.journal"
+    data, last = _journal_records(journal)
+    size = struct.unpack_from("<I", data, last - 4)[0]
+    record = data[last - size - 8:last]
+    torn = bytearray(data[:last]) + record[: len(record) // 2]
+    struct.pack_into("<I", torn, 36, last + len(record))  # the header already counts it
+    journal.write_bytes(bytes(torn))
+    h.start()
+    assert _ids(h) == committed and set(mine) <= committed
+    assert "state journal" in h.log() and "damaged" in h.log()
+    saved = list(h.state_dir.glob("raft.journal.damaged-*"))
+    assert saved and saved[0].read_bytes() == bytes(torn)
+    with api_socket(h.run_dir, h.uid) as s:  # and it goes on taking jobs
+        assert call(s, "job.submit", {"script": HOLD})["ok"]
+        call(s, "job.cancel", {"job_ids": sorted(_ids(h))})
+    for p in saved:
+        p.unlink()
+    tally("faults_survived")
+    tally("acked_jobs_checked", len(mine))
+
+
+def test_a_damaged_journal_record_is_detected_and_what_precedes_it_kept(host):
+    h = host
+    before = _ids(h)
+    with api_socket(h.run_dir, h.uid) as s:
+        late = call(s, "job.submit", {"script": HOLD})["result"]["job_id"]
+    h.stop()
+    journal = h.state_dir / "raft.journal"
+    data, last = _journal_records(journal)
+    size = struct.unpack_from("<I", data, last - 4)[0]
+    start = last - size - 8
+    bad = bytearray(data)
+    for i in range(start + 4 + 16 + 2, start + 4 + 16 + 12):
+        bad[i] ^= 0xFF  # inside the last record's pickle
+    journal.write_bytes(bytes(bad))
+    h.start()
+    after = _ids(h)
+    # Everything before the damaged record is there; the damage is named in the log.
+    assert before <= after, before - after
+    assert "cannot be decoded" in h.log() or "does not end" in h.log()
+    assert late in after or "damaged" in h.log()
+    with api_socket(h.run_dir, h.uid) as s:
+        call(s, "job.cancel", {"job_ids": sorted(after)})
+    for p in h.state_dir.glob("raft.journal.damaged-*"):
+        p.unlink()
+    tally("faults_survived")
 
 
 def test_a_full_state_dir_refuses_changes_clearly_and_keeps_state(make_host):
