@@ -264,3 +264,28 @@ def test_raw_ssh_requests_beyond_the_tenants_rights_are_refused(arena, victim):
     assert not allowed, allowed
     tally("attacks_refused", len(results))
     _intact(h, alice, victim)
+
+
+async def _unix_refusals(h, mal, paths):
+    reasons = []
+    async with asyncssh.connect(h.address, h.port, username=mal.name,
+                                client_keys=[str(mal.key)], known_hosts=None) as conn:
+        for path in paths:
+            try:
+                r, w = await conn.open_unix_connection(path)
+                w.close()
+                reasons.append(None)
+            except asyncssh.ChannelOpenError as exc:
+                reasons.append(exc.reason.replace(path, "PATH"))
+    return reasons
+
+
+def test_unix_forwarding_does_not_tell_what_exists_in_another_home(arena, victim):
+    """The daemon resolves the path as root: its refusal must be the same for a file
+    that exists in a home the tenant cannot read and for one that does not."""
+    h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
+    reasons = asyncio.run(_unix_refusals(h, mal, [f"{alice.home}/secret.txt",
+                                                  f"{alice.home}/no-such-file",
+                                                  f"{alice.home}/.local/share"]))
+    assert None not in reasons and len(set(reasons)) == 1, reasons
+    tally("attacks_refused", 3)
