@@ -64,6 +64,7 @@ def host():
     h.start()
     h.uid = _user(h, "fay")
     yield h
+    h.stop(signal.SIGKILL)  # its jobs were cancelled; a kill -9 is what it is tested for
     h.cleanup()
 
 
