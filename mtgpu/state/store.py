@@ -44,6 +44,10 @@ _FAIL_TEXT = {
 #: memory-mapped file: a page written on a full filesystem kills the process with
 #: SIGBUS instead of raising, so changes are refused well before the disk is full.
 STATE_MIN_FREE = 32 << 20
+#: Records of what already happened (a job started, ended, was cancelled) may use
+#: most of that reserve: refusing them would leave a job's end unrecorded.
+OUTCOMES = frozenset({"started", "part_ended", "finish", "cancel", "requeue", "purge",
+                      "set_progress", "place"})
 
 
 def state_dir_free(state_dir: str) -> int:
@@ -130,23 +134,24 @@ class StateStore:
         if not peers:
             self.sync.addOnTickCallback(self._commit_alone)
         self.state_dir = state_dir
-        self._free_checked = 0.0
+        self._free: tuple[float, int] = (-1.0, 0)  # (when, bytes free)
 
-    def check_space(self) -> None:
-        """Refuse a state change while STATE_DIR is nearly full (checked at most every
+    def check_space(self, method: Callable[..., Any] | None = None) -> None:
+        """Refuse a state change while STATE_DIR is nearly full (looked at most every
         100 ms): the journal cannot take it safely, and nothing is recorded."""
         now = time.monotonic()
-        if now - self._free_checked < 0.1:
-            return
-        try:
-            free = state_dir_free(self.state_dir)
-        except OSError:
-            return
-        if free < STATE_MIN_FREE:
+        at, free = self._free
+        if now - at >= 0.1:
+            try:
+                free = state_dir_free(self.state_dir)
+            except OSError:
+                return
+            self._free = (now, free)
+        need = STATE_MIN_FREE // 4 if getattr(method, "__name__", "") in OUTCOMES else STATE_MIN_FREE
+        if free < need:
             raise StateError(f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
-                             f"{STATE_MIN_FREE >> 20} MiB needed); nothing was recorded. "
+                             f"{need >> 20} MiB needed); nothing was recorded. "
                              "An admin must free space there, then retry")
-        self._free_checked = now
 
     def _commit_alone(self) -> None:
         # A leader without peers commits an entry on the tick after appending it, but
@@ -161,7 +166,7 @@ class StateStore:
 
     async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         """Run a replicated ``method`` and return its result once committed."""
-        self.check_space()
+        self.check_space(method)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -179,7 +184,7 @@ class StateStore:
         """Blocking form of :meth:`call`, for threads outside the event loop."""
         import threading
 
-        self.check_space()
+        self.check_space(method)
         box: dict[str, Any] = {}
         ev = threading.Event()
 

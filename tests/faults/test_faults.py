@@ -202,13 +202,18 @@ def test_a_full_state_dir_refuses_changes_clearly_and_keeps_state(make_host):
     state.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "mtgpu-fault-full", str(state)],
                    check=True)
+    flag = Path(f"/tmp/mtgpu-fault-{uuid.uuid4().hex}")
     try:
         h.start()
         uid = _user(h, "flo")
         with api_socket(h.run_dir, uid) as s:
-            kept = [call(s, "job.submit", {"script": HOLD})["result"]["job_id"] for _ in range(3)]
+            running = call(s, "job.submit", {"script": f"#!/bin/sh\n#MTGPU cpus=2\n"
+                                             f"while [ ! -e {flag} ]; do sleep 0.1; done\n"})
+            kept = [running["result"]["job_id"]]
+            kept += [call(s, "job.submit", {"script": HOLD})["result"]["job_id"] for _ in range(2)]
+            _wait_state(h, uid, kept[0], ("RUNNING",))
             filler = state / "filler"
-            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=40"],
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=36"],
                            capture_output=True)
             time.sleep(0.15)  # the daemon looks at the free space at most every 100 ms
             refused = [call(s, "job.submit", {"script": HOLD, "overrides": {"name": "x" * 200}})
@@ -216,13 +221,18 @@ def test_a_full_state_dir_refuses_changes_clearly_and_keeps_state(make_host):
             assert h.proc.poll() is None, h.log()
             assert all(not a["ok"] for a in refused), refused[0]
             assert "STATE_DIR" in refused[0]["error"] and "free space" in refused[0]["error"]
+            # What already happened is still recorded from the reserve: a job's end.
+            flag.touch()
+            assert _wait_state(h, uid, kept[0], ("COMPLETED", "FAILED"))["state"] == "COMPLETED"
             filler.unlink()
             time.sleep(0.15)
             again = call(s, "job.submit", {"script": HOLD})
             assert again["ok"], again
+            call(s, "job.cancel", {"job_ids": kept[1:] + [again["result"]["job_id"]]})
         h.restart()
         assert set(kept) | {again["result"]["job_id"]} <= _ids(h)
     finally:
+        flag.unlink(missing_ok=True)
         h.stop()
         subprocess.run(["umount", "-l", str(state)])
     tally("faults_survived")
