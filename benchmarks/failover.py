@@ -95,7 +95,8 @@ def main() -> int:
     args = ap.parse_args()
     net = Network()
     hosts = [net.add(Host({"CLUSTER_MODE": "cluster", "CLUSTER_ID": "bench", "CLUSTER_KEY": KEY,
-                           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1}, name=f"m{i}"))
+                           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1,
+                           "USER_SUBMIT_RATE": None}, name=f"m{i}"))
              for i in range(1, 4)]
     for h in hosts:
         h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]

@@ -61,6 +61,14 @@ log = logging.getLogger("mtgpu.server")
 # Commands put on tenants' PATH (RUN_DIR/bin), linked from beside this interpreter.
 TOOLS = ("mt-job", "mt-container", "mt-podman", "mt-python", "mt-attach", "mtgpu-admin")
 SYSTEM_UID_MAX = 999
+#: ``nobody`` (the kernel's overflow UID, shared by unprivileged daemons and squashed
+#: NFS clients) and the 32-bit "no UID" values: never a person's account.
+NOBODY_UIDS = frozenset({65534, 4294967294, 4294967295})
+
+
+def system_uid(uid: int) -> bool:
+    """Whether ``uid`` is a system account's, which is never an MTGPU user."""
+    return uid <= SYSTEM_UID_MAX or uid in NOBODY_UIDS
 
 
 class Daemon:
@@ -174,7 +182,7 @@ class Daemon:
             pw = pwd.getpwuid(uid)
         except KeyError:
             return None
-        if uid <= SYSTEM_UID_MAX:
+        if system_uid(uid):
             return None
         return Caller(pw.pw_name, uid, pw.pw_name in self.options.admins, "socket")
 
@@ -184,7 +192,7 @@ class Daemon:
         The file is read by a process running as that account, never by root.
         """
         acct = self.accounts.existing(username)
-        if acct is None or acct.uid <= SYSTEM_UID_MAX:
+        if acct is None or system_uid(acct.uid):
             return False
         if self.registry.by_uid(acct.uid) is not None:
             return False  # a managed tenant's UID under another name: never trust it

@@ -44,3 +44,19 @@ def shared_host() -> Iterator[Host]:
     h.start()
     yield h
     h.cleanup()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    """The figures of the security, fuzz and fault tests that ran (docs/SECURITY.md)."""
+    from figures import FIGURES
+
+    if not FIGURES:
+        return
+    terminalreporter.section("MTGPU security figures")
+    for k in sorted(FIGURES):
+        terminalreporter.write_line(f"{k}: {FIGURES[k]}")
+    path = os.environ.get("MTGPU_FIGURES")
+    if path:
+        import json
+
+        Path(path).write_text(json.dumps(dict(FIGURES), indent=1, sort_keys=True) + "\n")

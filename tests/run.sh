@@ -10,7 +10,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 PKGS="openssh-client openssh-server openssh-sftp-server rsync git tmux python3-venv uidmap
-      util-linux iproute2 procps passwd gcc libc6-dev quota e2fsprogs
+      util-linux iproute2 procps passwd gcc libc6-dev quota e2fsprogs faketime
       podman slirp4netns fuse-overlayfs runc busybox-static docker-registry apache2-utils skopeo"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then

@@ -6,6 +6,7 @@ import time
 from typing import Any, Protocol
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.api.limits import SubmitLimits
 from mtgpu.config import Options
 from mtgpu.errors import ApiError, JobError
 from mtgpu.schedd.agent import job_output_paths
@@ -128,6 +129,14 @@ def register(d: Dispatcher, host: JobHost) -> None:
     def _own(caller: Caller, j: dict[str, Any]) -> bool:
         return caller.admin or j["user"] == caller.name
 
+    limits = SubmitLimits(None, None, None)
+
+    def check_limits(caller: Caller, tasks: int) -> None:
+        o = host.options  # read each time: SIGHUP may have changed them
+        limits.rate, limits.burst, limits.max_queued = (o.user_submit_rate, o.user_submit_burst,
+                                                        o.user_max_queued_jobs)
+        limits.check(caller.name, tasks, host.jobs.pending_by_user.get(caller.name, 0))
+
     async def submit(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Submit a job file."""
         if caller.uid == 0:
@@ -151,11 +160,13 @@ def register(d: Dispatcher, host: JobHost) -> None:
         except JobError as exc:
             raise ApiError(str(exc), "rejected") from exc
         tasks = expand_array(spec) if spec.array else None
+        token = arg(args, "token", str, None)
+        if not (token and token in host.jobs.tokens):  # a retry of an accepted one passes
+            check_limits(caller, len(tasks) if tasks else 1)
         record = {"user": caller.name, "uid": caller.uid, "name": spec.name,
                   "spec": spec_to_dict(spec), "workdir": spec.workdir}
         if spec.container:
             record["container"] = await submitted_image(host, caller, args)
-        token = arg(args, "token", str, None)
         r = await host.replicate(host.jobs.submit, record, tasks, time.time(), token)
         host.scheduler.accepted(r["tasks"])
         return {"job_id": r["job_id"], "tasks": len(r["tasks"]), "warnings": list(spec.warnings),

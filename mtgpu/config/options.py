@@ -124,6 +124,9 @@ class Options:
     python_interpreters: tuple[InterpreterSpec, ...] = ()
     user_disk_limit: int | None = None
     user_disk_scan_interval: float = 60.0
+    user_submit_rate: float | None = 20.0
+    user_submit_burst: int = 200
+    user_max_queued_jobs: int | None = 10000
     job_retention_days: float = 30
     tenant_retention_days: float | None = None
     tenant_retention_grace: float = 7 * 86400
@@ -681,6 +684,9 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "PYTHON_INTERPRETERS": _interpreters,
     "USER_DISK_LIMIT": _size_or_none,
     "USER_DISK_SCAN_INTERVAL": lambda v: _positive_duration(v, "USER_DISK_SCAN_INTERVAL"),
+    "USER_SUBMIT_RATE": lambda v: None if v is None else _posnum(v),
+    "USER_SUBMIT_BURST": _posint,
+    "USER_MAX_QUEUED_JOBS": lambda v: None if v is None else _posint(v),
     "JOB_RETENTION_DAYS": _days,
     "TENANT_RETENTION_DAYS": _days,
     "TENANT_RETENTION_GRACE": _duration,

@@ -20,7 +20,7 @@ from mtgpu.aio import cancel_and_wait
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.jobenv import JobLaunch, JobUser, output_paths
 from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, spec_from_dict
-from mtgpu.schedd.runner import EarlierRunActive, JobAlreadyStarted, JobResult, Runner
+from mtgpu.schedd.runner import SPEC, EarlierRunActive, JobAlreadyStarted, JobResult, Runner
 
 log = logging.getLogger("mtgpu.agent")
 
@@ -291,7 +291,7 @@ class Agent:
                 log.info("re-adopted job %s", j["job_id"])
                 continue
             if self.runner.result(j["job_id"]) is None and j.get("start_time") is None \
-                    and not self.runner.job_dir(j["job_id"]).exists():
+                    and not (self.runner.job_dir(j["job_id"]) / SPEC).exists():
                 # Placed but never started (the daemon died in between): start it now.
                 try:
                     await self.dispatch(j, j.get("term") or 0)

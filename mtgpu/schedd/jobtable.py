@@ -57,14 +57,29 @@ class JobTable(SyncObjConsumer):
         # the table for JOB_RETENTION_DAYS.
         self.active_ids: dict[str, None] = {}
         self.running_ids: dict[str, None] = {}
+        # Pending jobs (array tasks one by one) per user, for USER_MAX_QUEUED_JOBS.
+        self.pending_by_user: dict[str, int] = {}
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
+        self.pending_by_user = {}
+        for j in self.jobs.values():
+            if j["state"] == PENDING:
+                self.pending_by_user[j["user"]] = self.pending_by_user.get(j["user"], 0) + 1
 
     def _put(self, record: dict[str, Any]) -> None:
         jid = record["job_id"]
+        old = self.jobs.get(jid)
+        if old is not None and old["state"] == PENDING:
+            left = self.pending_by_user.get(old["user"], 0) - 1
+            if left > 0:
+                self.pending_by_user[old["user"]] = left
+            else:
+                self.pending_by_user.pop(old["user"], None)
+        if record["state"] == PENDING:
+            self.pending_by_user[record["user"]] = self.pending_by_user.get(record["user"], 0) + 1
         self.jobs[jid] = record
         if record["state"] in ACTIVE_STATES:
             self.active_ids[jid] = None

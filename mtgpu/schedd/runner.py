@@ -271,26 +271,31 @@ class Runner:
         if self.workdir_help is not None and not launch.workdir_help:
             launch = replace(launch, workdir_help=self.workdir_help(launch.workdir))
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            job_dir.mkdir(mode=0o700)
-        except FileExistsError:
-            old = read_json(job_dir / SPEC) or {}
-            old_run = (old.get("launch", {}).get("term"), old.get("launch", {}).get("attempt", 0))
-            if old_run[0] is not None and old_run != (launch.term, launch.attempt):
-                if not (job_dir / RESULT).exists():
-                    raise EarlierRunActive(f"job {launch.job_id}: its earlier run (term "
-                                           f"{old_run[0]}, attempt {old_run[1]}) still runs here")
-                # A requeued job placed here again: its earlier run is over. Keep
-                # that run's files beside the new one's.
-                os.rename(job_dir, job_dir.with_name(f".{launch.job_id}.run{old_run[0]}-{old_run[1]}"))
-                return self.start(launch)
-            raise JobAlreadyStarted(
-                f"job {launch.job_id} was already started on this host (term "
-                f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
-        if self.jobinit is _BUILD:
+        if self.jobinit is _BUILD:  # before the job's directory: building takes seconds
             from mtgpu.schedd.jobinit import helper
 
             self.jobinit = helper(self.state_dir)
+        try:
+            job_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            if not (job_dir / SPEC).exists():
+                # An earlier start died (the daemon was killed) before writing the
+                # launch: nothing ran, so this start goes ahead in the same directory.
+                pass
+            else:
+                old = read_json(job_dir / SPEC) or {}
+                old_run = (old.get("launch", {}).get("term"), old.get("launch", {}).get("attempt", 0))
+                if old_run[0] is not None and old_run != (launch.term, launch.attempt):
+                    if not (job_dir / RESULT).exists():
+                        raise EarlierRunActive(f"job {launch.job_id}: its earlier run (term "
+                                               f"{old_run[0]}, attempt {old_run[1]}) still runs here")
+                    # A requeued job placed here again: its earlier run is over. Keep
+                    # that run's files beside the new one's.
+                    os.rename(job_dir, job_dir.with_name(f".{launch.job_id}.run{old_run[0]}-{old_run[1]}"))
+                    return self.start(launch)
+                raise JobAlreadyStarted(
+                    f"job {launch.job_id} was already started on this host (term "
+                    f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
         spec = {"version": 1, "launch": launch.to_dict(), "cgroup_parents": self.cgroup_parents,
                 "memory": self.memory, "created": time.time(), "jobinit": self.jobinit}
         write_json(job_dir / SPEC, spec, durable=False)

@@ -364,15 +364,21 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         uid = self._uid()
         if uid is None or self.conn is None:
             self._refuse(f"forwarding to {dest_path}", self._no_uid_reason())
+        # One answer for a path that is missing, unreachable or not the tenant's: the
+        # daemon (root) resolves it, and must not tell whether something exists in a
+        # directory the tenant cannot read.
+        not_yours = (f"{dest_path} is not a socket you own (or does not exist); only your "
+                     "own sockets can be reached")
         try:
             fd = os.open(dest_path, os.O_PATH | os.O_NOFOLLOW)
         except OSError as exc:
-            self._refuse(f"forwarding to {dest_path}", f"{dest_path}: {exc.strerror}")
+            log.info("forwarding to %s for %s: %s", dest_path,
+                     self.principal.username if self.principal else "?", exc.strerror)
+            self._refuse(f"forwarding to {dest_path}", not_yours)
         st = os.fstat(fd)
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
             os.close(fd)
-            self._refuse(f"forwarding to {dest_path}",
-                         f"{dest_path} is not a socket you own; only your own sockets can be reached")
+            self._refuse(f"forwarding to {dest_path}", not_yours)
         conn = self.conn
 
         async def connect() -> Any:

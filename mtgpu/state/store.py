@@ -26,6 +26,7 @@ from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
 from mtgpu.errors import StateError
+from mtgpu.state.journal import repair_journal
 
 log = logging.getLogger("mtgpu.state")
 
@@ -37,6 +38,22 @@ _FAIL_TEXT = {
     FAIL_REASON.LEADER_CHANGED: "the leader changed before the command committed; retry",
     FAIL_REASON.REQUEST_DENIED: "the request was denied",
 }
+
+
+#: Free space STATE_DIR must keep for a state change to be accepted. The journal is a
+#: memory-mapped file: a page written on a full filesystem kills the process with
+#: SIGBUS instead of raising, so changes are refused well before the disk is full.
+STATE_MIN_FREE = 32 << 20
+#: Records of what already happened (a job started, ended, was cancelled) may use
+#: most of that reserve: refusing them would leave a job's end unrecorded.
+OUTCOMES = frozenset({"started", "part_ended", "finish", "cancel", "requeue", "purge",
+                      "set_progress", "place"})
+
+
+def state_dir_free(state_dir: str) -> int:
+    """Bytes free for root under ``state_dir``."""
+    st = os.statvfs(state_dir)
+    return st.f_bavail * st.f_frsize
 
 
 class LocalTransport(Transport):
@@ -104,6 +121,8 @@ class StateStore:
                  **conf_overrides: Any) -> None:
         self.consumers = list(consumers)
         conf = make_conf(state_dir, **conf_overrides)
+        #: What was cut from a damaged journal at this start, if anything.
+        self.repaired = repair_journal(conf.journalFile) if conf.journalFile else None
         tclass = transport_factory or LocalTransport
         try:
             # A self node of None makes a read-only member: a full replica that never votes.
@@ -114,6 +133,25 @@ class StateStore:
                              "check the disk and the directory's permissions") from exc
         if not peers:
             self.sync.addOnTickCallback(self._commit_alone)
+        self.state_dir = state_dir
+        self._free: tuple[float, int] = (-1.0, 0)  # (when, bytes free)
+
+    def check_space(self, method: Callable[..., Any] | None = None) -> None:
+        """Refuse a state change while STATE_DIR is nearly full (looked at most every
+        100 ms): the journal cannot take it safely, and nothing is recorded."""
+        now = time.monotonic()
+        at, free = self._free
+        if now - at >= 0.1:
+            try:
+                free = state_dir_free(self.state_dir)
+            except OSError:
+                return
+            self._free = (now, free)
+        need = STATE_MIN_FREE // 4 if getattr(method, "__name__", "") in OUTCOMES else STATE_MIN_FREE
+        if free < need:
+            raise StateError(f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
+                             f"{need >> 20} MiB needed); nothing was recorded. "
+                             "An admin must free space there, then retry")
 
     def _commit_alone(self) -> None:
         # A leader without peers commits an entry on the tick after appending it, but
@@ -128,6 +166,7 @@ class StateStore:
 
     async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         """Run a replicated ``method`` and return its result once committed."""
+        self.check_space(method)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -145,6 +184,7 @@ class StateStore:
         """Blocking form of :meth:`call`, for threads outside the event loop."""
         import threading
 
+        self.check_space(method)
         box: dict[str, Any] = {}
         ev = threading.Event()
 
