@@ -609,6 +609,12 @@ def server_pid(host: Any) -> int:
 def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argparse.Namespace) -> dict[str, Any]:
     gen = [w.proc.pid for w in workers] + [os.getpid()]
     time.sleep(2 * 5 + 1)  # two report rounds at the new size
+    spy = None
+    if args.profile:
+        # The scheduler's stacks over the steady window and the burst (py-spy, raw).
+        spy = subprocess.Popen(["py-spy", "record", "-p", str(leader_pid), "-r", "50", "-f", "raw",
+                                "-o", str(Path(args.profile) / f"scheduler-{members}.txt")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c0, g0, w0 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
     per = args.rate / len(workers)
     t_start = time.time()
@@ -622,6 +628,9 @@ def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argp
     time.sleep(max(JOB_SECONDS) + 2)  # the steady jobs end: the burst has free capacity
     bursts = all_do(workers[:1], "burst", n=args.burst, wait=180.0)[0]
     starts = bursts["starts"]
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
     burst_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else float("nan")
     return {
         "members": members,
@@ -651,6 +660,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes for the simulated members")
     ap.add_argument("--no-failover", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="record the scheduler's stacks with py-spy into DIR; keep the logs there")
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",")]
     from mtgpu_testing import Host, Network
@@ -730,6 +741,11 @@ def main() -> int:
                 w.proc.wait(10)
             except Exception:  # noqa: BLE001
                 w.proc.kill()
+        if args.profile:
+            for h in hosts:
+                shutil.copy(h.log_path, Path(args.profile) / f"{h.config['SERVER_NAME']}.log")
+            for k in range(len(workers)):
+                shutil.copy(root / f"worker{k}.log", Path(args.profile) / f"worker{k}.log")
         for h in hosts:
             h.cleanup()
         net.close()
