@@ -80,7 +80,6 @@ MIX = [(0.40, "gpus=1"), (0.15, "gpus=2"), (0.20, "gpus=1 vram=8G"),
        (0.05, "gpus=1 vram=4G array=0-7"), (0.05, "nodes=4 gpus=1")]
 #: How long a simulated job runs (seconds, uniform).
 JOB_SECONDS = (5.0, 15.0)
-BASE_PORT = 40000
 
 
 def pct(values: list[float], p: float) -> float:
@@ -169,33 +168,36 @@ class SimMember:
 
         self.worker = worker
         self.name = f"sim{index:04d}"
-        self.port = BASE_PORT + index
         kind, vram = KINDS[index % len(KINDS)]
         from mtgpu.config import parse_size
 
         state = Path(worker.root) / self.name
         state.mkdir(parents=True, exist_ok=True)
         self.options = replace(worker.base, server_name=self.name, state_dir=str(state),
-                               run_dir=str(state), ssh_listen=(worker.address, self.port),
-                               cluster_advertise=f"{worker.address}:{self.port}",
+                               run_dir=str(state), ssh_listen=(worker.address, 0),
                                simulated_gpus=(SimulatedGpuSpec(type=kind, count=8,
                                                                 vram=parse_size(vram)),))
         self.report_rtts: list[tuple[float, float]] = []
 
     async def start(self) -> None:
-
         from mtgpu.api.dispatcher import Caller, Dispatcher, arg
         from mtgpu.cluster.runtime import ClusterRuntime
+        from mtgpu.config.options import replace
         from mtgpu.errors import ApiError
         from mtgpu.gpuinfo.sampler import Sampler
         from mtgpu.schedd.agent import Agent
         from mtgpu.schedd.jobenv import JobUser
         from mtgpu.sshd.server import Penalties, start_ssh_server
 
-        w, o = self.worker, self.options
+        w = self.worker
         self.identity = w.identity
-        self.penalties = Penalties(o.ssh_penalty_failures, o.ssh_penalty_seconds)
         self.dispatcher = Dispatcher()
+        # Its own SSH server first, on a port the kernel picks: the address it joins with.
+        self.penalties = Penalties(self.options.ssh_penalty_failures, self.options.ssh_penalty_seconds)
+        self.server = await start_ssh_server(self, None)
+        port = self.server.sockets[0].getsockname()[1]
+        o = self.options = replace(self.options, ssh_listen=(w.address, port),
+                                   cluster_advertise=f"{w.address}:{port}")
         self.sampler = Sampler(o)
         self.last_inv = self.sample()
         self.runtime = ClusterRuntime(o, w.identity, self.dispatcher, lambda: self.last_inv)
@@ -236,10 +238,13 @@ class SimMember:
             return {"job_id": job_id}
 
         self.dispatcher.register("job.dispatch", dispatch)
-        self.server = await start_ssh_server(self, None)
-
-        await self.peers.call(w.leader() or "m1", "cluster.join", name=self.name,
-                              address=o.cluster_advertise, score=1.0, timeout=60)
+        try:
+            await self.peers.call(w.leader() or "m1", "cluster.join", name=self.name,
+                                  address=o.cluster_advertise, score=1.0, timeout=60)
+        except Exception:
+            self.server.close()
+            self.peers.close()
+            raise
         self.agent.start()
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self._sample_loop()),
@@ -606,9 +611,17 @@ def server_pid(host: Any) -> int:
     return host.proc.pid
 
 
-def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argparse.Namespace) -> dict[str, Any]:
+def current_leader(hosts: list[Any]) -> Any:
+    while (name := leader_of(hosts)) is None:
+        time.sleep(0.2)
+    return next(h for h in hosts if h.config["SERVER_NAME"] == name)
+
+
+def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: argparse.Namespace) -> dict[str, Any]:
     gen = [w.proc.pid for w in workers] + [os.getpid()]
     time.sleep(2 * 5 + 1)  # two report rounds at the new size
+    leader = current_leader(hosts)
+    leader_pid = server_pid(leader)
     spy = None
     if args.profile:
         # The scheduler's stacks over the steady window and the burst (py-spy, raw).
@@ -618,7 +631,8 @@ def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argp
     c0, g0, w0 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
     per = args.rate / len(workers)
     t_start = time.time()
-    all_do(workers, "steady", rate=per, seconds=args.steady)
+    sent = all_do(workers, "steady", rate=per, seconds=args.steady)
+    moved = current_leader(hosts) is not leader
     c1, g1, w1 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
     st = all_do(workers, "stats", wait=60.0)
     placed = [x for s in st for x in s["placed"]]
@@ -628,6 +642,7 @@ def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argp
     time.sleep(max(JOB_SECONDS) + 2)  # the steady jobs end: the burst has free capacity
     bursts = all_do(workers[:1], "burst", n=args.burst, wait=180.0)[0]
     starts = bursts["starts"]
+    steady = {k: sum(a[k] for a in sent) for k in ("submitted", "failed")}
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
@@ -644,7 +659,10 @@ def measure(workers: list[WorkerProc], leader_pid: int, members: int, args: argp
         "burst_tasks_started": len(starts), "burst_started_per_s": burst_rate,
         "burst_all_running_s": (starts[-1] - bursts["sent"]) if starts else float("nan"),
         "report_p50_ms": 1000 * pct(reports, 50), "report_p99_ms": 1000 * pct(reports, 99),
-        "reports": len(reports),
+        "reports": len(reports), "submissions": steady["submitted"],
+        "submissions_failed": steady["failed"],
+        # The scheduler role moved during the steady window (its CPU is then partial).
+        "scheduler_moved": moved or current_leader(hosts) is not leader,
     }
 
 
@@ -706,9 +724,7 @@ def main() -> int:
                   f"({sum(g['members'] for g in got)} joined; {[g['errors'] for g in got]})",
                   file=sys.stderr)
             have = size
-            name = leader_of(hosts)
-            leader = next(h for h in hosts if h.config["SERVER_NAME"] == name)
-            row = measure(workers, server_pid(leader), size, args)
+            row = measure(workers, hosts, size, args)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
         if not args.no_failover:
