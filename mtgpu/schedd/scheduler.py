@@ -110,6 +110,8 @@ class Scheduler:
         #: Running jobs' allocations, kept while their placement record is the same.
         self._allocs: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
         self._last_snapshot: Any = None
+        #: How long the last pass computed (its snapshot and placements), in seconds.
+        self.pass_cost = 0.0
 
     # -------------------------------------------------------------- state
 
@@ -261,7 +263,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - a failed commit is retried next time
                 log.exception("checking for lost members failed")
             await self._defer_to_submissions()
-            began = time.monotonic()
+            self.pass_cost = 0.0
             try:
                 await self.run_pass(wait=False)
             except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
@@ -269,8 +271,10 @@ class Scheduler:
                 await asyncio.sleep(1)
             # Every submission and every job end kicks the loop. Let a burst of kicks
             # gather into one pass, and leave requests at least as much time as the
-            # pass took, so passes over a long queue cannot starve the API.
-            await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
+            # pass computed, so passes over a long queue cannot starve the API. (Not
+            # the time its placements took to commit: the loop served requests then,
+            # and waiting that long again only delayed the next jobs.)
+            await asyncio.sleep(max(MIN_PASS_INTERVAL, self.pass_cost))
 
     async def check_lost(self) -> list[str]:
         """Mark members silent past ``lost_after`` down and end or requeue their jobs.
@@ -326,7 +330,9 @@ class Scheduler:
             self.pending_info = {}
             return 0
         now = self.clock()
+        began = time.monotonic()
         result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
+        self.pass_cost = time.monotonic() - began
         self.pending_info = dict(result.pending)
         term = self.term()
         for p in result.placements:
