@@ -350,6 +350,8 @@ class Scheduler:
                     self._enqueue(job)  # not placed after all: it waits for the next pass
             elif "error" not in r and job is not None:
                 jobs.append(job)
+        if len(result.placements) >= self.policy.max_placements:
+            self.kick()  # the pass stopped at its bound: the next one places the rest
         tasks = [asyncio.ensure_future(self._start(job, term)) for job in jobs]
         self._starting.update(tasks)
         for t in tasks:

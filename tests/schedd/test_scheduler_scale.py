@@ -131,3 +131,32 @@ def test_a_leader_with_peers_does_not_wake_its_tick_for_uncommitted_entries() ->
     store.sync.otherNodes = {"m2", "m3"}  # others joined: their acknowledgements commit
     store._commit_alone()
     assert store.sync._SyncObj__pipeNotifier.woken == 1
+
+
+def test_a_pass_stopped_at_its_bound_asks_for_the_next_one() -> None:
+    from mtgpu.schedd.queue import QueuePolicy
+
+    table = JobTable()
+    started: list[str] = []
+
+    async def dispatch(job, term):
+        started.append(job["job_id"])
+
+    s = Scheduler(table, apply, dispatch, term=lambda: 1, policy=QueuePolicy(max_placements=2))
+    s.report(inv("a"))
+
+    async def go() -> None:
+        spec = parse_job_file("#!/bin/bash\n#MTGPU cpus=1 ram=1G array=0-4\ntrue\n", default_workdir="/h")
+        r = await apply(table.submit, {"user": "ann", "uid": 20001, "name": spec.name,
+                                       "spec": spec_to_dict(spec), "workdir": "/h"}, [0, 1, 2, 3, 4],
+                        1.0, None)
+        s.accepted(r["tasks"])
+        s._kick.clear()
+        assert await s.run_pass() == 2 and s._kick.is_set()
+        s._kick.clear()
+        assert await s.run_pass() == 2 and s._kick.is_set()
+        s._kick.clear()
+        assert await s.run_pass() == 1 and not s._kick.is_set()
+        assert len(started) == 5
+
+    asyncio.run(go())
