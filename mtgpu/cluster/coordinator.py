@@ -131,6 +131,7 @@ class Coordinator:
         self._down_since: dict[str, float] = {}
         self._changed: dict[str, float] = {}
         self._undialable: dict[str, float] = {}
+        self._nodes: dict[str, Any] = {}
 
     def is_leader(self) -> bool:
         return bool(self.sync is not None and self.sync._isLeader())
@@ -279,12 +280,17 @@ class Coordinator:
         from pysyncobj.node import Node
 
         out = []
+        nodes = self._nodes
         for m in self.members.all():
             name = m["name"]
             if name == self.name:
                 up = True
             else:
-                up = bool(self.sync.isNodeConnected(Node(name)))
+                # One Node per member, kept: this runs every second over every member.
+                node = nodes.get(name)
+                if node is None:
+                    node = nodes[name] = Node(name)
+                up = bool(self.sync.isNodeConnected(node))
                 if m["role"] != "voter":
                     up = up and now - self.reported.get(name, float("-inf")) <= self.report_window
             if up:

@@ -93,13 +93,11 @@ def layout(members: Members) -> dict[str, Any]:
     """
     names = sorted(members.members)
     recs = members.homes
-    shares: dict[str, list[str]] = {n: [] for n in names}
-    for a in names:
-        for b in names:
-            if a == b:
-                continue
-            if b in (recs.get(a) or {}).get("shares", ()) and a in (recs.get(b) or {}).get("shares", ()):
-                shares[a].append(b)
+    # Each member's own list as a set: the cost is the markers recorded, not the
+    # square of the members (a thousand members start jobs with this).
+    seen = {n: set((recs.get(n) or {}).get("shares", ())) for n in names}
+    shares: dict[str, list[str]] = {a: sorted(b for b in seen[a] if b != a and a in seen.get(b, ()))
+                                    for a in names}
     if any(not (recs.get(n) or {}).get("token") for n in names):
         kind = "unknown"
     elif all(len(s) == len(names) - 1 for s in shares.values()):
@@ -113,11 +111,12 @@ def layout(members: Members) -> dict[str, Any]:
 
 def workdir_help(members: Members, node: str, root: str, workdir: str) -> str:
     """What to tell the owner of a job whose ``workdir`` is missing on ``node``."""
-    lay = layout(members)
     others = [n for n in sorted(members.members) if n != node]
     if not others:
         return ""
-    shared = set(lay["shares"].get(node, ()))
+    recs = members.homes
+    shared = {b for b in (recs.get(node) or {}).get("shares", ())
+              if b != node and b in members.members and node in (recs.get(b) or {}).get("shares", ())}
     inside = os.path.normpath(workdir) == os.path.normpath(root) or \
         os.path.normpath(workdir).startswith(os.path.normpath(root).rstrip("/") + "/")
     if shared != set(others):

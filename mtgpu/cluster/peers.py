@@ -24,6 +24,10 @@ from mtgpu.errors import ApiError
 
 log = logging.getLogger("mtgpu.cluster")
 
+#: Connections being opened at once. A new scheduler dials the members it starts jobs
+#: on; a thousand handshakes at once on a busy host would each miss their timeout.
+MAX_DIALS = 16
+
 
 class _Link:
     def __init__(self, conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess) -> None:
@@ -52,6 +56,7 @@ class PeerClient:
         self._links: dict[str, _Link] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._ids = itertools.count(1)
+        self._dials: asyncio.Semaphore | None = None
 
     async def connection(self, target: str, address: str | None = None) -> asyncssh.SSHClientConnection:
         return (await self._link(target, address)).conn
@@ -68,9 +73,12 @@ class PeerClient:
             addr = address or self.address_of(target)
             if addr is None:
                 raise ApiError(f"no address is known for member {target!r}", "unreachable")
+            if self._dials is None:
+                self._dials = asyncio.Semaphore(MAX_DIALS)
             try:
-                conn = await connect_peer(addr, self.identity, self.my_name, self.state_dir)
-                proc = await conn.create_process(subsystem="mtgpu-peer", encoding=None)
+                async with self._dials:
+                    conn = await connect_peer(addr, self.identity, self.my_name, self.state_dir)
+                    proc = await conn.create_process(subsystem="mtgpu-peer", encoding=None)
             except asyncssh.HostKeyNotVerifiable as exc:
                 log.warning("member %s at %s is not of this cluster: its host certificate is not "
                             "signed by this cluster's CA (another CLUSTER_ID or CLUSTER_KEY)",

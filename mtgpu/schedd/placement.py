@@ -34,7 +34,6 @@ indexed path against.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 from bisect import bisect_left, insort
@@ -300,19 +299,20 @@ class Plan:
 
         Measured use in it is the plan's estimate (measured plus what was placed).
         """
-        layout, use = self.layout, self.use
-        nodes = []
-        for i, name in enumerate(layout.names):
-            gpus = tuple(GpuSnapshot(index=layout.gpu_index[g], brand=layout.gpu_brand[g],
-                                     type=layout.gpu_type[g], vram_total=layout.gpu_total[g],
-                                     vram_used=use.gpu_used[g], vram_committed=use.gpu_committed[g],
-                                     exclusive_job=use.gpu_holder[g], shared_jobs=use.gpu_shared[g])
-                         for g in layout.node_gpus[i])
-            nodes.append(NodeSnapshot(name=name, cpus=layout.cpus[i], ram_total=layout.ram_total[i],
-                                      gpus=gpus, ram_used=use.ram_used[i],
-                                      cpus_committed=layout.cpus[i] - use.cpus_free[i],
-                                      ram_committed=use.ram_committed[i], state=layout.states[i]))
+        nodes = [self._node_snapshot(i) for i in range(len(self.layout))]
         return ClusterSnapshot(nodes=tuple(nodes), running=self.snapshot.running + tuple(new))
+
+    def _node_snapshot(self, i: int) -> NodeSnapshot:
+        layout, use = self.layout, self.use
+        gpus = tuple(GpuSnapshot(index=layout.gpu_index[g], brand=layout.gpu_brand[g],
+                                 type=layout.gpu_type[g], vram_total=layout.gpu_total[g],
+                                 vram_used=use.gpu_used[g], vram_committed=use.gpu_committed[g],
+                                 exclusive_job=use.gpu_holder[g], shared_jobs=use.gpu_shared[g])
+                     for g in layout.node_gpus[i])
+        return NodeSnapshot(name=layout.names[i], cpus=layout.cpus[i], ram_total=layout.ram_total[i],
+                            gpus=gpus, ram_used=use.ram_used[i],
+                            cpus_committed=layout.cpus[i] - use.cpus_free[i],
+                            ram_committed=use.ram_committed[i], state=layout.states[i])
 
     def fits(self, placement: Placement) -> bool:
         """True if this exact placement (members and GPU indices) fits the plan now."""
@@ -527,6 +527,10 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
 
 
 _BASE_ATTR = "_mtgpu_base_plan"
+#: The measured nodes a snapshot_with_allocations snapshot was made from.
+_INPUTS_ATTR = "_mtgpu_inputs"
+#: Per member with allocations: (measured node, its allocations, the node as committed).
+_MADE_ATTR = "_mtgpu_made"
 
 
 def _base_plan(snapshot: ClusterSnapshot) -> Plan:
@@ -539,17 +543,77 @@ def _base_plan(snapshot: ClusterSnapshot) -> Plan:
     return base
 
 
-def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequence[Allocation]) -> ClusterSnapshot:
+def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequence[Allocation], *,
+                              previous: ClusterSnapshot | None = None) -> ClusterSnapshot:
     """A snapshot whose committed figures are those of ``allocations`` on top of ``nodes``.
 
     For the daemon, which knows the allocations from the replicated state and measured
     use from heartbeats: measured use in ``nodes`` is kept as it is (it already shows the
     running work), and CPUs, RAM, VRAM and GPU holders are committed per allocation.
+
+    The plan that placing needs is built here once and kept with the snapshot. With
+    ``previous`` (the last snapshot made this way), what depends only on the members'
+    hardware and states (the layout and its caches) is taken over when those are
+    unchanged, and members without allocations keep their ``NodeSnapshot`` objects:
+    on a thousand members a scheduling pass then costs what changed, not the cluster.
     """
-    plan = Plan._build(ClusterSnapshot(nodes=tuple(nodes)))
+    nodes = tuple(nodes)
+    measured = ClusterSnapshot(nodes=nodes)
+    old: Plan | None = previous.__dict__.get(_BASE_ATTR) if previous is not None else None
+    old_inputs = previous.__dict__.get(_INPUTS_ATTR) if previous is not None else None
+    plan = Plan.__new__(Plan)
+    plan.snapshot = measured
+    if old is not None and old_inputs is not None and _same_layout(old.layout, old_inputs, nodes):
+        plan.layout, plan._ever, plan._static = old.layout, old._ever, old._static
+    else:
+        plan.layout, plan._ever, plan._static = Layout(measured), {}, {}
+    plan.use = Usage(measured)
+    plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
+    plan._idle, plan._vram, plan._cpu = {}, {}, None
+    on: dict[int, list[Allocation]] = {}
+    index_of = plan.layout.index_of
     for alloc in allocations:
         plan._apply(alloc.placement, 1, estimate=False)
-    return dataclasses.replace(plan.to_snapshot(), running=tuple(allocations))
+        for m in alloc.placement.members:
+            on.setdefault(index_of[m.node], []).append(alloc)
+    out = list(nodes)
+    # A member's committed snapshot is made again only when its report or its
+    # allocations changed since ``previous``.
+    made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] = {}
+    kept = previous.__dict__.get(_MADE_ATTR, {}) if previous is not None else {}
+    for i, allocs in on.items():
+        node = nodes[i]
+        was = kept.get(node.name)
+        if (was is not None and was[0] is node and len(was[1]) == len(allocs)
+                and all(a is b for a, b in zip(was[1], allocs))):
+            out[i] = was[2]
+        else:
+            out[i] = plan._node_snapshot(i)
+        made[node.name] = (node, allocs, out[i])
+    snapshot = ClusterSnapshot(nodes=tuple(out), running=tuple(allocations))
+    # The plan's figures are those the snapshot shows, so it is the snapshot's own.
+    plan.snapshot = snapshot
+    object.__setattr__(snapshot, _BASE_ATTR, plan)
+    object.__setattr__(snapshot, _INPUTS_ATTR, nodes)
+    object.__setattr__(snapshot, _MADE_ATTR, made)
+    return snapshot
+
+
+def _same_layout(layout: Layout, old: tuple[NodeSnapshot, ...], new: tuple[NodeSnapshot, ...]) -> bool:
+    """Whether ``new`` has the members, hardware and states ``layout`` was built from."""
+    if len(old) != len(new):
+        return False
+    for a, b in zip(old, new):
+        if a is b:
+            continue
+        if (a.name != b.name or a.cpus != b.cpus or a.ram_total != b.ram_total
+                or a.state is not b.state or len(a.gpus) != len(b.gpus)):
+            return False
+        for g, h in zip(a.gpus, b.gpus):
+            if (g.index != h.index or g.vram_total != h.vram_total or g.type != h.type
+                    or g.brand != h.brand):
+                return False
+    return True
 
 
 def place(snapshot: ClusterSnapshot | Plan, job: PendingJob, now: float = 0.0) -> Placement | Reason:

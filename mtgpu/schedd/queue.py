@@ -63,6 +63,10 @@ class QueuePolicy:
     #: fail when what blocks a job is not work MTGPU placed (a process outside MTGPU
     #: holding VRAM); each try walks the running work, so the tries are few.
     reserve_attempts: int = 3
+    #: Jobs one pass places at most (Slurm's ``sched_max_job_start``): a burst of a
+    #: thousand tasks is placed over a few passes, so no pass holds the scheduler's
+    #: loop long enough to delay its Raft heartbeats into an election.
+    max_placements: int = 256
 
 
 @dataclass(frozen=True)
@@ -419,7 +423,7 @@ def schedule_pass(snapshot: ClusterSnapshot, queue: PendingQueue, now: float,
     complete = True
     position = 1  # among the entries still pending after this pass
     for entry in queue.entries():
-        if examined >= policy.max_examined:
+        if examined >= policy.max_examined or len(state.placements) >= policy.max_placements:
             complete = False
             break
         examined += 1
@@ -434,6 +438,9 @@ def schedule_pass(snapshot: ClusterSnapshot, queue: PendingQueue, now: float,
         placed = 0
         task_id = None
         for task in entry.pending_tasks():
+            if len(state.placements) >= policy.max_placements:
+                complete = False
+                break
             task_id = task.job_id
             limit = task.array_limit
             if limit is not None and state.array_running[entry.key] >= limit:

@@ -30,12 +30,20 @@ log = logging.getLogger("mtgpu.schedd")
 #: The shortest time between two scheduling passes, in seconds (Slurm's
 #: sched_min_interval plays this part).
 MIN_PASS_INTERVAL = 0.02
+#: After a pass, the loop waits this many times as long as the pass computed, so that
+#: passes take at most a fifth of the scheduler's time however large the cluster
+#: (on a thousand members a pass computes for about 8 ms, and every submission and
+#: every job end asks for one).
+PASS_SHARE_WAIT = 4.0
 #: A pass waits for submissions to pause this long (seconds)...
 SUBMIT_QUIET = 0.01
 #: ...but never longer than this in all.
 MAX_DEFER = 1.0
-#: Placed jobs being started at once by one pass.
+#: Placed jobs being started at once on one member (a start forks a supervisor there).
 DISPATCH_CONCURRENCY = 8
+#: Placed jobs being started at once in all: starts on other members mostly wait on
+#: the network, so a burst on a large cluster starts many members' jobs side by side.
+DISPATCH_TOTAL = 256
 
 Replicate = Callable[..., Awaitable[Any]]
 Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
@@ -88,6 +96,8 @@ class Scheduler:
         #: Starts in flight (placed and journaled; the member is starting them).
         self._starting: set[asyncio.Task[None]] = set()
         self._gate: asyncio.Semaphore | None = None
+        #: One gate per member (its first member, for a multi-node job).
+        self._member_gates: dict[str, asyncio.Semaphore] = {}
         self._last_submit = 0.0
         self._feasible: dict[ResourceRequest, Any] = {}
         self._seen_version = 0
@@ -99,6 +109,14 @@ class Scheduler:
         #: A member silent for this long is lost: its jobs end NODE_FAIL or are
         #: requeued. None: never (a standalone host is its own only member).
         self.lost_after: float | None = None
+        #: Each member's snapshot from its latest report, made when a pass first needs it.
+        self._node_snaps: dict[str, NodeSnapshot] = {}
+        self._names: list[str] = []
+        #: Running jobs' allocations, kept while their placement record is the same.
+        self._allocs: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
+        self._last_snapshot: Any = None
+        #: How long the last pass computed (its snapshot and placements), in seconds.
+        self.pass_cost = 0.0
 
     # -------------------------------------------------------------- state
 
@@ -106,6 +124,9 @@ class Scheduler:
         """A member's inventory and measured use (from its sampler or a peer)."""
         old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
+        self._node_snaps.pop(inv.name, None)
+        if old is None:
+            self._names = sorted(self.nodes)
         self.last_report[inv.name] = self.clock()
         if self.node_state.get(inv.name) is NodeState.DOWN:
             del self.node_state[inv.name]
@@ -150,21 +171,43 @@ class Scheduler:
         return state
 
     def snapshot(self):  # type: ignore[no-untyped-def]
-        nodes = [node_snapshot(inv, self.state_of(name))
-                 for name, inv in sorted(self.nodes.items())]
+        """The cluster now: members from their latest reports, running jobs committed.
+
+        Work is done only for what changed since the last call: a member's snapshot is
+        made once per report (or state change), a job's allocation once per placement,
+        and the placement layout is kept while members' hardware and states stay.
+        """
+        if len(self._names) != len(self.nodes):
+            self._names = sorted(self.nodes)
+        nodes = []
+        for name in self._names:
+            state = self.state_of(name)
+            snap = self._node_snaps.get(name)
+            if snap is None or snap.state is not state:
+                snap = self._node_snaps[name] = node_snapshot(self.nodes[name], state)
+            nodes.append(snap)
         allocs = []
-        known = {n.name for n in nodes}
+        cache: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
+        known = self.nodes
         for j in self.table.running():
-            if j["placement"]:
-                if any(m["node"] not in known for m in j["placement"]["members"]):
+            placement = j["placement"]
+            if placement:
+                if any(m["node"] not in known for m in placement["members"]):
                     # A member that has not reported to this scheduler yet (just after a
                     # failover): its work is counted once it reports.
                     continue
                 tl = j["spec"].get("time_limit")
                 start = j.get("placed_time") or j["submit_time"]
-                allocs.append(Allocation(placement_from_dict(j["placement"]),
-                                         start + tl if tl else None, j["array_id"]))
-        return snapshot_with_allocations(nodes, allocs)
+                end = start + tl if tl else None
+                got = self._allocs.get(j["job_id"])
+                if got is None or got[0] is not placement or got[1] != end or got[2] != j["array_id"]:
+                    got = (placement, end, j["array_id"],
+                           Allocation(placement_from_dict(placement), end, j["array_id"]))
+                cache[j["job_id"]] = got
+                allocs.append(got[3])
+        self._allocs = cache
+        self._last_snapshot = snapshot_with_allocations(nodes, allocs, previous=self._last_snapshot)
+        return self._last_snapshot
 
     def check_submit(self, request: ResourceRequest) -> None:
         """Refuse at once what no member could ever run.
@@ -225,16 +268,18 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - a failed commit is retried next time
                 log.exception("checking for lost members failed")
             await self._defer_to_submissions()
-            began = time.monotonic()
+            self.pass_cost = 0.0
             try:
                 await self.run_pass(wait=False)
             except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
                 log.exception("scheduling pass failed")
                 await asyncio.sleep(1)
             # Every submission and every job end kicks the loop. Let a burst of kicks
-            # gather into one pass, and leave requests at least as much time as the
-            # pass took, so passes over a long queue cannot starve the API.
-            await asyncio.sleep(max(MIN_PASS_INTERVAL, time.monotonic() - began))
+            # gather into one pass, and leave requests more time than the pass
+            # computed, so passes over a long queue or a large cluster cannot starve
+            # the API. (Not the time its placements took to commit: the loop served
+            # requests then, and waiting that long again only delayed the next jobs.)
+            await asyncio.sleep(max(MIN_PASS_INTERVAL, PASS_SHARE_WAIT * self.pass_cost))
 
     async def check_lost(self) -> list[str]:
         """Mark members silent past ``lost_after`` down and end or requeue their jobs.
@@ -290,7 +335,9 @@ class Scheduler:
             self.pending_info = {}
             return 0
         now = self.clock()
+        began = time.monotonic()
         result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
+        self.pass_cost = time.monotonic() - began
         self.pending_info = dict(result.pending)
         term = self.term()
         for p in result.placements:
@@ -308,6 +355,8 @@ class Scheduler:
                     self._enqueue(job)  # not placed after all: it waits for the next pass
             elif "error" not in r and job is not None:
                 jobs.append(job)
+        if len(result.placements) >= self.policy.max_placements:
+            self.kick()  # the pass stopped at its bound: the next one places the rest
         tasks = [asyncio.ensure_future(self._start(job, term)) for job in jobs]
         self._starting.update(tasks)
         for t in tasks:
@@ -321,9 +370,14 @@ class Scheduler:
     async def _start(self, job: dict[str, Any], term: int) -> None:
         """Start one placed job; a failed start fails that job only."""
         if self._gate is None:
-            self._gate = asyncio.Semaphore(DISPATCH_CONCURRENCY)
+            self._gate = asyncio.Semaphore(DISPATCH_TOTAL)
+        members = (job.get("placement") or {}).get("members") or [{"node": ""}]
+        node = members[0]["node"]
+        gate = self._member_gates.get(node)
+        if gate is None:
+            gate = self._member_gates[node] = asyncio.Semaphore(DISPATCH_CONCURRENCY)
         try:
-            async with self._gate:
+            async with self._gate, gate:
                 await self.dispatch(job, term)
         except asyncio.CancelledError:
             raise

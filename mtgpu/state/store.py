@@ -158,7 +158,13 @@ class StateStore:
         # nothing wakes the tick thread in between: it would sleep a whole tick period
         # (50 ms) per commit. Wake it when entries wait. Uses PySyncObj 0.3.17 internals,
         # which is why the version is pinned.
+        # A member that founded its cluster alone keeps this callback when others
+        # join; from then on a commit waits for their acknowledgements, and waking
+        # the tick thread for each waiting entry only spins it (most of a core on a
+        # busy scheduler).
         s = self.sync
+        if s.otherNodes:
+            return
         if s._SyncObj__getCurrentLogIndex() > s._SyncObj__raftCommitIndex:
             notifier = getattr(s, "_SyncObj__pipeNotifier", None)
             if notifier is not None:

@@ -94,3 +94,25 @@ def test_removed_member_drops_out_of_the_layout(tmp_path: Path) -> None:
     settle(probes[:1])
     assert layout(m) == {"homes": "shared", "shares": {"a": []}}
     assert "b" not in m.homes
+
+
+def test_layout_and_workdir_help_agree_with_the_pairwise_rule_on_many_members() -> None:
+    """Two members share homes when each lists the other; checked against every pair."""
+    import random
+
+    rng = random.Random(7)
+    names = [f"n{i:03d}" for i in range(120)]
+    m = members(*names)
+    groups = [names[i:i + 30] for i in range(0, 120, 30)]
+    for g in groups:
+        for n in g:
+            seen = [o for o in g if o != n and rng.random() < 0.9]
+            seen += rng.sample(names, 2) + ["gone"]  # one-sided claims, a removed member
+            m.set_homes(n, "t" + n, seen, 0.0, _doApply=True)
+    lay = layout(m)
+    for a in names:
+        want = [b for b in names if b != a and b in m.homes[a]["shares"] and a in m.homes[b]["shares"]]
+        assert lay["shares"][a] == want
+    assert lay["homes"] == "mixed"
+    alone = next(a for a in names if len(lay["shares"][a]) < 119)
+    assert "does not share TENANT_HOME_ROOT with" in workdir_help(m, alone, "/home", "/home/x/w")

@@ -344,3 +344,47 @@ def test_candidate_limit_still_finds_a_rare_fit() -> None:
     nodes.append(node("ok", gpus(1), cpus=8))
     got = place(ClusterSnapshot(nodes=tuple(nodes)), job(gpus=1, cpus=4))
     assert isinstance(got, Placement) and got.nodes == ("ok",)
+
+
+def _committed_view(snap: ClusterSnapshot) -> list[tuple[Any, ...]]:
+    return [(n.name, n.state, n.cpus_committed, n.ram_committed, n.ram_used,
+             tuple(sorted((g.index, g.vram_used, g.vram_committed, g.exclusive_job, g.shared_jobs)
+                          for g in n.gpus))) for n in snap.nodes]
+
+
+def test_snapshot_from_the_previous_one_equals_a_fresh_one() -> None:
+    """Made from the last snapshot (as the scheduler does every pass), a snapshot shows
+    exactly what one made from scratch shows, and places the same way; the layout is
+    taken over only while members' hardware and states stay the same."""
+    nodes = [node(f"n{i}", gpus(4, used=i % 3), ram_used=i) for i in range(6)]
+    x = Allocation(Placement("x", EXCL, (MemberPlacement("n1", 0, (0,), 4, 8 * G),)), 100.0)
+    y = Allocation(Placement("y", SHARED, (MemberPlacement("n2", 0, (1,), 2, 4 * G, 10 * G),)), None)
+    first = snapshot_with_allocations(nodes, [x])
+    # n2 reports anew (more measured use) and y starts there.
+    nodes2 = list(nodes)
+    nodes2[2] = node("n2", gpus(4, used=7), ram_used=9)
+    second = snapshot_with_allocations(nodes2, [x, y], previous=first)
+    fresh = snapshot_with_allocations(nodes2, [x, y])
+    assert _committed_view(second) == _committed_view(fresh)
+    assert Plan(second).layout is Plan(first).layout
+    assert second.nodes[1] is first.nodes[1]  # n1: same report, same allocations
+    for k in range(8):
+        want = job(f"j{k}", gpus=2, gpu_mode=SHARED, vram=40)
+        got, ref = place(second, want), place(fresh, want)
+        assert got == ref
+    # x ends: n1 shows no holder again.
+    third = snapshot_with_allocations(nodes2, [y], previous=second)
+    assert _committed_view(third) == _committed_view(snapshot_with_allocations(nodes2, [y]))
+    assert third.nodes[1].gpus[0].exclusive_job is None
+    # A drained member or new hardware is a new layout.
+    nodes4 = list(nodes2)
+    nodes4[0] = node("n0", gpus(4), state=NodeState.DRAIN)
+    fourth = snapshot_with_allocations(nodes4, [y], previous=third)
+    assert Plan(fourth).layout is not Plan(third).layout
+    assert not isinstance(place(fourth, job("k", gpus=4, servers=("n0",))), Placement)
+    assert isinstance(place(third, job("k", gpus=4, servers=("n0",))), Placement)
+    nodes5 = list(nodes2)
+    nodes5[3] = node("n3", gpus(8))
+    fifth = snapshot_with_allocations(nodes5, [y], previous=third)
+    assert Plan(fifth).layout is not Plan(third).layout
+    assert isinstance(place(fifth, job("big", gpus=8)), Placement)

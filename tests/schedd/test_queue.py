@@ -257,6 +257,26 @@ def test_max_examined() -> None:
     assert len(r.placements) == 1 and set(r.pending) == {"j1", "j2", "j3"}
 
 
+def test_max_placements_bounds_a_pass_and_the_next_places_the_rest() -> None:
+    snap = ClusterSnapshot(nodes=tuple(node(f"n{i}", 4) for i in range(10)))
+    q = queue_of(*[task("7", i, None, gpus=1) for i in range(30)], pj("solo", submit=1, gpus=1))
+    policy = QueuePolicy(max_placements=12)
+    first = schedule_pass(snap, q, 0.0, policy)
+    assert [p.job_id for p in first.placements] == [f"7_{i}" for i in range(12)]
+    assert not first.complete and "7" not in first.pending  # not waiting: not reached yet
+    for p in first.placements:
+        q.remove(p.job_id)
+    allocs = [Allocation(p, None, "7") for p in first.placements]
+    second = schedule_pass(snapshot_with_allocations(snap.nodes, allocs), q, 0.0, policy)
+    assert [p.job_id for p in second.placements] == [f"7_{i}" for i in range(12, 24)]
+    for p in second.placements:
+        q.remove(p.job_id)
+    allocs += [Allocation(p, None, "7") for p in second.placements]
+    third = schedule_pass(snapshot_with_allocations(snap.nodes, allocs), q, 0.0, policy)
+    assert [p.job_id for p in third.placements] == [f"7_{i}" for i in range(24, 30)] + ["solo"]
+    assert third.complete and not third.pending
+
+
 def test_a_bigger_request_of_the_same_kind_is_refused_without_a_search() -> None:
     snap = cluster([node("a", 2, cpus=4)], [running("r", "a", (0, 1), None)])
     q = queue_of(pj("head", gpus=1), pj("x", submit=1, gpus=1, cpus=2), pj("y", submit=2, gpus=2, cpus=1))
