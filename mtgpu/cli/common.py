@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +30,17 @@ def client(args: argparse.Namespace) -> Any:
     from mtgpu.api.client import ApiClient, socket_path_from_config
 
     return ApiClient(socket_path_from_config(getattr(args, "config", None)))
+
+
+def tenant_client(args: argparse.Namespace, timeout: float = 60.0) -> Any:
+    """A tenant's client: the socket their session was given (``MTGPU_API_SOCKET``), with
+    ``timeout``; with ``--config`` or without that variable, :func:`client`'s."""
+    from mtgpu.api.client import ApiClient
+
+    path = os.environ.get("MTGPU_API_SOCKET")
+    if getattr(args, "config", None) or not path:
+        return client(args)
+    return ApiClient(path, timeout=timeout)
 
 
 def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str] | str | None = None) -> None:

@@ -16,18 +16,11 @@ import shutil
 import sys
 from typing import Any
 
-from mtgpu.cli.common import add_common, client, emit, run_cli, table
+from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
 
 PROG = "mt-container"
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from mtgpu.api.client import ApiClient
-
-    path = os.environ.get("MTGPU_API_SOCKET")
-    if getattr(args, "config", None) or not path:
-        return client(args)
-    return ApiClient(path, timeout=900)
 
 
 def _size(n: int | None) -> str:
@@ -352,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not hasattr(args, "json"):
         args.json = False
-    return run_cli(PROG, lambda: COMMANDS[args.cmd](args, _client(args)))
+    return run_cli(PROG, lambda: COMMANDS[args.cmd](args, tenant_client(args, timeout=900)))
 
 
 if __name__ == "__main__":

@@ -19,15 +19,6 @@ OVERRIDES = ("gpus", "gpu_mode", "vram", "cpus", "ram", "container", "nodes", "a
              "server", "name", "priority", "time", "output", "error", "workdir", "requeue")
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from mtgpu.api.client import ApiClient
-
-    path = os.environ.get("MTGPU_API_SOCKET")
-    if getattr(args, "config", None) or not path:
-        from mtgpu.api.client import socket_path_from_config
-
-        path = socket_path_from_config(getattr(args, "config", None))
-    return ApiClient(path)
 
 
 def _print_json(data: Any) -> None:
@@ -227,10 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from mtgpu.cli.common import tenant_client
     from mtgpu.errors import ApiError, MtgpuError
 
     try:
-        api = _client(args)
+        api = tenant_client(args)
         return {"submit": cmd_submit, "list": cmd_list, "show": cmd_show, "cancel": cmd_cancel,
                 "logs": cmd_logs, "nodes": cmd_nodes}[args.cmd](args, api)
     except ApiError as exc:

@@ -14,23 +14,16 @@ import subprocess
 import sys
 from typing import Any
 
-from mtgpu.cli.common import add_common, client, emit, run_cli, table
+from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
 
 PROG = "mt-python"
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from mtgpu.api.client import ApiClient
-
-    path = os.environ.get("MTGPU_API_SOCKET")
-    if getattr(args, "config", None) or not path:
-        return client(args)
-    return ApiClient(path, timeout=30)
 
 
 def interpreters(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The published interpreters that work (broken ones are the admin's to fix)."""
-    return [i for i in _client(args).call("published")["interpreters"] if i["ok"]]
+    return [i for i in tenant_client(args, timeout=30).call("published")["interpreters"] if i["ok"]]
 
 
 def pick(found: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
