@@ -35,7 +35,7 @@ from mtgpu.api import users as user_api
 from mtgpu.api import servers as server_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
-from mtgpu.api.jobs import submitted_image
+from mtgpu.api.jobs import directive_container, submitted_image
 from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
@@ -429,7 +429,8 @@ class Daemon:
                     return await r if asyncio.iscoroutine(r) else r
                 if op == "job.submit":
                     # The tenant's image is looked up here, where they submit it.
-                    src = await submitted_image(self, caller, args)
+                    src = await submitted_image(self, caller, args, directive_container(
+                        arg(args, "script", str), arg(args, "overrides", dict, {})))
                     if src is not None:
                         args = {**args, "container_source": src}
                 leader = cluster.leader()

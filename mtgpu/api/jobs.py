@@ -45,14 +45,15 @@ def container_source(args: dict[str, Any]) -> dict[str, Any]:
     return src
 
 
-async def submitted_image(host: JobHost, caller: Caller, args: dict[str, Any]) -> dict[str, Any] | None:
-    """For a containerized job: its image, checked and looked up where the tenant
-    submits it (relayed submissions carry what the first member found)."""
+async def submitted_image(host: JobHost, caller: Caller, args: dict[str, Any],
+                          ref: str | None) -> dict[str, Any] | None:
+    """For a containerized job (``ref``: its ``container=``): its image, checked and
+    looked up where the tenant submits it (relayed submissions carry what the first
+    member found)."""
     from mtgpu.workspaces.types import WorkspaceError
 
     if caller.via == "forwarded":
         return container_source(args)
-    ref = directive_container(arg(args, "script", str), arg(args, "overrides", dict, {}))
     if not ref:
         return None
     try:
@@ -166,7 +167,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
         record = {"user": caller.name, "uid": caller.uid, "name": spec.name,
                   "spec": spec_to_dict(spec), "workdir": spec.workdir}
         if spec.container:
-            record["container"] = await submitted_image(host, caller, args)
+            record["container"] = await submitted_image(host, caller, args, spec.container)
         r = await host.replicate(host.jobs.submit, record, tasks, time.time(), token)
         host.scheduler.accepted(r["tasks"])
         return {"job_id": r["job_id"], "tasks": len(r["tasks"]), "warnings": list(spec.warnings),
