@@ -44,7 +44,7 @@ from typing import Any
 
 from mtgpu.schedd.jobenv import JobLaunch
 from mtgpu.workspaces.podman import SYSTEM_PATH
-from mtgpu.workspaces.policy import cache_dir_name, canonical_image, check_image, published_mounts
+from mtgpu.workspaces.policy import canonical_image, check_image, tenant_mounts
 from mtgpu.workspaces.types import JOB_LABEL, SAVED_PREFIX, PodmanError, Tenant, WorkspaceError
 
 log = logging.getLogger("mtgpu.workspaces")
@@ -197,12 +197,8 @@ class JobContainers:
         argv = [self.podman, "run", "--rm", f"--name={name}", "--userns=keep-id",
                 f"--label={JOB_LABEL}={launch.job_id}", f"--annotation={JOB_LABEL}={launch.job_id}",
                 "--log-driver=none", f"--workdir={launch.workdir}", "--stop-timeout=5"]
-        home = t.home
-        argv.append(f"--volume={home}:{home}")
-        for path in c.cache_volumes:
-            argv.append(f"--volume={home}/.mtgpu/cache/{cache_dir_name(path)}:{path}")
+        argv += tenant_mounts(t, pol, c.cache_volumes)
         self.ws._cache_dirs(t)
-        argv += published_mounts(pol)
         argv += [f"--device={d}" for d in [*cdis, *nodes]]
         if c.job_network == "host":
             argv.append("--network=host")

@@ -488,14 +488,18 @@ def mount_args(spec: WorkspaceSpec, tenant: Tenant, policy: Policy,
                cache_volumes: Sequence[str]) -> list[str]:
     """The home at its own path, cache volumes, the published datasets and interpreters
     (read-only, at the same paths as on the host) and the spec's mounts."""
+    return [*tenant_mounts(tenant, policy, cache_volumes),
+            *(_mount_arg(m, policy) for m in spec.mounts)]
+
+
+def tenant_mounts(tenant: Tenant, policy: Policy, cache_volumes: Sequence[str]) -> list[str]:
+    """What every container of a tenant's gets (workspaces and containerized jobs): the
+    home at its own path, the cache volumes, the published datasets and interpreters."""
     home = tenant.home
     out = [f"--volume={home}:{home}"]
     for path in cache_volumes:
         out.append(f"--volume={home}/.mtgpu/cache/{cache_dir_name(path)}:{path}")
-    out += published_mounts(policy)
-    for m in spec.mounts:
-        out.append(_mount_arg(m, policy))
-    return out
+    return out + published_mounts(policy)
 
 
 def published_mounts(policy: Policy) -> list[str]:
