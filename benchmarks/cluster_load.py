@@ -180,10 +180,10 @@ class SimMember:
         self.report_rtts: list[tuple[float, float]] = []
 
     async def start(self) -> None:
-        from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+        from mtgpu.api.dispatcher import Dispatcher
+        from mtgpu.api.jobs import dispatch_op
         from mtgpu.cluster.runtime import ClusterRuntime
         from mtgpu.config.options import replace
-        from mtgpu.errors import ApiError
         from mtgpu.gpuinfo.sampler import Sampler
         from mtgpu.schedd.agent import Agent
         from mtgpu.schedd.jobenv import JobUser
@@ -221,23 +221,8 @@ class SimMember:
         self.agent = Agent(self.name, w.jobs, SleepRunner(asyncio.get_running_loop()),
                            self.sampler, w.replicate, user_for, address=w.address)
 
-        async def dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """As the daemon's ``job.dispatch``: the job from the replica, then the agent."""
-            if caller.via != "peer":
-                raise ApiError("only the scheduler may dispatch", "forbidden")
-            job_id, term = arg(args, "job_id", str), arg(args, "term", int)
-            deadline = time.monotonic() + 10
-            while True:
-                j = w.jobs.get(job_id)
-                if j is not None and j.get("placement") and j.get("term") == term:
-                    break
-                if time.monotonic() > deadline:
-                    raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
-                await asyncio.sleep(0.05)
-            await self.agent.dispatch(j, term)
-            return {"job_id": job_id}
-
-        self.dispatcher.register("job.dispatch", dispatch)
+        # As the daemon's: the job from the replica, then the agent.
+        self.dispatcher.register("job.dispatch", dispatch_op(w.jobs, self.agent.dispatch))
         try:
             await self.peers.call(w.leader() or "m1", "cluster.join", name=self.name,
                                   address=o.cluster_advertise, score=1.0, timeout=60)

@@ -459,26 +459,9 @@ class Daemon:
                 raise ApiError(answer["error"], answer.get("code", "error"))
             return answer["result"]
 
-        async def remote_dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """Start this member's part of a job the scheduler placed (peers only)."""
-            if caller.via != "peer":
-                raise ApiError("only the scheduler may dispatch", "forbidden")
-            job_id = arg(args, "job_id", str)
-            term = arg(args, "term", int)
-            deadline = time.monotonic() + 10
-            while True:
-                j = self.jobs.get(job_id)
-                if j is not None and j.get("placement") and j.get("term") == term:
-                    break
-                if time.monotonic() > deadline:
-                    raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
-                await asyncio.sleep(0.05)
-            assert self.agent is not None
-            await self.agent.dispatch(j, term)
-            return {"job_id": job_id}
-
         self.dispatcher.register("forward", forward)
-        self.dispatcher.register("job.dispatch", remote_dispatch)
+        assert self.agent is not None
+        self.dispatcher.register("job.dispatch", job_api.dispatch_op(self.jobs, self.agent.dispatch))
 
     async def sample(self) -> Any:
         """This member's inventory, with SIMULATED_CPUS applied."""

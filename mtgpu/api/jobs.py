@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
@@ -122,6 +124,31 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "requeues": j.get("requeues", 0), "requeue_reason": j.get("requeue_reason"),
     }
     return view
+
+
+def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitable[None]]
+                ) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """``job.dispatch``, a member's side: once this member's replica has the job placed
+    with the scheduler's term (10 s at most), ``start`` its part."""
+
+    async def dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Start this member's part of a job the scheduler placed (peers only)."""
+        if caller.via != "peer":
+            raise ApiError("only the scheduler may dispatch", "forbidden")
+        job_id = arg(args, "job_id", str)
+        term = arg(args, "term", int)
+        deadline = time.monotonic() + 10
+        while True:
+            j = table.get(job_id)
+            if j is not None and j.get("placement") and j.get("term") == term:
+                break
+            if time.monotonic() > deadline:
+                raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
+            await asyncio.sleep(0.05)
+        await start(j, term)
+        return {"job_id": job_id}
+
+    return dispatch
 
 
 def register(d: Dispatcher, host: JobHost) -> None:
