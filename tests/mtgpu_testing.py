@@ -44,6 +44,17 @@ def _uid_block() -> str:
     return f"{lo}-{lo + 99}"
 
 
+def wait_for(pred, timeout=60, what="condition", interval=0.3):
+    """``pred()``'s first true value, asked every ``interval`` s; fails after ``timeout``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mtgpu_testing import Host, Network
+from mtgpu_testing import Host, Network, wait_for
 
 KEY = "s3cret-cluster-key-0123456789"
 
@@ -30,14 +30,6 @@ def status(host) -> dict:
     return json.loads(r.stdout) if r.returncode == 0 else {}
 
 
-def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Cluster:

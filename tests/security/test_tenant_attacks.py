@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import asyncssh
 import pytest
 from figures import tally
+from mtgpu_testing import wait_for
 from security_testing import api_socket, call
 
 pytestmark = pytest.mark.root
@@ -25,13 +25,7 @@ SLEEPER = "#!/bin/sh\n#MTGPU cpus=1 name=victim\nsleep 300\n"
 
 
 def _wait(pred, timeout=30, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(pred, timeout, what, interval=0.1)
 
 
 def _job(host, tenant, jid):
