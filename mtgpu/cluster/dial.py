@@ -8,6 +8,13 @@ import asyncssh
 
 from mtgpu.cluster.identity import ClusterIdentity, peer_username
 
+#: Seconds of silence on a connection to another member before asyncssh asks whether
+#: it is still there (three unanswered asks drop it). Longer than the usage report
+#: interval, so a member's link to the scheduler never needs one; at 5 s, a scheduler
+#: with a thousand members answered and sent about 400 keepalives a second. Raft
+#: channels check their peer every second on their own (``transport``).
+PEER_KEEPALIVE = 15
+
 
 async def connect_peer(address: str, identity: ClusterIdentity, my_name: str, state_dir: str,
                        *, connect_timeout: float = 5.0) -> asyncssh.SSHClientConnection:
@@ -22,5 +29,5 @@ async def connect_peer(address: str, identity: ClusterIdentity, my_name: str, st
     return await asyncssh.connect(
         host.strip("[]"), int(port), username=peer_username(my_name),
         client_keys=[(key, cert)], known_hosts=identity.known_hosts(), agent_path=None,
-        config=[], connect_timeout=connect_timeout, keepalive_interval=5,
+        config=[], connect_timeout=connect_timeout, keepalive_interval=PEER_KEEPALIVE,
         keepalive_count_max=3)
