@@ -28,7 +28,7 @@ from mtgpu.cluster.peers import PeerClient
 from mtgpu.cluster.transport import SshRaftTransport
 from mtgpu.config import Options
 from mtgpu.errors import ApiError
-from mtgpu.gpuinfo.types import NodeInventory
+from mtgpu.gpuinfo.types import NodeInventory, ReportReader
 from mtgpu.state.store import StateStore, forget_term, strip_dump_nodes
 
 log = logging.getLogger("mtgpu.cluster")
@@ -73,6 +73,7 @@ class ClusterRuntime:
         self.coordinator: Coordinator | None = None
         self.on_leader: Callable[[bool], Awaitable[None]] | None = None
         self.on_report: Callable[[NodeInventory], None] | None = None
+        self._reports = ReportReader()
         #: Called with the new store after a role change (the daemon keeps a reference).
         self.on_store: Callable[[StateStore], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -372,7 +373,7 @@ class ClusterRuntime:
         def report(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
             """A member's inventory and measured use, for the scheduler's memory."""
             peer_only(caller)
-            inv = NodeInventory.from_dict(arg(args, "inventory", dict))
+            inv = self._reports.read(arg(args, "inventory", dict))
             if self.coordinator is not None:
                 self.coordinator.reported[inv.name] = time.monotonic()
             if self.on_report is not None:
@@ -400,6 +401,7 @@ class ClusterRuntime:
                                "member after moving the scheduler, or stop this one", "bad_request")
             assert self.coordinator is not None
             await self.coordinator.remove_member(name)
+            self._reports.forget(name)
             return {"removed": name}
 
         async def role(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:

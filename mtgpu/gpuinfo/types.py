@@ -132,3 +132,42 @@ class NodeInventory:
         return cls(name=str(d["name"]), gpus=tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ())),
                    host=host, errors=tuple(d.get("errors", ())),
                    sampled_at=float(d.get("sampled_at", 0.0)))
+
+
+class ReportReader:
+    """Reads members' reports (:meth:`NodeInventory.from_dict`), keeping each GPU's
+    record from the member's previous report while its entry is unchanged.
+
+    A scheduler reads a report from every member every few seconds, and most cards
+    (idle ones, those whose jobs hold steady) report the same figures each time;
+    comparing the entry with the last one is far cheaper than building the record.
+    The kept records are the same objects, which lets the scheduler keep what it
+    derived from them too.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[list[Any], tuple[GpuInfo, ...]]] = {}
+
+    def read(self, d: Mapping[str, Any]) -> NodeInventory:
+        name = str(d["name"])
+        raw = d.get("gpus", ())
+        if not isinstance(raw, list):
+            raw = list(raw)
+        last = self._last.get(name)
+        if last is not None and len(last[0]) == len(raw):
+            old_raw, old = last
+            gpus = tuple(o if r == g else GpuInfo.from_dict(g)
+                         for g, r, o in zip(raw, old_raw, old, strict=True))
+        else:
+            gpus = tuple(GpuInfo.from_dict(g) for g in raw)
+        host = HostUsage(cpus=int(d["cpus"]), cpu_percent=float(d.get("cpu_percent", 0.0)),
+                         ram_total=int(d["ram_total"]), ram_used=int(d["ram_used"]),
+                         disk_total=int(d.get("disk_total", 0)), disk_free=int(d.get("disk_free", 0)))
+        inv = NodeInventory(name=name, gpus=gpus, host=host, errors=tuple(d.get("errors", ())),
+                            sampled_at=float(d.get("sampled_at", 0.0)))
+        self._last[name] = (raw, gpus)
+        return inv
+
+    def forget(self, name: str) -> None:
+        """Drop what is kept for a member (it left the cluster)."""
+        self._last.pop(name, None)

@@ -40,3 +40,29 @@ def test_round_trip():
 
 def test_vram_free_never_negative():
     assert GPU.vram_free == 0
+
+
+def test_report_reader_keeps_unchanged_gpu_records_and_rebuilds_changed_ones():
+    from mtgpu.gpuinfo.types import ReportReader
+
+    two = NodeInventory(name="gpu01", gpus=(GPU, GpuInfo(1, "nvidia", "h100", "H100", "GPU-2",
+                                                          80 * GiB, 0, 0)), host=NODE.host)
+    reader = ReportReader()
+    wire = json.loads(json.dumps(two.to_dict()))
+    first = reader.read(wire)
+    assert first.gpus[1].uuid == "GPU-2" and first.host == NODE.host
+    # The same figures again (a new message): the very same records.
+    again = reader.read(json.loads(json.dumps(two.to_dict())))
+    assert again.gpus[0] is first.gpus[0] and again.gpus[1] is first.gpus[1]
+    # One card's use changed: that card's record is new and right, the other kept.
+    wire["gpus"][1]["vram_used"] = 5 * GiB
+    changed = reader.read(wire)
+    assert changed.gpus[0] is first.gpus[0]
+    assert changed.gpus[1] is not first.gpus[1] and changed.gpus[1].vram_used == 5 * GiB
+    # Another member with the same figures gets its own records; a card removed is gone.
+    other = reader.read({**wire, "name": "gpu02"})
+    assert other.gpus[0] is not first.gpus[0] and other.gpus[0] == first.gpus[0]
+    fewer = reader.read({**wire, "gpus": wire["gpus"][:1]})
+    assert len(fewer.gpus) == 1
+    # What it reads equals what from_dict reads.
+    assert reader.read(wire) == NodeInventory.from_dict(wire)
