@@ -40,6 +40,7 @@ from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
+from mtgpu.cluster.starts import StartBatcher
 from mtgpu.config import Options, load
 from mtgpu.errors import ApiError, ConfigError, MtgpuError
 from mtgpu.gateway.session import Gateway, ungranted_message
@@ -92,6 +93,8 @@ class Daemon:
                          if options.cluster_mode == "cluster" else None)
         self.raft: Any = None  # the Raft transport over peer channels, in a cluster
         self.cluster: Any = None  # mtgpu.cluster.runtime.ClusterRuntime, in a cluster
+        #: Starts on other members, batched per member (the scheduler's side).
+        self._starts: StartBatcher | None = None
         self._last_inv: Any = None
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -399,9 +402,10 @@ class Daemon:
                 await self.agent.dispatch(job, term)
             else:
                 assert self.cluster is not None
+                if self._starts is None:
+                    self._starts = StartBatcher(self.cluster.peers.call)
                 try:
-                    await self.cluster.peers.call(node, "job.dispatch", job_id=job["job_id"],
-                                                  term=term, timeout=30)
+                    await self._starts.start(node, job["job_id"], term)
                 except Exception as exc:
                     raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
 
@@ -577,6 +581,8 @@ class Daemon:
             await self.workspaces.stop()
         if self.scheduler is not None:
             await self.scheduler.stop()
+        if self._starts is not None:
+            await self._starts.close()
         if self.agent is not None:
             await self.agent.stop()
         for s in self._servers:

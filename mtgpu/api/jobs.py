@@ -126,27 +126,47 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
     return view
 
 
+#: The most job parts one ``job.dispatch`` request may carry.
+MAX_DISPATCH_BATCH = 256
+
+
 def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitable[None]]
                 ) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
     """``job.dispatch``, a member's side: once this member's replica has the job placed
-    with the scheduler's term (10 s at most), ``start`` its part."""
+    with the scheduler's term (10 s at most), ``start`` its part.
+
+    ``jobs`` (a list of job ids) starts several parts in one request, as the scheduler
+    sends them while it starts many jobs on one member; the answer says, per job, what
+    went wrong (``errors``). ``job_id`` starts one and fails as a whole.
+    """
+
+    async def one(job_id: str, term: int) -> None:
+        j = await table.wait_for(job_id, lambda j: bool(j.get("placement")) and j.get("term") == term,
+                                 10.0)
+        if j is None:
+            raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
+        await start(j, term)
 
     async def dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-        """Start this member's part of a job the scheduler placed (peers only)."""
+        """Start this member's part of jobs the scheduler placed (peers only)."""
         if caller.via != "peer":
             raise ApiError("only the scheduler may dispatch", "forbidden")
-        job_id = arg(args, "job_id", str)
         term = arg(args, "term", int)
-        deadline = time.monotonic() + 10
-        while True:
-            j = table.get(job_id)
-            if j is not None and j.get("placement") and j.get("term") == term:
-                break
-            if time.monotonic() > deadline:
-                raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
-            await asyncio.sleep(0.05)
-        await start(j, term)
-        return {"job_id": job_id}
+        if "jobs" not in args:
+            job_id = arg(args, "job_id", str)
+            await one(job_id, term)
+            return {"job_id": job_id}
+        ids = arg(args, "jobs", list)
+        if not 0 < len(ids) <= MAX_DISPATCH_BATCH or not all(isinstance(i, str) for i in ids):
+            raise ApiError(f"jobs must be a list of 1 to {MAX_DISPATCH_BATCH} job ids", "bad_request")
+        results = await asyncio.gather(*(one(i, term) for i in ids), return_exceptions=True)
+        errors = {}
+        for i, r in zip(ids, results, strict=True):
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+            if isinstance(r, BaseException):
+                errors[i] = str(r) or type(r).__name__
+        return {"started": [i for i in ids if i not in errors], "errors": errors}
 
     return dispatch
 

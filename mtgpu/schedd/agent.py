@@ -32,6 +32,8 @@ STOP_GRACE = 5.0
 POLL_INTERVAL = 0.2
 #: After an end notice, how long to wait for others before recording them together.
 END_BATCH = 0.02
+#: Parts this member starts at once (each forks a supervisor).
+STARTS_AT_ONCE = 4
 
 
 def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
@@ -109,6 +111,7 @@ class Agent:
         self.prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None
         #: Parts getting their image before they start, by job id.
         self.preparing: dict[str, asyncio.Task[None]] = {}
+        self._starts: asyncio.Semaphore | None = None
 
     # ------------------------------------------------------------ dispatch
 
@@ -187,14 +190,18 @@ class Agent:
             self.preparing.pop(jid, None)
 
     async def _start(self, job: dict[str, Any], launch: JobLaunch) -> None:
+        if self._starts is None:
+            self._starts = asyncio.Semaphore(STARTS_AT_ONCE)
         try:
             try:
-                await asyncio.to_thread(self.runner.start, launch)
+                async with self._starts:
+                    await asyncio.to_thread(self.runner.start, launch)
             except EarlierRunActive:
                 # Requeued and placed here again while the earlier run goes on (this
                 # member was lost meanwhile): stop that run first.
                 await self._stop_earlier_run(job["job_id"])
-                await asyncio.to_thread(self.runner.start, launch)
+                async with self._starts:
+                    await asyncio.to_thread(self.runner.start, launch)
         except JobAlreadyStarted:
             log.warning("job %s was already started here; not starting it twice", job["job_id"])
             return

@@ -11,7 +11,11 @@ readers on the event-loop thread always see a complete record.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObjConsumer, replicated
@@ -45,6 +49,10 @@ class JobTable(SyncObjConsumer):
     """Jobs by id, plus the next id and submission tokens (idempotent retries)."""
 
     def __init__(self) -> None:
+        # Set before the consumer's __init__, which leaves what exists by then out of
+        # the replicated state: who waits for which job, on this member only.
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._wait_lock = threading.Lock()  # the log is applied on PySyncObj's thread
         super().__init__()
         self.jobs: dict[str, dict[str, Any]] = {}
         self.next_id = 1
@@ -62,6 +70,14 @@ class JobTable(SyncObjConsumer):
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)
+        with self._wait_lock:  # a whole new table: everyone looks again
+            waiting = [w for ws in self._waiters.values() for w in ws]
+            self._waiters.clear()
+        for loop, fut in waiting:
+            try:
+                loop.call_soon_threadsafe(_wake, fut)
+            except RuntimeError:
+                pass
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
         self.pending_by_user = {}
@@ -89,6 +105,47 @@ class JobTable(SyncObjConsumer):
             self.running_ids[jid] = None
         else:
             self.running_ids.pop(jid, None)
+        if self._waiters:
+            with self._wait_lock:
+                waiting = self._waiters.pop(jid, ())
+            for loop, fut in waiting:
+                try:
+                    loop.call_soon_threadsafe(_wake, fut)
+                except RuntimeError:  # that loop is closed
+                    pass
+
+    async def wait_for(self, job_id: str, test: Callable[[dict[str, Any]], bool],
+                       timeout: float) -> dict[str, Any] | None:
+        """The job's record once ``test`` holds for it (as this replica applies the log),
+        or None after ``timeout`` seconds. Woken by each change to the job, not polled."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while True:
+            fut = loop.create_future()
+            # Registered before looking, so a change applied in between still wakes it.
+            with self._wait_lock:
+                self._waiters.setdefault(job_id, []).append((loop, fut))
+            try:
+                j = self.jobs.get(job_id)
+                if j is not None and test(j):
+                    return j
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(fut, left)
+                except asyncio.TimeoutError:
+                    return None
+            finally:
+                self._unwait(job_id, fut)
+
+    def _unwait(self, job_id: str, fut: asyncio.Future[None]) -> None:
+        with self._wait_lock:
+            waiting = [w for w in self._waiters.get(job_id, ()) if w[1] is not fut]
+            if waiting:
+                self._waiters[job_id] = waiting
+            else:
+                self._waiters.pop(job_id, None)
 
     # ------------------------------------------------------------- reads
 
@@ -150,6 +207,16 @@ class JobTable(SyncObjConsumer):
     @replicated
     def place(self, job_id: str, placement: dict[str, Any], term: int, now: float) -> dict[str, Any]:
         """The scheduler gave the job its members; it is RUNNING from here, as in Slurm."""
+        return self._place(job_id, placement, term, now)
+
+    @replicated
+    def place_many(self, placements: list[tuple[str, dict[str, Any]]], term: int,
+                   now: float) -> list[dict[str, Any]]:
+        """Several placements of one scheduling pass as one log entry: ``place``'s
+        answer for each ``(job_id, placement)``, in order."""
+        return [self._place(str(jid), placement, term, now) for jid, placement in placements]
+
+    def _place(self, job_id: str, placement: dict[str, Any], term: int, now: float) -> dict[str, Any]:
         j = self.jobs.get(job_id)
         if j is None or j["state"] != PENDING:
             return {"error": f"job {job_id} is not pending", "code": "not_pending"}
@@ -258,3 +325,8 @@ class JobTable(SyncObjConsumer):
                 self.running_ids.pop(jid, None)
                 n += 1
         return n
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

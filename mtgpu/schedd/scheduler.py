@@ -28,19 +28,31 @@ from mtgpu.schedd.types import (Allocation, GpuMode, GpuSnapshot, MemberPlacemen
 log = logging.getLogger("mtgpu.schedd")
 
 #: The shortest time between two scheduling passes, in seconds (Slurm's
-#: sched_min_interval plays this part).
-MIN_PASS_INTERVAL = 0.02
+#: sched_min_interval plays this part). A pass costs about the same whether it places
+#: one job or fifty (on a thousand members it rebuilds the members' free capacity), so
+#: while jobs are submitted and end all the time, at most ten a second; a submission to
+#: an idle scheduler is still placed at once.
+MIN_PASS_INTERVAL = 0.1
 #: After a pass, the loop waits this many times as long as the pass computed, so that
 #: passes take at most a fifth of the scheduler's time however large the cluster
 #: (on a thousand members a pass computes for about 8 ms, and every submission and
 #: every job end asks for one).
 PASS_SHARE_WAIT = 4.0
+#: ...but only this many times after a pass that stopped at ``max_placements`` with
+#: more to place (a burst): the rest of the burst waits on it, and the requests the
+#: pass's starts bring are served while they start anyway.
+BURST_SHARE_WAIT = 1.0
 #: A pass waits for submissions to pause this long (seconds)...
 SUBMIT_QUIET = 0.01
 #: ...but never longer than this in all.
 MAX_DEFER = 1.0
-#: Placed jobs being started at once on one member (a start forks a supervisor there).
-DISPATCH_CONCURRENCY = 8
+#: Placements journaled together, as one log entry.
+PLACE_BATCH = 64
+#: Placed jobs being started at once on one member. They reach another member in
+#: batches (one request carries the starts waiting for it), and the member runs a few
+#: at a time itself (``agent.STARTS_AT_ONCE``), so this only bounds what one member's
+#: starts hold of the total below.
+DISPATCH_CONCURRENCY = 64
 #: Placed jobs being started at once in all: starts on other members mostly wait on
 #: the network, so a burst on a large cluster starts many members' jobs side by side.
 DISPATCH_TOTAL = 256
@@ -55,6 +67,15 @@ def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP) -> NodeSn
                              vram_used=g.vram_used) for g in inv.gpus)
     return NodeSnapshot(name=inv.name, cpus=inv.host.cpus, ram_total=inv.host.ram_total,
                         gpus=gpus, ram_used=inv.host.ram_used, state=state)
+
+
+def _same_snapshot(a: NodeInventory, b: NodeInventory) -> bool:
+    """Whether two reports make the same :func:`node_snapshot` (unchanged GPU records
+    are the same objects when read by a :class:`~mtgpu.gpuinfo.types.ReportReader`)."""
+    ha, hb = a.host, b.host
+    return (ha.cpus == hb.cpus and ha.ram_total == hb.ram_total and ha.ram_used == hb.ram_used
+            and len(a.gpus) == len(b.gpus)
+            and all(x is y or x == y for x, y in zip(a.gpus, b.gpus, strict=True)))
 
 
 _UNKNOWN = object()
@@ -117,6 +138,8 @@ class Scheduler:
         self._last_snapshot: Any = None
         #: How long the last pass computed (its snapshot and placements), in seconds.
         self.pass_cost = 0.0
+        #: Whether the last pass stopped at its bound with more to place.
+        self._bounded = False
 
     # -------------------------------------------------------------- state
 
@@ -124,7 +147,8 @@ class Scheduler:
         """A member's inventory and measured use (from its sampler or a peer)."""
         old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
-        self._node_snaps.pop(inv.name, None)
+        if old is None or not _same_snapshot(old, inv):
+            self._node_snaps.pop(inv.name, None)
         if old is None:
             self._names = sorted(self.nodes)
         self.last_report[inv.name] = self.clock()
@@ -269,6 +293,7 @@ class Scheduler:
                 log.exception("checking for lost members failed")
             await self._defer_to_submissions()
             self.pass_cost = 0.0
+            self._bounded = False
             try:
                 await self.run_pass(wait=False)
             except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
@@ -279,7 +304,8 @@ class Scheduler:
             # computed, so passes over a long queue or a large cluster cannot starve
             # the API. (Not the time its placements took to commit: the loop served
             # requests then, and waiting that long again only delayed the next jobs.)
-            await asyncio.sleep(max(MIN_PASS_INTERVAL, PASS_SHARE_WAIT * self.pass_cost))
+            share = BURST_SHARE_WAIT if self._bounded else PASS_SHARE_WAIT
+            await asyncio.sleep(max(MIN_PASS_INTERVAL, share * self.pass_cost))
 
     async def check_lost(self) -> list[str]:
         """Mark members silent past ``lost_after`` down and end or requeue their jobs.
@@ -342,10 +368,16 @@ class Scheduler:
         term = self.term()
         for p in result.placements:
             self.queue.remove(p.job_id)
-        # The placements commit side by side (one after the other would wait on each).
-        answers = await asyncio.gather(*(self.replicate(self.table.place, p.job_id, p.to_dict(),
-                                                        term, now) for p in result.placements),
-                                       return_exceptions=True)
+        # The placements commit in log entries of PLACE_BATCH, side by side (one after
+        # the other would wait on each; one entry per placement costs a burst dearly).
+        chunks = [result.placements[k:k + PLACE_BATCH]
+                  for k in range(0, len(result.placements), PLACE_BATCH)]
+        got = await asyncio.gather(*(self.replicate(self.table.place_many,
+                                                    [(p.job_id, p.to_dict()) for p in chunk], term, now)
+                                     for chunk in chunks), return_exceptions=True)
+        answers: list[Any] = []
+        for chunk, r in zip(chunks, got, strict=True):
+            answers += [r] * len(chunk) if isinstance(r, BaseException) else r
         jobs, failed = [], None
         for p, r in zip(result.placements, answers, strict=True):
             job = self.table.get(p.job_id)
@@ -356,6 +388,7 @@ class Scheduler:
             elif "error" not in r and job is not None:
                 jobs.append(job)
         if len(result.placements) >= self.policy.max_placements:
+            self._bounded = True
             self.kick()  # the pass stopped at its bound: the next one places the rest
         tasks = [asyncio.ensure_future(self._start(job, term)) for job in jobs]
         self._starting.update(tasks)

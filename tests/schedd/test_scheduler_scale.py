@@ -47,6 +47,9 @@ def test_each_snapshot_shows_the_latest_report_state_and_running_work() -> None:
         # Nothing changed: the members' snapshots are the same objects.
         again = s.snapshot()
         assert all(x is y for x, y in zip(first.nodes, again.nodes))
+        # A report with the same figures keeps the member's snapshot; another does not.
+        s.report(inv("b"))
+        assert s.snapshot().nodes[1] is first.nodes[1]
         # The latest report counts.
         s.report(inv("b", used=20))
         assert [g.vram_used for g in s.snapshot().nodes[1].gpus] == [20 * G, 20 * G]

@@ -1,0 +1,143 @@
+"""Starting placed jobs on other members: batched requests (the scheduler's side), the
+member's ``job.dispatch`` for a batch, and its wait for the placement to reach its
+replica (woken by the change, not polled)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from mtgpu.api.dispatcher import Caller
+from mtgpu.api.jobs import dispatch_op
+from mtgpu.cluster.starts import StartBatcher
+from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.schedd.jobtable import PENDING, JobTable
+
+PEER = Caller("mtgpu-peer.sched", 0, True, "peer")
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def _table_with(*ids: str) -> JobTable:
+    t = JobTable()
+    for jid in ids:
+        t._put({"job_id": jid, "state": PENDING, "user": "ann", "placement": None, "term": None})
+    return t
+
+
+def _place(t: JobTable, jid: str, term: int) -> None:
+    j = t.get(jid)
+    assert j is not None
+    t._put({**j, "state": "RUNNING", "placement": {"members": [{"node": "m1"}]}, "term": term})
+
+
+def test_a_lone_start_is_one_request_and_a_burst_rides_in_few() -> None:
+    sent: list[tuple[str, list[str], int]] = []
+    release = asyncio.Event
+
+    async def go() -> None:
+        gate = release()
+
+        async def call(member, op, *, jobs, term, timeout):
+            assert op == "job.dispatch"
+            sent.append((member, list(jobs), term))
+            await gate.wait()
+            return {"started": jobs, "errors": {}}
+
+        b = StartBatcher(call, batch=10, in_flight=1)
+        first = asyncio.ensure_future(b.start("m1", "1", 7))
+        await _settle()
+        assert sent == [("m1", ["1"], 7)]  # sent at once, alone
+        # While it is out, 25 more for m1 and one for m2 wait; m2's goes at once.
+        rest = [asyncio.ensure_future(b.start("m1", str(k), 7)) for k in range(2, 27)]
+        other = asyncio.ensure_future(b.start("m2", "x", 7))
+        await _settle()
+        assert sent[-1] == ("m2", ["x"], 7) and len(sent) == 2
+        gate.set()
+        await asyncio.gather(first, other, *rest)
+        m1 = [jobs for member, jobs, _ in sent if member == "m1"]
+        assert [len(j) for j in m1] == [1, 10, 10, 5]
+        assert [i for j in m1 for i in j] == [str(k) for k in range(1, 27)]
+
+    asyncio.run(go())
+
+
+def test_each_part_gets_its_own_answer_and_terms_are_never_mixed() -> None:
+    sent: list[tuple[list[str], int]] = []
+
+    async def go() -> None:
+        async def call(member, op, *, jobs, term, timeout):
+            sent.append((list(jobs), term))
+            await asyncio.sleep(0.01)
+            if "down" in jobs:
+                raise ApiError("member m1 is unreachable", "unreachable")
+            return {"started": [j for j in jobs if j != "bad"], "errors": {"bad": "no such user"}}
+
+        b = StartBatcher(call, in_flight=1)
+        lone = asyncio.ensure_future(b.start("m1", "0", 1))
+        await _settle()
+        parts = [asyncio.ensure_future(b.start("m1", j, 1)) for j in ("ok", "bad")]
+        parts.append(asyncio.ensure_future(b.start("m1", "new", 2)))
+        res = await asyncio.gather(lone, *parts, return_exceptions=True)
+        assert res[0] is None and res[1] is None
+        assert isinstance(res[2], MtgpuError) and "no such user" in str(res[2])
+        assert res[3] is None
+        assert sent == [(["0"], 1), (["ok", "bad"], 1), (["new"], 2)]
+        # A request that fails fails every part in it.
+        with pytest.raises(MtgpuError, match="unreachable"):
+            await b.start("m1", "down", 3)
+
+    asyncio.run(go())
+
+
+def test_a_member_starts_a_batch_once_each_placement_reaches_its_replica() -> None:
+    t = _table_with("1", "2", "3")
+    started: list[str] = []
+
+    async def start(job, term):
+        if job["job_id"] == "3":
+            raise RuntimeError("the account cannot be created")
+        started.append(job["job_id"])
+
+    op = dispatch_op(t, start)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        # The placements are applied on another thread (as PySyncObj's does), later.
+        def apply() -> None:
+            for jid in ("1", "2", "3"):
+                _place(t, jid, 5)
+
+        loop.call_later(0.05, lambda: threading.Thread(target=apply).start())
+        r = await asyncio.wait_for(op(PEER, {"jobs": ["1", "2", "3"], "term": 5}), 5)
+        assert sorted(r["started"]) == ["1", "2"] and sorted(started) == ["1", "2"]
+        assert "account cannot be created" in r["errors"]["3"]
+        with pytest.raises(ApiError, match="1 to"):
+            await op(PEER, {"jobs": [], "term": 5})
+        with pytest.raises(ApiError, match="only the scheduler"):
+            await op(Caller("ann", 20001, False, "ssh"), {"jobs": ["1"], "term": 5})
+
+    asyncio.run(go())
+
+
+def test_waiting_for_a_job_is_woken_by_its_change_and_gives_up_at_its_timeout() -> None:
+    t = _table_with("1")
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, lambda: threading.Thread(target=_place, args=(t, "1", 3)).start())
+        began = loop.time()
+        j = await t.wait_for("1", lambda j: j.get("term") == 3, timeout=30)
+        assert j is not None and j["term"] == 3
+        assert loop.time() - began < 20  # woken, not left to the timeout
+        assert await t.wait_for("1", lambda j: j.get("term") == 4, timeout=0.05) is None
+        assert t._waiters == {}  # nobody left waiting
+
+    asyncio.run(go())
+    # Who waits is this member's business: never in the replicated state.
+    assert "_waiters" not in t._serialize() and "_wait_lock" not in t._serialize()
