@@ -426,8 +426,10 @@ class Worker:
             if len(tasks) >= n and all(t.get("start_time") for t in tasks):
                 break
             await asyncio.sleep(0.1)
-        starts = sorted(t["start_time"] for t in self._tasks(jid) if t.get("start_time"))
-        return {"sent": sent, "starts": starts}
+        tasks = self._tasks(jid)
+        starts = sorted(t["start_time"] for t in tasks if t.get("start_time"))
+        placed = sorted(t["placed_time"] for t in tasks if t.get("placed_time"))
+        return {"sent": sent, "starts": starts, "placed": placed}
 
     async def probe(self, wait: float) -> dict[str, Any]:
         """Submit a job every 0.25 s until one runs: the time from this call to then."""
@@ -607,30 +609,45 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
     time.sleep(2 * 5 + 1)  # two report rounds at the new size
     leader = current_leader(hosts)
     leader_pid = server_pid(leader)
-    spy = None
-    if args.profile:
-        # The scheduler's stacks over the steady window and the burst (py-spy, raw).
-        spy = subprocess.Popen(["py-spy", "record", "-p", str(leader_pid), "-r", "50", "-f", "raw",
-                                "-o", str(Path(args.profile) / f"scheduler-{members}.txt")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def spy(part: str) -> subprocess.Popen[bytes] | None:
+        # The scheduler's stacks over one part of the run (py-spy, raw), when asked.
+        if not args.profile:
+            return None
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        return subprocess.Popen([exe, "record", "-p", str(leader_pid), "-r", "50", "-f", "raw", "-o",
+                                 str(Path(args.profile) / f"scheduler-{members}-{part}.txt")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(p: subprocess.Popen[bytes] | None) -> None:
+        if p is not None:
+            p.send_signal(signal.SIGINT)
+            p.wait(30)
+
+    spying = spy("steady")
     c0, g0, w0 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
     per = args.rate / len(workers)
     t_start = time.time()
     sent = all_do(workers, "steady", rate=per, seconds=args.steady)
     moved = current_leader(hosts) is not leader
     c1, g1, w1 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
+    stop(spying)
     st = all_do(workers, "stats", wait=60.0)
     placed = [x for s in st for x in s["placed"]]
     running = [x for s in st for x in s["running"]]
     placed_at = [x for s in st for x in s["placed_at"] if x <= t_start + args.steady]
     reports = [x for s in st for x in s["reports"]]
     time.sleep(max(JOB_SECONDS) + 2)  # the steady jobs end: the burst has free capacity
+    before_burst = current_leader(hosts)
+    others = [server_pid(h) for h in hosts if h is not leader]
+    spying = spy("burst")
+    b0 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic())
     bursts = all_do(workers[:1], "burst", n=args.burst, wait=180.0)[0]
+    b1 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic())
+    stop(spying)
+    burst_wall = b1[3] - b0[3]
     starts = bursts["starts"]
     steady = {k: sum(a[k] for a in sent) for k in ("submitted", "failed")}
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(30)
     burst_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else float("nan")
     return {
         "members": members,
@@ -643,11 +660,18 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
         "placements_per_s": len(placed_at) / args.steady,
         "burst_tasks_started": len(starts), "burst_started_per_s": burst_rate,
         "burst_all_running_s": (starts[-1] - bursts["sent"]) if starts else float("nan"),
+        "burst_all_placed_s": (bursts["placed"][-1] - bursts["sent"]) if bursts["placed"] else float("nan"),
+        "burst_first_running_s": (starts[0] - bursts["sent"]) if starts else float("nan"),
+        # CPU over the burst call (submission to the last start seen, polled every 0.1 s).
+        "burst_scheduler_cpu_pct": 100 * (b1[0] - b0[0]) / burst_wall,
+        "burst_generator_cpu_pct": 100 * (b1[1] - b0[1]) / burst_wall,
+        "burst_other_voters_cpu_pct": 100 * (b1[2] - b0[2]) / burst_wall,
         "report_p50_ms": 1000 * pct(reports, 50), "report_p99_ms": 1000 * pct(reports, 99),
         "reports": len(reports), "submissions": steady["submitted"],
         "submissions_failed": steady["failed"],
         # The scheduler role moved during the steady window (its CPU is then partial).
-        "scheduler_moved": moved or current_leader(hosts) is not leader,
+        "scheduler_moved": moved,
+        "scheduler_moved_in_burst": current_leader(hosts) is not before_burst,
     }
 
 
@@ -775,6 +799,18 @@ def print_table(rows: list[dict[str, Any]], failover: dict[str, Any], args: argp
         print(f"failover at {failover['members']} members: kill -9 of the scheduler -> new scheduler "
               f"{failover['new_scheduler_s']:.2f} s, first job submitted afterwards running "
               f"{run:.2f} s" if run is not None else "no job ran after the failover")
+    for r in rows:
+        if r.get("scheduler_moved") or r.get("scheduler_moved_in_burst"):
+            where = "steady window" if r.get("scheduler_moved") else "burst"
+            print(f"note: at {r['members']} members the scheduler role moved to another voter "
+                  f"during the {where} (an election)")
+    for r in rows:
+        total = r["burst_scheduler_cpu_pct"] + r["burst_generator_cpu_pct"] + r["burst_other_voters_cpu_pct"]
+        print(f"burst at {r['members']} members: scheduler {r['burst_scheduler_cpu_pct']:.0f}%, "
+              f"generator {r['burst_generator_cpu_pct']:.0f}%, the other two voters "
+              f"{r['burst_other_voters_cpu_pct']:.0f}% of one core"
+              + (f" (together {total:.0f}% of the {cores} cores' {100 * cores}%: the machine is "
+                 "the bottleneck)" if cores and total > 0.9 * 100 * cores else ""))
     busy = [r["members"] for r in rows if r["generator_cpu_pct"] + r["scheduler_cpu_pct"] > 0.9 * 100 * (cores or 1)]
     if busy:
         print(f"note: at {busy} members the generator and the scheduler together used over 90% of "
