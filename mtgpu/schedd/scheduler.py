@@ -61,10 +61,20 @@ Replicate = Callable[..., Awaitable[Any]]
 Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
 
 
-def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP) -> NodeSnapshot:
-    """The scheduler's view of one member from its latest report."""
-    gpus = tuple(GpuSnapshot(index=g.index, brand=g.brand, type=g.type, vram_total=g.vram_total,
-                             vram_used=g.vram_used) for g in inv.gpus)
+def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP,
+                  previous: tuple[NodeInventory, NodeSnapshot] | None = None) -> NodeSnapshot:
+    """The scheduler's view of one member from its latest report.
+
+    With ``previous`` (an earlier report and the snapshot made from it), the GPUs'
+    snapshots are kept when the GPU records are the very same objects (a
+    :class:`~mtgpu.gpuinfo.types.ReportReader` keeps unchanged ones).
+    """
+    if previous is not None and len(previous[0].gpus) == len(inv.gpus) and all(
+            a is b for a, b in zip(previous[0].gpus, inv.gpus, strict=True)):
+        gpus = previous[1].gpus
+    else:
+        gpus = tuple(GpuSnapshot(index=g.index, brand=g.brand, type=g.type, vram_total=g.vram_total,
+                                 vram_used=g.vram_used) for g in inv.gpus)
     return NodeSnapshot(name=inv.name, cpus=inv.host.cpus, ram_total=inv.host.ram_total,
                         gpus=gpus, ram_used=inv.host.ram_used, state=state)
 
@@ -132,6 +142,8 @@ class Scheduler:
         self.lost_after: float | None = None
         #: Each member's snapshot from its latest report, made when a pass first needs it.
         self._node_snaps: dict[str, NodeSnapshot] = {}
+        #: The report each member's last snapshot was made from (its GPUs are reused).
+        self._made_from: dict[str, tuple[NodeInventory, NodeSnapshot]] = {}
         self._names: list[str] = []
         #: Running jobs' allocations, kept while their placement record is the same.
         self._allocs: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
@@ -149,6 +161,8 @@ class Scheduler:
         self.nodes[inv.name] = inv
         if old is None or not _same_snapshot(old, inv):
             self._node_snaps.pop(inv.name, None)
+        elif (made := self._made_from.get(inv.name)) is not None:
+            self._made_from[inv.name] = (inv, made[1])  # the snapshot stays; it is this report's now
         if old is None:
             self._names = sorted(self.nodes)
         self.last_report[inv.name] = self.clock()
@@ -208,7 +222,9 @@ class Scheduler:
             state = self.state_of(name)
             snap = self._node_snaps.get(name)
             if snap is None or snap.state is not state:
-                snap = self._node_snaps[name] = node_snapshot(self.nodes[name], state)
+                inv = self.nodes[name]
+                snap = self._node_snaps[name] = node_snapshot(inv, state, self._made_from.get(name))
+                self._made_from[name] = (inv, snap)
             nodes.append(snap)
         allocs = []
         cache: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}

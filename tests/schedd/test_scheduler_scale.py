@@ -4,6 +4,7 @@ starts on many members side by side, and no spinning leader."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
 from mtgpu.schedd import scheduler as sched_mod
@@ -50,6 +51,12 @@ def test_each_snapshot_shows_the_latest_report_state_and_running_work() -> None:
         # A report with the same figures keeps the member's snapshot; another does not.
         s.report(inv("b"))
         assert s.snapshot().nodes[1] is first.nodes[1]
+        # RAM use changed, the GPU records are the same objects (what a ReportReader
+        # gives for unchanged cards): a new snapshot that keeps the GPUs' snapshots.
+        b = s.nodes["b"]
+        s.report(dataclasses.replace(b, host=dataclasses.replace(b.host, ram_used=5 * G)))
+        nb = s.snapshot().nodes[1]
+        assert nb is not first.nodes[1] and nb.ram_used == 5 * G and nb.gpus is first.nodes[1].gpus
         # The latest report counts.
         s.report(inv("b", used=20))
         assert [g.vram_used for g in s.snapshot().nodes[1].gpus] == [20 * G, 20 * G]
