@@ -127,8 +127,13 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
         logCompactionMinEntries=20000,
         logCompactionMinTime=600,
         connectionRetryTime=1.0,
-        raftMinTimeout=0.4,
-        raftMaxTimeout=1.4,
+        # A follower that hears no leader for 1-2 s starts an election (etcd's default
+        # is 1 s with 100 ms heartbeats). Shorter ones lost the scheduler to
+        # elections whenever a busy host held its loop or its tick thread for a
+        # moment (a burst of starts on a thousand members, a full dump), each a
+        # pause of every submission; a dead scheduler is still replaced in about 1-2 s.
+        raftMinTimeout=1.0,
+        raftMaxTimeout=2.0,
         connectionTimeout=3.5,
         # A leader cut off from its majority steps down after this long (default 30 s).
         leaderFallbackTimeout=5.0,
@@ -157,6 +162,8 @@ class StateStore:
                              "check the disk and the directory's permissions") from exc
         if not peers:
             self.sync.addOnTickCallback(self._commit_alone)
+            if self_node:
+                self.sync.addOnTickCallback(self._elect_alone)
         self.state_dir = state_dir
         self._free: tuple[float, int] = (-1.0, 0)  # (when, bytes free)
 
@@ -176,6 +183,15 @@ class StateStore:
             raise StateError(f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
                              f"{need >> 20} MiB needed); nothing was recorded. "
                              "An admin must free space there, then retry")
+
+    def _elect_alone(self) -> None:
+        # A voter with no other voter (a standalone host, a cluster's founder) needs
+        # only its own vote: it takes it at once instead of waiting out an election
+        # timeout (1-2 s) at every start. With others in its configuration (from its
+        # journal) it waits, as PySyncObj does. Uses PySyncObj 0.3.17 internals.
+        s = self.sync
+        if not s.otherNodes and s._getLeader() is None:
+            s._SyncObj__raftElectionDeadline = 0.0
 
     def _commit_alone(self) -> None:
         # A leader without peers commits an entry on the tick after appending it, but
