@@ -641,9 +641,11 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
     before_burst = current_leader(hosts)
     others = [server_pid(h) for h in hosts if h is not leader]
     spying = spy("burst")
-    b0 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic())
+    b0 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic(),
+          [cpu_seconds([w.proc.pid]) for w in workers])
     bursts = all_do(workers[:1], "burst", n=args.burst, wait=180.0)[0]
-    b1 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic())
+    b1 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic(),
+          [cpu_seconds([w.proc.pid]) for w in workers])
     stop(spying)
     burst_wall = b1[3] - b0[3]
     starts = bursts["starts"]
@@ -666,6 +668,8 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
         "burst_scheduler_cpu_pct": 100 * (b1[0] - b0[0]) / burst_wall,
         "burst_generator_cpu_pct": 100 * (b1[1] - b0[1]) / burst_wall,
         "burst_other_voters_cpu_pct": 100 * (b1[2] - b0[2]) / burst_wall,
+        # Each worker process (one Python thread each: near 100 % it is the bottleneck).
+        "burst_worker_cpu_pct": [100 * (y - x) / burst_wall for x, y in zip(b0[4], b1[4], strict=True)],
         "report_p50_ms": 1000 * pct(reports, 50), "report_p99_ms": 1000 * pct(reports, 99),
         "reports": len(reports), "submissions": steady["submitted"],
         "submissions_failed": steady["failed"],
@@ -806,11 +810,15 @@ def print_table(rows: list[dict[str, Any]], failover: dict[str, Any], args: argp
                   f"during the {where} (an election)")
     for r in rows:
         total = r["burst_scheduler_cpu_pct"] + r["burst_generator_cpu_pct"] + r["burst_other_voters_cpu_pct"]
+        per = r.get("burst_worker_cpu_pct") or []
         print(f"burst at {r['members']} members: scheduler {r['burst_scheduler_cpu_pct']:.0f}%, "
-              f"generator {r['burst_generator_cpu_pct']:.0f}%, the other two voters "
+              f"generator {r['burst_generator_cpu_pct']:.0f}% (workers "
+              f"{', '.join(f'{w:.0f}%' for w in per)}), the other two voters "
               f"{r['burst_other_voters_cpu_pct']:.0f}% of one core"
               + (f" (together {total:.0f}% of the {cores} cores' {100 * cores}%: the machine is "
-                 "the bottleneck)" if cores and total > 0.9 * 100 * cores else ""))
+                 "the bottleneck)" if cores and total > 0.9 * 100 * cores else "")
+              + ("; a worker near 100 % of its one thread: the generator is the bottleneck"
+                 if per and max(per) > 85 else ""))
     busy = [r["members"] for r in rows if r["generator_cpu_pct"] + r["scheduler_cpu_pct"] > 0.9 * 100 * (cores or 1)]
     if busy:
         print(f"note: at {busy} members the generator and the scheduler together used over 90% of "
