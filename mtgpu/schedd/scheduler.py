@@ -140,10 +140,10 @@ class Scheduler:
         #: A member silent for this long is lost: its jobs end NODE_FAIL or are
         #: requeued. None: never (a standalone host is its own only member).
         self.lost_after: float | None = None
-        #: Each member's snapshot from its latest report, made when a pass first needs it.
-        self._node_snaps: dict[str, NodeSnapshot] = {}
-        #: The report each member's last snapshot was made from (its GPUs are reused).
-        self._made_from: dict[str, tuple[NodeInventory, NodeSnapshot]] = {}
+        #: Each member's snapshot, made when a pass first needs it, with the report it
+        #: stands for: a report that is not the member's latest makes it stale (and
+        #: its GPUs' part is reused where the GPU records are the same).
+        self._node_snaps: dict[str, tuple[NodeInventory, NodeSnapshot]] = {}
         self._names: list[str] = []
         #: Running jobs' allocations, kept while their placement record is the same.
         self._allocs: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
@@ -159,10 +159,9 @@ class Scheduler:
         """A member's inventory and measured use (from its sampler or a peer)."""
         old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
-        if old is None or not _same_snapshot(old, inv):
-            self._node_snaps.pop(inv.name, None)
-        elif (made := self._made_from.get(inv.name)) is not None:
-            self._made_from[inv.name] = (inv, made[1])  # the snapshot stays; it is this report's now
+        made = self._node_snaps.get(inv.name)
+        if made is not None and old is not None and _same_snapshot(old, inv):
+            self._node_snaps[inv.name] = (inv, made[1])  # the same snapshot stands for this report
         if old is None:
             self._names = sorted(self.nodes)
         self.last_report[inv.name] = self.clock()
@@ -220,12 +219,11 @@ class Scheduler:
         nodes = []
         for name in self._names:
             state = self.state_of(name)
-            snap = self._node_snaps.get(name)
-            if snap is None or snap.state is not state:
-                inv = self.nodes[name]
-                snap = self._node_snaps[name] = node_snapshot(inv, state, self._made_from.get(name))
-                self._made_from[name] = (inv, snap)
-            nodes.append(snap)
+            inv = self.nodes[name]
+            made = self._node_snaps.get(name)
+            if made is None or made[0] is not inv or made[1].state is not state:
+                made = self._node_snaps[name] = (inv, node_snapshot(inv, state, made))
+            nodes.append(made[1])
         allocs = []
         cache: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
         known = self.nodes
