@@ -124,13 +124,15 @@ class NodeInventory:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> NodeInventory:
-        """Read back what :meth:`to_dict` wrote (``state`` and ``jobs`` are dropped)."""
+    def from_dict(cls, d: Mapping[str, Any], gpus: tuple[GpuInfo, ...] | None = None) -> NodeInventory:
+        """Read back what :meth:`to_dict` wrote (``state`` and ``jobs`` are dropped);
+        ``gpus``, when given, are the GPU records already read from ``d``."""
         host = HostUsage(cpus=int(d["cpus"]), cpu_percent=float(d.get("cpu_percent", 0.0)),
                          ram_total=int(d["ram_total"]), ram_used=int(d["ram_used"]),
                          disk_total=int(d.get("disk_total", 0)), disk_free=int(d.get("disk_free", 0)))
-        return cls(name=str(d["name"]), gpus=tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ())),
-                   host=host, errors=tuple(d.get("errors", ())),
+        if gpus is None:
+            gpus = tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ()))
+        return cls(name=str(d["name"]), gpus=gpus, host=host, errors=tuple(d.get("errors", ())),
                    sampled_at=float(d.get("sampled_at", 0.0)))
 
 
@@ -160,11 +162,7 @@ class ReportReader:
                          for g, r, o in zip(raw, old_raw, old, strict=True))
         else:
             gpus = tuple(GpuInfo.from_dict(g) for g in raw)
-        host = HostUsage(cpus=int(d["cpus"]), cpu_percent=float(d.get("cpu_percent", 0.0)),
-                         ram_total=int(d["ram_total"]), ram_used=int(d["ram_used"]),
-                         disk_total=int(d.get("disk_total", 0)), disk_free=int(d.get("disk_free", 0)))
-        inv = NodeInventory(name=name, gpus=gpus, host=host, errors=tuple(d.get("errors", ())),
-                            sampled_at=float(d.get("sampled_at", 0.0)))
+        inv = NodeInventory.from_dict(d, gpus)
         self._last[name] = (raw, gpus)
         return inv
 
