@@ -132,13 +132,10 @@ MAX_DISPATCH_BATCH = 256
 
 def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitable[None]]
                 ) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
-    """``job.dispatch``, a member's side: once this member's replica has the job placed
-    with the scheduler's term (10 s at most), ``start`` its part.
-
-    ``jobs`` (a list of job ids) starts several parts in one request, as the scheduler
-    sends them while it starts many jobs on one member; the answer says, per job, what
-    went wrong (``errors``). ``job_id`` starts one and fails as a whole.
-    """
+    """``job.dispatch``, a member's side: for each of ``jobs`` (job ids; the scheduler
+    sends the starts waiting for this member together), once this member's replica has
+    the job placed with the scheduler's term (10 s at most), ``start`` its part. The
+    answer says, per job, what went wrong (``errors``)."""
 
     async def one(job_id: str, term: int) -> None:
         j = await table.wait_for(job_id, lambda j: bool(j.get("placement")) and j.get("term") == term,
@@ -152,10 +149,6 @@ def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitabl
         if caller.via != "peer":
             raise ApiError("only the scheduler may dispatch", "forbidden")
         term = arg(args, "term", int)
-        if "jobs" not in args:
-            job_id = arg(args, "job_id", str)
-            await one(job_id, term)
-            return {"job_id": job_id}
         ids = arg(args, "jobs", list)
         if not 0 < len(ids) <= MAX_DISPATCH_BATCH or not all(isinstance(i, str) for i in ids):
             raise ApiError(f"jobs must be a list of 1 to {MAX_DISPATCH_BATCH} job ids", "bad_request")
