@@ -479,32 +479,10 @@ def worker_main(setup_path: str) -> int:
 
 # =================================================================== the driver
 
-def api(host: Any, op: str, **args: Any) -> dict[str, Any]:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(30)
-    s.connect(str(host.run_dir / "api.sock"))
-    s.sendall(json.dumps({"op": op, "args": args, "id": 1}).encode() + b"\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(1 << 20)
-        if not chunk:
-            break
-        buf += chunk
-    s.close()
-    return json.loads(buf)
-
-
 def leader_of(hosts: list[Any]) -> str | None:
-    names = set()
-    for h in hosts:
-        try:
-            r = api(h, "cluster.status")
-        except OSError:
-            return None
-        if not r.get("ok") or not r["result"]["scheduler"]:
-            return None
-        names.add(r["result"]["scheduler"])
-    return names.pop() if len(names) == 1 else None
+    from mtgpu_testing import agreed_scheduler
+
+    return agreed_scheduler(hosts, timeout=30)
 
 
 def register_tenants(host: Any, n: int, path: Path) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,37 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from mtgpu_testing import Host, Network  # noqa: E402
+from mtgpu_testing import Host, Network, agreed_scheduler as leader_of  # noqa: E402
 
 KEY = "benchmark-cluster-key-0123456789"
-
-
-def api(host: Host, op: str, **args) -> dict:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    s.connect(str(host.run_dir / "api.sock"))
-    s.sendall(json.dumps({"op": op, "args": args, "id": 1}).encode() + b"\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    s.close()
-    return json.loads(buf)
-
-
-def leader_of(hosts: list[Host]) -> str | None:
-    names = set()
-    for h in hosts:
-        try:
-            r = api(h, "cluster.status")
-        except OSError:
-            return None
-        if not r.get("ok") or not r["result"]["scheduler"]:
-            return None
-        names.add(r["result"]["scheduler"])
-    return names.pop() if len(names) == 1 else None
 
 
 def pct(values: list[float], p: float) -> float:
@@ -124,7 +95,7 @@ def main() -> int:
             t1 = time.perf_counter()
             entry = survivors[0]
             while True:
-                r = api(entry, "invite", name=f"bench{k}")
+                r = entry.api("invite", name=f"bench{k}")
                 if r.get("ok"):
                     break
                 time.sleep(0.02)
@@ -133,7 +104,7 @@ def main() -> int:
             to_write.append(t2 - t0)
             victim.start(timeout=120)
             while True:
-                st = api(victim, "cluster.status")
+                st = victim.api("cluster.status")
                 if st.get("ok") and sum(m["state"] == "up" for m in st["result"]["members"]) == 3:
                     break
                 time.sleep(0.2)

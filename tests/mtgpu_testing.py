@@ -69,6 +69,22 @@ def world_traversable(path: Path) -> bool:
     return True
 
 
+def agreed_scheduler(hosts: list[Host], timeout: float = 5.0) -> str | None:
+    """The scheduler every one of ``hosts`` names (asked over its API socket), or None
+    while they disagree, name none, or one does not answer (a daemon going down may
+    close the socket without an answer)."""
+    names = set()
+    for h in hosts:
+        try:
+            r = h.api("cluster.status", timeout=timeout)
+        except (OSError, ValueError):
+            return None
+        if not r.get("ok") or not r["result"]["scheduler"]:
+            return None
+        names.add(r["result"]["scheduler"])
+    return names.pop() if len(names) == 1 else None
+
+
 def python_env() -> dict[str, str]:
     """Environment for processes that must import this checkout's mtgpu."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTGPU_")}
@@ -131,6 +147,22 @@ class Host:
     @property
     def state_dir(self) -> Path:
         return Path(self.config["STATE_DIR"])
+
+    def api(self, op: str, *, timeout: float = 5.0, **args: Any) -> dict[str, Any]:
+        """One request to the daemon's API socket (as root here); its answer as sent."""
+        import json
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.run_dir / "api.sock"))
+            s.sendall(json.dumps({"op": op, "args": args, "id": 1}).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+        return json.loads(buf)
 
     #: Set by Network.add: the network namespace and address this host lives at.
     netns: str | None = None

@@ -218,23 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mtgpu.cli.common import tenant_client
-    from mtgpu.errors import ApiError, MtgpuError
+    from mtgpu.cli.common import run_cli, tenant_client
 
-    try:
-        api = tenant_client(args)
-        return {"submit": cmd_submit, "list": cmd_list, "show": cmd_show, "cancel": cmd_cancel,
-                "logs": cmd_logs, "nodes": cmd_nodes}[args.cmd](args, api)
-    except ApiError as exc:
-        print(f"mt-job: {exc}", file=sys.stderr)
-        return 1
-    except MtgpuError as exc:
-        print(f"mt-job: {exc}", file=sys.stderr)
-        return 2 if exc.__class__.__name__ == "ConfigError" else 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+    commands = {"submit": cmd_submit, "list": cmd_list, "show": cmd_show, "cancel": cmd_cancel,
+                "logs": cmd_logs, "nodes": cmd_nodes}
+    return run_cli("mt-job", lambda: commands[args.cmd](args, tenant_client(args)))
 
 
 if __name__ == "__main__":
