@@ -68,8 +68,11 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def container_name(job_id: str) -> str:
-    return f"mtgpu-job-{job_id}"
+def container_name(job_id: str, node_rank: int = 0, nnodes: int = 1) -> str:
+    """``mtgpu-job-ID``, and ``-RANK`` after it for a part of a multi-node job: members
+    that share homes share the tenant's container store, so the parts need their own
+    names there."""
+    return f"mtgpu-job-{job_id}" + (f"-{node_rank}" if nnodes > 1 else "")
 
 
 class ImageCache:
@@ -193,7 +196,7 @@ class JobContainers:
         cdis, nodes, env = self.ws.gpu_devices(list(launch.gpu_indices))
         if cdis:  # CUDA numbers the GPUs a container sees from 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(cdis)))
-        name = container_name(launch.job_id)
+        name = container_name(launch.job_id, launch.node_rank, launch.nnodes)
         argv = [self.podman, "run", "--rm", f"--name={name}", "--userns=keep-id",
                 f"--label={JOB_LABEL}={launch.job_id}", f"--annotation={JOB_LABEL}={launch.job_id}",
                 "--log-driver=none", f"--workdir={launch.workdir}", "--stop-timeout=5"]
@@ -206,7 +209,7 @@ class JobContainers:
             argv.append("--network=none")
         argv.append(image)
         return replace(launch, container=image, container_argv=tuple(argv), container_name=name,
-                       container_script=f"{t.runtime_dir}/mtgpu-jobs/{launch.job_id}.sh",
+                       container_script=f"{t.runtime_dir}/mtgpu-jobs/{name}.sh",
                        container_env={"XDG_RUNTIME_DIR": t.runtime_dir, "PATH": SYSTEM_PATH},
                        gpu_env=env or launch.gpu_env)
 
