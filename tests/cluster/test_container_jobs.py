@@ -104,7 +104,7 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         # container name there.
         two = submit(ca, key, "#!/bin/sh\n#MTGPU container=busybox nodes=2 server=ca,cb workdir=/tmp\n"
                      'if [ "$MTGPU_NODE_RANK" = 0 ]; then echo "got $(nc -l -p $MASTER_PORT)"; '
-                     "else for i in $(seq 100); do echo hello-from-rank-1 | nc $MASTER_ADDR "
+                     "else for i in $(seq 300); do echo hello-from-rank-1 | nc $MASTER_ADDR "
                      "$MASTER_PORT && break; sleep 0.1; done; fi\n")
         j = ended(ca, key, two)
         err = Path(j["stderr"])
