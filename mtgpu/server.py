@@ -43,7 +43,7 @@ from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.cluster.starts import StartBatcher
 from mtgpu.config import Options, load
 from mtgpu.errors import ApiError, ConfigError, MtgpuError
-from mtgpu.gateway.session import Gateway, ungranted_message
+from mtgpu.gateway.session import Gateway, container_store_env, ungranted_message
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
@@ -55,7 +55,9 @@ from mtgpu.sshd.server import Penalties, start_ssh_server
 from mtgpu.state.audit import AuditLog
 from mtgpu.state.store import StateStore
 from mtgpu.workspaces.jobs import IMAGE_SUBSYSTEM, JobContainers
+from mtgpu.workspaces.podman import real_podman
 from mtgpu.workspaces.service import Workspaces
+from mtgpu.workspaces.storage import LocalStores, local_root
 
 log = logging.getLogger("mtgpu.server")
 
@@ -101,6 +103,9 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.workspaces: Workspaces | None = None  # container workspaces
         self.job_containers: JobContainers | None = None  # containerized jobs
+        #: Tenants' container stores on this member's disk (CONTAINERS.storage), or
+        #: None: in their homes.
+        self.container_stores: LocalStores | None = None
         self.clock = PolicyClock.from_environment()  # time-based policy (retention)
         self.quotas = DiskQuotas(self)  # USER_DISK_LIMIT
         self.retention = policy_api.Retention(self)  # TENANT_RETENTION_DAYS
@@ -299,6 +304,7 @@ class Daemon:
     async def start(self) -> None:
         self._prepare_dirs()
         o = self.options
+        self.container_stores = await asyncio.to_thread(self._local_stores)
         admin_api.recent_log()  # `mtgpu-admin logs` shows what is logged from now on
         self.dispatcher.auditor = lambda *a: admin_api.write_audit(self, *a)
         # Before any tenant can log in: datasets are read-only from the first session.
@@ -333,6 +339,7 @@ class Daemon:
         self.scheduler = Scheduler(self.jobs, self.replicate, self.dispatch, term=self.term,
                                    aging_per_hour=o.priority_aging)
         self.agent.on_change = self.scheduler.kick
+        self.agent.job_env = lambda u: container_store_env(self, u.uid, u.gid)
         self.scheduler.drains = self.drains
         self.scheduler.report(self._last_inv)
         self.agent.start()
@@ -599,6 +606,26 @@ class Daemon:
         except OSError:
             pass
 
+    def _local_stores(self) -> LocalStores | None:
+        """Where tenants' podman keeps its storage here: local disk, or (None) the homes."""
+        o = self.options
+        root = local_root(o.containers.storage, o.tenant_home_root)
+        if root is None:
+            return None
+        podman = real_podman()
+        if not os.path.isabs(podman):
+            log.info("podman is not installed; CONTAINERS.storage (%s) applies once it is and "
+                     "the daemon restarts", root)
+            return None
+        stores = LocalStores(root, podman)
+        try:
+            stores.prepare()
+        except OSError as exc:
+            raise MtgpuError(f"CONTAINERS.storage: the tenants' container stores cannot be kept "
+                             f"in {root}: {exc}. Make it a local directory root can write, or "
+                             "set CONTAINERS.storage to another one") from exc
+        return stores
+
     def reload(self, config: str | None) -> None:
         """Apply a changed configuration, or keep the old one if the new one is bad."""
         try:
@@ -609,10 +636,12 @@ class Daemon:
         needs_restart = [k for k in ("ssh_listen", "state_dir", "run_dir", "server_name",
                                      "cluster_mode", "cluster_id", "cluster_key")
                          if getattr(new, k) != getattr(self.options, k)]
+        if new.containers.storage != self.options.containers.storage:
+            needs_restart.append("containers.storage")
         if needs_restart:
             log.warning("SIGHUP: %s change only on restart (systemctl restart mtgpu)",
                         ", ".join(k.upper() for k in needs_restart))
-            new = _keep(new, self.options, needs_restart)
+        new = _keep(new, self.options, [k for k in needs_restart if "." not in k])
         self.options = new
 
         async def republish() -> None:  # a dataset or interpreter may have been fixed too
@@ -626,9 +655,13 @@ class Daemon:
 
 
 def _keep(new: Options, old: Options, keys: list[str]) -> Options:
+    """``new`` with ``keys`` (and CONTAINERS.storage, which only a restart applies) as in ``old``."""
+    import dataclasses
+
     from mtgpu.config.options import replace
 
-    return replace(new, **{k: getattr(old, k) for k in keys})
+    containers = dataclasses.replace(new.containers, storage=old.containers.storage)
+    return replace(new, containers=containers, **{k: getattr(old, k) for k in keys})
 
 
 async def serve(options: Options, config: str | None) -> int:

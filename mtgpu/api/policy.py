@@ -187,6 +187,10 @@ async def member_action(host: PolicyHost, action: str, name: str, uid: int) -> d
     elif action == "remove":
         result = await asyncio.to_thread(ret.remove_member, name, uid, o.tenant_retention_home,
                                          o.retention_archive_dir, o.tenant_home_root, now)
+        stores = getattr(host, "container_stores", None)
+        if stores is not None and result.get("account") == "deleted":
+            await asyncio.to_thread(stores.remove, uid)
+            result["containers"] = f"{stores.dir_of(uid)} removed"
     else:
         raise ApiError(f"unknown retention action {action!r}", "bad_request")
     ret.write_log(o.state_dir, {"time": now, "user": name, "action": action,

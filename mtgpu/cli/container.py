@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
+from mtgpu.cli.podman import podman_env
 
 PROG = "mt-container"
 
@@ -149,8 +150,7 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
     sys.stdout.write(r["logs"])
     sys.stdout.flush()
     if args.follow:
-        pol = api.call("workspace.policy")
-        env = {**os.environ, "XDG_RUNTIME_DIR": pol["runtime_dir"]}
+        env = podman_env(api.call("workspace.policy"))
         os.execve(r["follow_argv"][0], r["follow_argv"], env)
     return 0
 
@@ -231,8 +231,7 @@ def exec_argv(info: dict[str, Any], cmd: list[str], tty: bool) -> list[str]:
 
 def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     info = api.call("workspace.shell", name=args.name)
-    env = {**os.environ, "XDG_RUNTIME_DIR": info["runtime_dir"]}
-    env.pop("CONTAINERS_CONF", None)
+    env = podman_env(info)
     cmd = list(args.command or [])
     while cmd[:1] in (["--json"], ["--no-tmux"]):  # options written after NAME
         setattr(args, cmd.pop(0)[2:].replace("-", "_"), True)
@@ -250,7 +249,8 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     if tmux is None:
         print(f"{PROG}: tmux is not installed here; running without it", file=sys.stderr)
         os.execve(argv[0], argv, env)
-    pane = shlex.join(["env", f"XDG_RUNTIME_DIR={info['runtime_dir']}", *argv])
+    store = [f"CONTAINERS_STORAGE_CONF={info['storage_conf']}"] if info.get("storage_conf") else []
+    pane = shlex.join(["env", f"XDG_RUNTIME_DIR={info['runtime_dir']}", *store, *argv])
     session = f"ws-{args.name}"
     from mtgpu.tmux import sessions as ts
 

@@ -29,12 +29,17 @@ def _client() -> Any:
 
 
 def podman_env(policy: dict[str, Any]) -> dict[str, str]:
-    """The caller's environment for podman: its runtime directory, and no config swap."""
+    """The caller's environment for podman: its runtime directory, its container store
+    (local on this member with CONTAINERS.storage), and no config swap."""
     env = dict(os.environ)
     # CONTAINERS_CONF would replace every containers.conf, the policy hook's included.
     env.pop("CONTAINERS_CONF", None)
     if policy.get("runtime_dir"):
         env["XDG_RUNTIME_DIR"] = policy["runtime_dir"]
+    if policy.get("storage_conf"):
+        env["CONTAINERS_STORAGE_CONF"] = policy["storage_conf"]
+    elif "runtime_dir" in policy:  # the daemon answered: the store is the home
+        env.pop("CONTAINERS_STORAGE_CONF", None)
     return env
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import socket
 from collections.abc import Callable, Mapping
@@ -98,6 +99,9 @@ class ContainersOptions:
     #: The network of containerized jobs: ``host`` (the member's, as native jobs have,
     #: so the parts of a ``nodes=N`` job reach each other) or ``private`` (as workspaces).
     job_network: str = "host"
+    #: Where tenants' container stores live: ``home``, ``auto`` (local disk when the
+    #: homes are on a network filesystem) or a local directory (``PATH/UID/storage``).
+    storage: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -621,6 +625,18 @@ def _job_network(v: object) -> str:
     return s
 
 
+def _container_storage(v: object) -> str:
+    s = _str(v).strip()
+    if s in ("home", "auto"):
+        return s
+    if not s.startswith("/"):
+        raise ValueError(f"expected home, auto or an absolute path on this member's disk, got {s!r}")
+    s = os.path.normpath(s)
+    if s == "/":
+        raise ValueError("the stores need a directory of their own, not /")
+    return s
+
+
 def _containers(v: object) -> ContainersOptions:
     if v is None:
         return ContainersOptions()
@@ -628,7 +644,7 @@ def _containers(v: object) -> ContainersOptions:
         "enabled": _bool, "templates": _templates, "prepull": _image_list, "registry": _registry,
         "cache_volumes": _volume_list, "network": _bool, "port_publishing": _port_policy,
         "allow_user_images": _bool, "archive_dir": _abspath, "image_cache": _positive_size,
-        "job_network": _job_network}
+        "job_network": _job_network, "storage": _container_storage}
     if not isinstance(v, dict):
         raise ValueError(f"expected a mapping for CONTAINERS, got {_kind(v)}")
     d = {}
@@ -800,6 +816,13 @@ def _check_whole(o: Options, lines: dict[str, int], path: str) -> None:
                               "name, so list each once and rename one of the directories",
                               key=where, line=lines.get(where), path=path)
         names[name] = i
+    store = o.containers.storage
+    if store.startswith("/") and (store + "/").startswith(o.tenant_home_root.rstrip("/") + "/"):
+        raise ConfigError(f"{store} is under TENANT_HOME_ROOT ({o.tenant_home_root}); local container "
+                          "stores belong on this member's own disk, such as /var/lib/mtgpu-containers "
+                          "(or set home to keep them in the homes)",
+                          key="CONTAINERS.storage", line=lines.get("CONTAINERS.storage", lines.get("CONTAINERS")),
+                          path=path)
     seen: dict[str, int] = {}
     for i, spec in enumerate(o.simulated_gpus):
         if spec.type in seen and o.simulated_gpus[seen[spec.type]].brand != spec.brand:
@@ -815,8 +838,6 @@ def load(path: str | None = None) -> Options:
     A missing file at the default path gives the defaults; a missing file that was
     named explicitly is an error.
     """
-    import os
-
     explicit = path or os.environ.get("MTGPU_CONFIG")
     p = explicit or DEFAULT_CONFIG_PATH
     try:

@@ -87,9 +87,23 @@ def tenant_env(account: Account, host: Host, principal: Principal,
             env[k] = v
     if principal.agent_socket:
         env["SSH_AUTH_SOCK"] = principal.agent_socket
+    env.update(container_store_env(host, account.uid, account.gid))
     if extra:
         env.update(extra)
     return env
+
+
+def container_store_env(host: Any, uid: int, gid: int) -> dict[str, str]:
+    """``CONTAINERS_STORAGE_CONF`` when tenants' container stores are on this member's
+    disk (their directory made first), else nothing: the store is in the home."""
+    stores = getattr(host, "container_stores", None)
+    if stores is None:
+        return {}
+    try:
+        stores.ensure(uid, gid)
+    except OSError as exc:
+        log.warning("UID %d: the container store under %s cannot be made: %s", uid, stores.root, exc)
+    return stores.env()
 
 
 def ungranted_message(host: Host, name: str) -> str:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
@@ -109,6 +109,9 @@ class Agent:
         #: (the workspaces layer sets it); called with the job, the launch and a
         #: progress reporter, returns the launch to start.
         self.prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None
+        #: Variables this member gives every job of a tenant (where their podman keeps
+        #: its storage here); the job's own and the scheduler's come after.
+        self.job_env: Callable[[JobUser], Mapping[str, str]] | None = None
         #: Parts getting their image before they start, by job id.
         self.preparing: dict[str, asyncio.Task[None]] = {}
         self._starts: asyncio.Semaphore | None = None
@@ -138,11 +141,11 @@ class Agent:
         members = job["placement"]["members"]
         master = members[0]["node"]
         master_addr = self.address if master == self.node else (self.address_of(master) or master)
-        env = {}
+        env = dict(self.job_env(user)) if self.job_env is not None else {}
         if len(members) > 1 and (ifname := interface_of(self.address)):
             # gloo and NCCL pick an interface from the hostname otherwise (often
             # loopback), and the parts on other members cannot reach it.
-            env = {"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname}
+            env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
         launch = launch_for(job, user, node=self.node, member=member, sampler=self.sampler,
                             cpus=cpus, term=term, master_addr=master_addr, env=env)
         self.terms[job["job_id"]] = (term, job.get("requeues", 0))

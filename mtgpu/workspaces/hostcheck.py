@@ -69,6 +69,8 @@ class HostFacts:
     nvidia: bool = False
     cdi_nvidia: bool = False
     nvidia_ctk: bool = False
+    #: The filesystem type of TENANT_HOME_ROOT (where podman keeps stores by default).
+    home_fs: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,32 @@ def assess(facts: HostFacts, options: Options, hook_path: str) -> list[Finding]:
                          "a CDI spec for nvidia.com/gpu exists" if facts.cdi_nvidia else
                          "no CDI spec: run nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
                          "" if facts.cdi_nvidia or not facts.nvidia_ctk else "cdi"))
+    f.append(store_finding(options.containers.storage, options.tenant_home_root, facts.home_fs))
     return f
+
+
+def store_finding(setting: str, home_root: str, home_fs: str) -> Finding:
+    """Where tenants' container stores are, and whether podman can keep them there.
+
+    >>> print(store_finding("auto", "/home", "nfs4").line())
+    ok       container stores: on this member's disk, under /var/lib/mtgpu-containers (TENANT_HOME_ROOT /home is on nfs4)
+    >>> store_finding("home", "/home", "nfs4").ok
+    False
+    >>> store_finding("auto", "/home", "ext4").detail
+    'in the homes (~/.local/share/containers; TENANT_HOME_ROOT /home is on ext4)'
+    """
+    from mtgpu.workspaces.storage import DEFAULT_LOCAL_ROOT, NETWORK_FILESYSTEMS
+
+    where = f"TENANT_HOME_ROOT {home_root} is on {home_fs or 'an unknown filesystem'}"
+    net = home_fs in NETWORK_FILESYSTEMS
+    if setting == "home" and net:
+        return Finding("container stores", False, f"CONTAINERS.storage is home, but {where}, "
+                       "where rootless podman cannot keep its storage; set CONTAINERS.storage "
+                       "to auto or to a directory on this member's disk")
+    root = setting if setting.startswith("/") else DEFAULT_LOCAL_ROOT if net and setting == "auto" else ""
+    if root:
+        return Finding("container stores", True, f"on this member's disk, under {root} ({where})")
+    return Finding("container stores", True, f"in the homes (~/.local/share/containers; {where})")
 
 
 def _subids(path: str, names: dict[str, int]) -> dict[int, list[tuple[int, int]]]:
@@ -233,7 +260,16 @@ def gather(options: Options) -> HostFacts:
         subuid=_subids("/etc/subuid", tenants), subgid=_subids("/etc/subgid", tenants),
         tenants=tenants, dropin=_read(DROPIN), hook=_read(HOOK_FILE), nvidia=nvidia,
         cdi_nvidia=any(n.startswith("nvidia.com/gpu=") for n in names),
-        nvidia_ctk=bool(shutil.which("nvidia-ctk")))
+        nvidia_ctk=bool(shutil.which("nvidia-ctk")), home_fs=_home_fs(options.tenant_home_root))
+
+
+def _home_fs(home_root: str) -> str:
+    from mtgpu.workspaces.storage import filesystem_of
+
+    try:
+        return filesystem_of(home_root)[1]
+    except OSError:
+        return ""
 
 
 def _has_caps(path: str) -> bool:

@@ -210,7 +210,9 @@ class JobContainers:
         argv.append(image)
         return replace(launch, container=image, container_argv=tuple(argv), container_name=name,
                        container_script=f"{t.runtime_dir}/mtgpu-jobs/{name}.sh",
-                       container_env={"XDG_RUNTIME_DIR": t.runtime_dir, "PATH": SYSTEM_PATH},
+                       container_env={"XDG_RUNTIME_DIR": t.runtime_dir, "PATH": SYSTEM_PATH,
+                                      **({"CONTAINERS_STORAGE_CONF": t.storage_conf}
+                                         if t.storage_conf else {})},
                        gpu_env=env or launch.gpu_env)
 
     async def ensure_image(self, t: Tenant, src: dict[str, Any], progress: Progress) -> str:

@@ -44,6 +44,8 @@ def tenant_env(tenant: Tenant, extra: Mapping[str, str] | None = None) -> dict[s
     """The environment podman runs with for ``tenant``."""
     env = {"HOME": tenant.home, "USER": tenant.name, "LOGNAME": tenant.name,
            "PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "XDG_RUNTIME_DIR": tenant.runtime_dir}
+    if tenant.storage_conf:
+        env["CONTAINERS_STORAGE_CONF"] = tenant.storage_conf
     env.update(extra or {})
     return env
 

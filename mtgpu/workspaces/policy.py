@@ -444,7 +444,7 @@ def check_oci_config(config: Mapping, policy: Policy,
             raise PolicyRefusal("no-host-devices", f"the device {dev.get('path')} is not one of "
                                                    "your reserved GPUs")
     roots = [policy.home, *([policy.runtime_dir] if policy.runtime_dir else []),
-             *policy.system_sources]
+             *([policy.storage_dir] if policy.storage_dir else []), *policy.system_sources]
     if policy.job_network_host and ann.get(JOB_LABEL) and "network" not in {
             ns.get("type") for ns in linux.get("namespaces") or []}:
         roots.append("/sys")  # no network namespace of its own: podman binds the host's /sys

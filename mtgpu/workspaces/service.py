@@ -220,6 +220,13 @@ class Workspaces:
             groups = (pw.pw_gid,)
         t = Tenant(pw.pw_name, uid, pw.pw_gid, pw.pw_dir, groups, pw.pw_shell or "/bin/sh")
         ensure_runtime_dir(t)
+        stores = getattr(self.host, "container_stores", None)
+        if stores is not None:
+            try:
+                store = stores.ensure(uid, pw.pw_gid)
+            except OSError as exc:
+                raise WorkspaceError(f"your container store here cannot be made: {exc}") from exc
+            t = dataclasses.replace(t, storage_conf=stores.conf, storage_dir=store)
         return t
 
     def held_gpus(self, user: str) -> list[int]:
@@ -286,7 +293,8 @@ class Workspaces:
                       port_publishing=c.port_publishing, network=c.network,
                       allow_user_images=c.allow_user_images, images=tuple(sorted(images)),
                       registry=reg, devices=tuple(nodes), cdi_devices=tuple(cdis),
-                      runtime_dir=t.runtime_dir, system_sources=tuple(sorted(cdi.host_paths(specs))),
+                      runtime_dir=t.runtime_dir, storage_dir=t.storage_dir, storage_conf=t.storage_conf,
+                      system_sources=tuple(sorted(cdi.host_paths(specs))),
                       job_network_host=c.job_network == "host")
 
     def _require_enabled(self) -> None:
@@ -703,6 +711,7 @@ class Workspaces:
         t = self.tenant(user, uid)
         return {"name": name, "container": name, "user": v["remote_user"] or "",
                 "workdir": v["workdir"] or t.home, "runtime_dir": t.runtime_dir,
+                "storage_conf": t.storage_conf,
                 "podman": getattr(self.runtime, "binary", "podman"), "home": t.home}
 
     async def policy_view(self, user: str, uid: int) -> dict[str, Any]:

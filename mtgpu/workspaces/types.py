@@ -146,6 +146,10 @@ class Tenant:
     home: str
     groups: tuple[int, ...] = ()
     shell: str = "/bin/sh"
+    #: With local container stores (CONTAINERS.storage): the ``storage.conf`` podman
+    #: reads and the tenant's store directory on this member; empty: the home.
+    storage_conf: str = ""
+    storage_dir: str = ""
 
     @property
     def runtime_dir(self) -> str:
@@ -177,6 +181,9 @@ class Policy:
     devices: tuple[str, ...] = ()
     cdi_devices: tuple[str, ...] = ()
     runtime_dir: str = ""
+    #: The tenant's local container store and its ``storage.conf`` (empty: the home).
+    storage_dir: str = ""
+    storage_conf: str = ""
     system_sources: tuple[str, ...] = ()
     #: Containerized jobs share the member's network (CONTAINERS.job_network: host).
     job_network_host: bool = False

@@ -8,8 +8,10 @@ machine's clock is never touched.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,11 +29,16 @@ CONFIG = {"USER_DISK_LIMIT": "1M", "USER_DISK_SCAN_INTERVAL": "1s",
 
 @pytest.fixture(scope="module")
 def host():
-    h = Host(CONFIG)
+    # Tenants' container stores on local disk (CONTAINERS.storage): removing a tenant
+    # removes theirs too.
+    stores = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))
+    h = Host({**CONFIG, "CONTAINERS": {"storage": str(stores / "s")}})
+    h.stores = stores / "s"
     h.env["MTGPU_CLOCK_OFFSET_FILE"] = str(h.dir / "clock-offset")
     h.start()
     yield h
     h.cleanup()
+    subprocess.run(["rm", "-rf", str(stores)], check=False)
 
 
 def set_clock(host: Host, days: float) -> None:
@@ -130,6 +137,10 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
     keys = {n: host.add_user(n) for n in ("idle", "lingers", "boss", "busy")}
     for n, k in keys.items():
         assert host.ssh(n, k, "true").returncode == 0  # first login provisions the account
+    idle_uid = int(host.passwd("idle")[2])
+    stores = host.stores if shutil.which("podman") else None  # podman installed: stores on
+    if stores is not None:
+        assert (stores / str(idle_uid)).stat().st_uid == idle_uid
     assert host.ssh("idle", keys["idle"], "echo keep > ~/notes.txt").returncode == 0
     # An OS account MTGPU did not create, with a home under the same root.
     native_home = host.homes / "native"
@@ -178,6 +189,9 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
     names = {u["name"] for u in json.loads(host.admin("user", "list", "--json").stdout)}
     assert "idle" not in names and {"lingers", "busy", "boss"} <= names
     assert not passwd_has(host, "idle") and not (host.homes / "idle").exists()
+    if stores is not None:
+        assert not (stores / str(idle_uid)).exists()
+        assert (stores / str(int(host.passwd("busy")[2]))).is_dir()
     archives = list((host.state_dir / "retired-homes").glob("idle-*.tar.gz"))
     assert len(archives) == 1
     with tarfile.open(archives[0]) as tar:

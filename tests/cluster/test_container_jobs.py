@@ -1,7 +1,12 @@
 """Containerized jobs across members: the image a tenant has on one member reaches
-the member that runs the job (archived once on shared homes, streamed over SSH to a
-member with homes of its own, cached there), a member that cannot get the image fails
-the job with the reason, and the containers of a nodes=2 job reach each other."""
+the member that runs the job (archived once on shared homes and loaded from there into
+the other member's own store, streamed over SSH to a member with homes of its own,
+cached there), a member that cannot get the image fails the job with the reason, and
+the containers of a nodes=2 job reach each other.
+
+ca and cb share the homes as an NFS export would be shared, so each keeps the tenants'
+container stores on its own disk (CONTAINERS.storage: a local directory, what ``auto``
+picks for homes on NFS)."""
 
 from __future__ import annotations
 
@@ -47,12 +52,18 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         pytest.skip(why)
     shared = Path(tempfile.mkdtemp(prefix="mtgpu-shared-homes-", dir="/tmp"))
     os.chmod(shared, 0o755)
+    stores = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))
+    os.chmod(stores, 0o755)
     containers = {"enabled": True, "allow_user_images": True,
                   "templates": {"busybox": {"image": IMAGE}}}
-    c = cluster([("ca", 0, {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": containers}),
-                 ("cb", 0, {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": containers}),
+    c = cluster([("ca", 0, {"TENANT_HOME_ROOT": str(shared),
+                            "CONTAINERS": {**containers, "storage": f"{stores}/ca"}}),
+                 ("cb", 0, {"TENANT_HOME_ROOT": str(shared),
+                            "CONTAINERS": {**containers, "storage": f"{stores}/cb"}}),
                  ("cc", 0, {"CONTAINERS": containers})],
-                private_dirs={"cc": ("/run/user",)})  # cc is another machine: its own /run
+                # Each is another machine: its own /run (rootless podman's pause process,
+                # whose namespaces every podman of the tenant joins, is recorded there).
+                private_dirs={"cb": ("/run/user",), "cc": ("/run/user",)})
     ca, cb, cc = (c.by_name(n) for n in ("ca", "cb", "cc"))
     try:
         setup = str(Path(sys.executable).parent / "mtgpu-setup")
@@ -67,6 +78,13 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
                              capture_output=True, check=True).stdout
         r = ca.ssh(USER, key, f"podman import - {IMAGE}", input=tar)
         assert r.returncode == 0, r.stderr
+        # The image went to ca's own store, not to the shared home.
+        uid = int(ca.passwd(USER)[2])
+        assert (stores / "ca" / str(uid) / "storage").is_dir()
+        assert (stores / "ca" / str(uid)).stat().st_uid == uid
+        assert not (shared / USER / ".local" / "share" / "containers" / "storage").exists()
+        r = cb.ssh(USER, key, "podman images --quiet")
+        assert r.returncode == 0 and r.stdout.strip() == b"", r
         body = "#!/bin/sh\n#MTGPU container=busybox server={node} workdir=/tmp\necho ran-on $(cat /proc/1/cmdline | tr '\\0' _)\n"
 
         # cc has homes of its own: the image is streamed from ca, then cached there.
@@ -86,10 +104,15 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         # A second job on cc finds the image in the tenant's store there: nothing moves.
         again = ended(ca, key, submit(ca, key, body.format(node="cc")))
         assert again["state"] == "COMPLETED" and "cc" not in again["progress"], again
-        # cb shares the homes with ca: the job runs with no copy at all.
-        onb = ended(cb, key, submit(cb, key, body.format(node="cb")))
-        assert onb["state"] == "COMPLETED" and onb["progress"] == {}, onb
+        # cb shares the homes with ca: its store loads the archive there (nothing is
+        # streamed), and the archive is not made again.
+        onb = ended(ca, key, submit(ca, key, body.format(node="cb")))
+        assert onb["state"] == "COMPLETED", (onb["reason"], onb["progress"],
+                                             (shared / USER / ".mtgpu" / "podman-policy.log").read_text()[-1500:])
+        assert onb["progress"]["cb"] == f"loading image {image_id[:12]} from {archives[0]}", onb
         assert archives[0].stat().st_mtime_ns == stamp   # archived once, not again
+        r = cb.ssh(USER, key, "podman images --quiet --no-trunc")
+        assert image_id in r.stdout.decode(), r
 
         # An image no member has, from a registry that is not there: the job fails
         # with the reason (it does not hang).
@@ -120,4 +143,4 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
             h.stop()
         if uid:
             reap_tenant(uid)
-        subprocess.run(["rm", "-rf", str(shared)], check=False)
+        subprocess.run(["rm", "-rf", str(shared), str(stores)], check=False)

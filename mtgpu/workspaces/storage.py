@@ -1,0 +1,216 @@
+"""Where tenants' container stores live on this member: in their homes, or on local disk.
+
+Rootless podman keeps each tenant's images and containers in
+``~/.local/share/containers/storage`` by default. That cannot work when the homes are
+on NFS (podman does not support its storage there), and it must not be shared
+between members even where it would mount: two members' podman would keep one
+container database with locks that only each member's own ``/dev/shm`` holds.
+
+``CONTAINERS.storage`` says where the stores live:
+
+- ``home``: podman's default, under each home;
+- an absolute path: ``PATH/UID/storage`` on this member's own disk, one per tenant;
+- ``auto`` (the default): ``/var/lib/mtgpu-containers`` when ``TENANT_HOME_ROOT`` is on
+  a network filesystem, the homes otherwise.
+
+With local stores the daemon writes ``PATH/storage.conf`` (root's, 0644) whose
+``rootless_storage_path`` is ``PATH/$UID/storage``, and every podman it runs for a
+tenant, the ``podman``/``docker`` wrappers, tenants' sessions and jobs get
+``CONTAINERS_STORAGE_CONF`` pointing at it. ``PATH/UID`` is the tenant's (0700), made
+before their podman first runs on this member. The storage driver is the one rootless
+podman picks on this member's disk, found once when the file is written (podman wants
+it named in the file).
+
+Images then reach each member's store as the design has it: with shared homes, a job's
+image is archived once under the home and loaded by whichever member runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Where ``auto`` puts the stores when the homes are on a network filesystem.
+DEFAULT_LOCAL_ROOT = "/var/lib/mtgpu-containers"
+
+#: Filesystems that rootless podman cannot keep its storage on (or that are shared
+#: between machines, so one store would be used by several members' podman at once).
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
+    "9p", "afs", "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.gcsfuse", "fuse.s3fs",
+    "fuse.rclone", "fuse.juicefs", "fuse.mfs", "pvfs2", "orangefs", "ocfs2", "gfs2",
+})
+
+CONF_NAME = "storage.conf"
+_DRIVERS = ("overlay", "vfs", "btrfs", "zfs")
+
+
+def filesystem_of(path: str, mountinfo: str | None = None) -> tuple[str, str]:
+    """(mount point, filesystem type) of the mount that holds ``path``."""
+    from mtgpu.accounts.quota import mount_of
+
+    if mountinfo is None:
+        with open("/proc/self/mountinfo") as f:
+            mountinfo = f.read()
+    p = path
+    while not os.path.exists(p) and p not in ("/", ""):
+        p = os.path.dirname(p)  # a home root not made yet is on its parent's mount
+    mp, fstype, _src = mount_of(os.path.realpath(p or "/"), mountinfo)
+    return mp, fstype
+
+
+def local_root(setting: str, home_root: str, mountinfo: str | None = None) -> str | None:
+    """The directory that holds the tenants' stores here, or None for their homes.
+
+    >>> local_root("home", "/home")
+    >>> local_root("/srv/containers", "/home")
+    '/srv/containers'
+    >>> info = "36 25 0:32 / /home rw - nfs4 fs:/export/home rw\\n25 1 8:1 / / rw - ext4 /dev/sda1 rw"
+    >>> local_root("auto", "/home/tenants", info)
+    '/var/lib/mtgpu-containers'
+    >>> local_root("auto", "/srv/homes", info) is None
+    True
+    """
+    if setting == "home":
+        return None
+    if setting != "auto":
+        return setting
+    _mp, fstype = filesystem_of(home_root, mountinfo)
+    return DEFAULT_LOCAL_ROOT if fstype in NETWORK_FILESYSTEMS else None
+
+
+def conf_text(root: str, driver: str) -> str:
+    """The ``storage.conf`` of the local stores under ``root``.
+
+    >>> print(conf_text("/var/lib/mtgpu-containers", "overlay"), end="")
+    # Written by mtgpu-server (CONTAINERS.storage): each tenant's container store is
+    # on this member's disk. Tenants' podman reads it through CONTAINERS_STORAGE_CONF.
+    [storage]
+    driver = "overlay"
+    rootless_storage_path = "/var/lib/mtgpu-containers/$UID/storage"
+    """
+    return ("# Written by mtgpu-server (CONTAINERS.storage): each tenant's container store is\n"
+            "# on this member's disk. Tenants' podman reads it through CONTAINERS_STORAGE_CONF.\n"
+            "[storage]\n"
+            f'driver = "{driver}"\n'
+            f'rootless_storage_path = "{root}/$UID/storage"\n')
+
+
+@dataclass
+class LocalStores:
+    """The tenants' container stores under ``root`` on this member."""
+
+    root: str
+    podman: str = "podman"
+
+    @property
+    def conf(self) -> str:
+        return f"{self.root}/{CONF_NAME}"
+
+    def dir_of(self, uid: int) -> str:
+        return f"{self.root}/{uid}"
+
+    def prepare(self) -> None:
+        """Make ``root`` (root's, 0711) and its ``storage.conf`` (once: the driver the
+        stores were made with stays)."""
+        root = Path(self.root)
+        if root.is_symlink():
+            raise OSError(f"{root} is a symbolic link; point CONTAINERS.storage at a real directory")
+        root.mkdir(parents=True, exist_ok=True)
+        st = root.stat()
+        if st.st_uid != 0 and os.geteuid() == 0:
+            os.chown(root, 0, 0)
+        if st.st_mode & 0o7777 != 0o711:
+            os.chmod(root, 0o711)
+        conf = Path(self.conf)
+        if conf.is_file() and _driver_in(conf.read_text()):
+            return
+        driver = self.probe_driver()
+        tmp = conf.with_name(f".{CONF_NAME}.tmp")
+        tmp.write_text(conf_text(self.root, driver))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, conf)
+        log.info("tenants' container stores are under %s (driver %s)", self.root, driver)
+
+    def probe_driver(self) -> str:
+        """The driver rootless podman picks for a store under ``root`` (``vfs`` if it
+        cannot say: it works on every filesystem)."""
+        podman = shutil.which(self.podman) or self.podman
+        if not os.path.exists(podman):
+            return "overlay"
+        try:
+            nobody = pwd.getpwnam("nobody")
+        except KeyError:
+            return "vfs"
+        probe = tempfile.mkdtemp(prefix=".probe-", dir=self.root)
+        try:
+            os.chmod(probe, 0o700)
+            if os.geteuid() == 0:
+                os.chown(probe, nobody.pw_uid, nobody.pw_gid)
+            conf = f"{probe}/{CONF_NAME}"
+            with open(conf, "w") as f:
+                f.write(f'[storage]\nrootless_storage_path = "{probe}/storage"\n')
+            os.chmod(conf, 0o644)
+            env = {"HOME": probe, "XDG_RUNTIME_DIR": f"{probe}/run", "XDG_CONFIG_HOME": f"{probe}/config",
+                   "PATH": "/usr/local/bin:/usr/bin:/bin", "CONTAINERS_STORAGE_CONF": conf}
+            kw = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []} if os.geteuid() == 0 else {}
+            r = subprocess.run([podman, "info", "--format", "{{.Store.GraphDriverName}}"], env=env,
+                               cwd="/", capture_output=True, text=True, timeout=60, check=False, **kw)
+            driver = r.stdout.strip()
+            if r.returncode == 0 and driver in _DRIVERS:
+                return driver
+            log.warning("podman could not say which storage driver it uses under %s (%s); "
+                        "using vfs", self.root, (r.stderr.strip().splitlines() or ["no output"])[-1])
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("probing podman's storage driver under %s: %s; using vfs", self.root, exc)
+        finally:
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", probe], check=False)
+        return "vfs"
+
+    def ensure(self, uid: int, gid: int) -> str:
+        """``root/UID``, the tenant's (0700); returns it."""
+        d = Path(self.dir_of(uid))
+        if d.is_symlink():
+            raise OSError(f"{d} is a symbolic link; an admin must remove it")
+        try:
+            st = d.stat()
+        except FileNotFoundError:
+            d.mkdir(mode=0o700)
+            os.chown(d, uid, gid)
+            return str(d)
+        if st.st_uid != uid:
+            os.chown(d, uid, gid)  # root made it, or a UID was reused after a removal
+        if st.st_mode & 0o777 != 0o700:
+            os.chmod(d, 0o700)
+        return str(d)
+
+    def remove(self, uid: int) -> None:
+        """Drop a removed tenant's store (files of the tenant's sub-UIDs too)."""
+        d = self.dir_of(uid)
+        if os.path.lexists(d):
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", d], check=False)
+
+    def env(self) -> dict[str, str]:
+        return {"CONTAINERS_STORAGE_CONF": self.conf}
+
+
+def _driver_in(text: str) -> str:
+    """
+    >>> _driver_in('[storage]\\ndriver = "overlay"\\n')
+    'overlay'
+    >>> _driver_in('[storage]\\n')
+    ''
+    """
+    for line in text.splitlines():
+        k, _, v = line.partition("=")
+        if k.strip() == "driver":
+            return v.strip().strip('"')
+    return ""
