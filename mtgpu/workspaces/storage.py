@@ -31,6 +31,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -125,6 +126,11 @@ class LocalStores:
         if root.is_symlink():
             raise OSError(f"{root} is a symbolic link; point CONTAINERS.storage at a real directory")
         root.mkdir(parents=True, exist_ok=True)
+        for parent in root.parents:
+            if not parent.stat().st_mode & 0o001:
+                raise OSError(f"{parent} is mode {parent.stat().st_mode & 0o7777:04o}, so tenants "
+                              f"cannot reach their stores under {root}; let others traverse it "
+                              "(chmod o+x) or choose another directory")
         st = root.stat()
         if st.st_uid != 0 and os.geteuid() == 0:
             os.chown(root, 0, 0)
@@ -153,8 +159,10 @@ class LocalStores:
         probe = tempfile.mkdtemp(prefix=".probe-", dir=self.root)
         try:
             os.chmod(probe, 0o700)
+            os.mkdir(f"{probe}/run", 0o700)  # podman's runtime files (its pause process's pid)
             if os.geteuid() == 0:
-                os.chown(probe, nobody.pw_uid, nobody.pw_gid)
+                for d in (probe, f"{probe}/run"):
+                    os.chown(d, nobody.pw_uid, nobody.pw_gid)
             conf = f"{probe}/{CONF_NAME}"
             with open(conf, "w") as f:
                 f.write(f'[storage]\nrootless_storage_path = "{probe}/storage"\n')
@@ -172,6 +180,7 @@ class LocalStores:
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("probing podman's storage driver under %s: %s; using vfs", self.root, exc)
         finally:
+            _stop_pause_process(f"{probe}/run", nobody.pw_uid)
             subprocess.run(["rm", "-rf", "--one-file-system", "--", probe], check=False)
         return "vfs"
 
@@ -200,6 +209,18 @@ class LocalStores:
 
     def env(self) -> dict[str, str]:
         return {"CONTAINERS_STORAGE_CONF": self.conf}
+
+
+def _stop_pause_process(runtime_dir: str, uid: int) -> None:
+    """Rootless podman leaves a pause process holding its user namespace; the probe's
+    has no further use."""
+    try:
+        with open(f"{runtime_dir}/libpod/tmp/pause.pid") as f:
+            pid = int(f.read().strip())
+        if os.stat(f"/proc/{pid}").st_uid == uid:
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
 
 
 def _driver_in(text: str) -> str:

@@ -43,7 +43,13 @@ def test_local_stores_are_made_once_per_tenant_and_removed_with_the_tenant() -> 
     try:
         root = base / "stores"
         s = LocalStores(str(root))
+        with pytest.raises(OSError, match=f"{base} is mode 0700, so tenants cannot reach"):
+            s.prepare()  # mkdtemp makes it 0700
+        os.chmod(base, 0o755)
+        before = nobody_processes()
         s.prepare()
+        # The driver probe's podman (as nobody) leaves no pause process behind.
+        assert nobody_processes() - before == set()
         assert root.stat().st_mode & 0o7777 == 0o711 and root.stat().st_uid == 0
         conf = (root / "storage.conf").read_text()
         assert f'rootless_storage_path = "{root}/$UID/storage"' in conf
@@ -63,6 +69,14 @@ def test_local_stores_are_made_once_per_tenant_and_removed_with_the_tenant() -> 
             s.ensure(99, 99)
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def nobody_processes() -> set[int]:
+    """Live (not zombie) processes of nobody."""
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["username", "status"])
+            if p.info["username"] == "nobody" and p.info["status"] != psutil.STATUS_ZOMBIE}
 
 
 def wait_job(w, jid: str, timeout: float = 60) -> dict:

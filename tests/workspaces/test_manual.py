@@ -43,3 +43,15 @@ def test_the_quoted_refusal_is_real() -> None:
         assert str(exc) == quoted
     else:
         raise AssertionError("not refused")
+
+
+
+def test_the_container_store_lines_are_podman_checks() -> None:
+    from mtgpu.workspaces.hostcheck import store_finding
+
+    text = section()
+    [yaml_text] = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
+    assert load_text(yaml_text).containers.storage == "auto"
+    assert store_finding("auto", "/home", "ext4").line() in text.splitlines()
+    nfs = store_finding("auto", "/home", "nfs4")
+    assert " ".join(f"`ok container stores: {nfs.detail}`".split()) in " ".join(text.split())
