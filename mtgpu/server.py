@@ -621,9 +621,11 @@ class Daemon:
         try:
             stores.prepare()
         except OSError as exc:
+            hint = ("" if exc.errno is None else  # our own message says what to do
+                    ". Make it a local directory root can write, or set CONTAINERS.storage to "
+                    "another one")
             raise MtgpuError(f"CONTAINERS.storage: the tenants' container stores cannot be kept "
-                             f"in {root}: {exc}. Make it a local directory root can write, or "
-                             "set CONTAINERS.storage to another one") from exc
+                             f"in {root}: {exc}{hint}") from exc
         return stores
 
     def reload(self, config: str | None) -> None:

@@ -8,6 +8,7 @@ machine's clock is never touched.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -32,6 +33,7 @@ def host():
     # Tenants' container stores on local disk (CONTAINERS.storage): removing a tenant
     # removes theirs too.
     stores = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))
+    os.chmod(stores, 0o755)  # tenants reach their stores through it
     h = Host({**CONFIG, "CONTAINERS": {"storage": str(stores / "s")}})
     h.stores = stores / "s"
     h.env["MTGPU_CLOCK_OFFSET_FILE"] = str(h.dir / "clock-offset")

@@ -140,3 +140,23 @@ def test_every_podman_of_the_tenant_uses_the_store_on_local_disk() -> None:
     finally:
         stop_workspace_host(w.host)
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_stores_directory_tenants_cannot_reach_stops_the_daemon_with_what_to_do() -> None:
+    from mtgpu_testing import Host
+
+    why = podman_ready()  # without podman the setting waits for it: nothing is refused
+    if why:
+        pytest.skip(why)
+    base = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))  # 0700
+    h = Host({"CONTAINERS": {"storage": str(base / "s")}})
+    try:
+        with pytest.raises(RuntimeError) as e:
+            h.start()
+        assert (f"CONTAINERS.storage: the tenants' container stores cannot be kept in {base}/s: "
+                f"{base} is mode 0700, so tenants cannot reach their stores under {base}/s; let "
+                "others traverse it (chmod o+x) or choose another directory") in str(e.value)
+    finally:
+        h.stop()
+        h.cleanup()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
