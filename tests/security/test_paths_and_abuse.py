@@ -234,10 +234,19 @@ def test_a_thousand_idle_connections_leave_logged_in_tenants_working(arena):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert "SSH_MAX_STARTUPS" in h.log() or "refusing" in h.log()
-    deadline = time.time() + 30
-    while h.ssh("alice", alice.key, "true").returncode != 0:
+    # Logins come back, and stay back: the kernel still holds connections of the
+    # flood that the daemon accepts (and counts as unauthenticated until it reads
+    # their end) for a moment after the client closed them, so one login getting
+    # through is not the end of it; ten in a row is.
+    deadline = time.time() + 60
+    streak = 0
+    while streak < 10:
         assert time.time() < deadline, "logins did not come back"
-        time.sleep(0.3)
+        if h.ssh("alice", alice.key, "true").returncode == 0:
+            streak += 1
+        else:
+            streak = 0
+            time.sleep(0.3)
     assert h.proc.poll() is None
     tally("attacks_refused")
     tally("flood_requests_refused", 1000 - 20)
