@@ -638,12 +638,13 @@ class Daemon:
         needs_restart = [k for k in ("ssh_listen", "state_dir", "run_dir", "server_name",
                                      "cluster_mode", "cluster_id", "cluster_key")
                          if getattr(new, k) != getattr(self.options, k)]
+        names = [k.upper() for k in needs_restart]
         if new.containers.storage != self.options.containers.storage:
-            needs_restart.append("containers.storage")
-        if needs_restart:
+            names.append("CONTAINERS.storage")
+        if names:
             log.warning("SIGHUP: %s change only on restart (systemctl restart mtgpu)",
-                        ", ".join(k.upper() for k in needs_restart))
-        new = _keep(new, self.options, [k for k in needs_restart if "." not in k])
+                        ", ".join(names))
+        new = _keep(new, self.options, needs_restart)
         self.options = new
 
         async def republish() -> None:  # a dataset or interpreter may have been fixed too

@@ -249,8 +249,9 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     if tmux is None:
         print(f"{PROG}: tmux is not installed here; running without it", file=sys.stderr)
         os.execve(argv[0], argv, env)
-    store = [f"CONTAINERS_STORAGE_CONF={info['storage_conf']}"] if info.get("storage_conf") else []
-    pane = shlex.join(["env", f"XDG_RUNTIME_DIR={info['runtime_dir']}", *store, *argv])
+    # The pane starts from the tmux server's environment: podman's variables go with it.
+    pane = shlex.join(["env", *(f"{k}={env[k]}" for k in ("XDG_RUNTIME_DIR", "CONTAINERS_STORAGE_CONF")
+                                if k in env), *argv])
     session = f"ws-{args.name}"
     from mtgpu.tmux import sessions as ts
 

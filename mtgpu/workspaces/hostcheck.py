@@ -186,15 +186,14 @@ def store_finding(setting: str, home_root: str, home_fs: str) -> Finding:
     >>> store_finding("auto", "/home", "ext4").detail
     'in the homes (~/.local/share/containers; TENANT_HOME_ROOT /home is on ext4)'
     """
-    from mtgpu.workspaces.storage import DEFAULT_LOCAL_ROOT, NETWORK_FILESYSTEMS
+    from mtgpu.workspaces.storage import NETWORK_FILESYSTEMS, root_for
 
     where = f"TENANT_HOME_ROOT {home_root} is on {home_fs or 'an unknown filesystem'}"
-    net = home_fs in NETWORK_FILESYSTEMS
-    if setting == "home" and net:
+    if setting == "home" and home_fs in NETWORK_FILESYSTEMS:
         return Finding("container stores", False, f"CONTAINERS.storage is home, but {where}, "
                        "where rootless podman cannot keep its storage; set CONTAINERS.storage "
                        "to auto or to a directory on this member's disk")
-    root = setting if setting.startswith("/") else DEFAULT_LOCAL_ROOT if net and setting == "auto" else ""
+    root = root_for(setting, home_fs)
     if root:
         return Finding("container stores", True, f"on this member's disk, under {root} ({where})")
     return Finding("container stores", True, f"in the homes (~/.local/share/containers; {where})")

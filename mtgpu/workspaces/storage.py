@@ -80,12 +80,21 @@ def local_root(setting: str, home_root: str, mountinfo: str | None = None) -> st
     >>> local_root("auto", "/srv/homes", info) is None
     True
     """
+    fstype = filesystem_of(home_root, mountinfo)[1] if setting == "auto" else ""
+    return root_for(setting, fstype)
+
+
+def root_for(setting: str, home_fs: str) -> str | None:
+    """:func:`local_root` given the filesystem type of ``TENANT_HOME_ROOT``.
+
+    >>> root_for("auto", "nfs4"), root_for("auto", "ext4"), root_for("home", "nfs4")
+    ('/var/lib/mtgpu-containers', None, None)
+    """
     if setting == "home":
         return None
     if setting != "auto":
         return setting
-    _mp, fstype = filesystem_of(home_root, mountinfo)
-    return DEFAULT_LOCAL_ROOT if fstype in NETWORK_FILESYSTEMS else None
+    return DEFAULT_LOCAL_ROOT if home_fs in NETWORK_FILESYSTEMS else None
 
 
 def conf_text(root: str, driver: str) -> str:
@@ -150,8 +159,6 @@ class LocalStores:
         """The driver rootless podman picks for a store under ``root`` (``vfs`` if it
         cannot say: it works on every filesystem)."""
         podman = shutil.which(self.podman) or self.podman
-        if not os.path.exists(podman):
-            return "overlay"
         try:
             nobody = pwd.getpwnam("nobody")
         except KeyError:
@@ -196,7 +203,7 @@ class LocalStores:
             os.chown(d, uid, gid)
             return str(d)
         if st.st_uid != uid:
-            os.chown(d, uid, gid)  # root made it, or a UID was reused after a removal
+            os.chown(d, uid, gid)  # root's: a start cut short between mkdir and chown
         if st.st_mode & 0o777 != 0o700:
             os.chmod(d, 0o700)
         return str(d)
