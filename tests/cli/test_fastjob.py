@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtgpu_testing import REPO
+from mtgpu_testing import REPO, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -61,11 +61,17 @@ def test_fast_list_json_prints_what_the_python_client_prints(make_host, fast_bin
             "#!/bin/bash\n#MTGPU cpus=1 name='café-\"q\"-\\-✓'\ntrue\n".encode(),
             b"#!/bin/bash\n#MTGPU cpus=1 array=0-3%2 name=arr\ntrue\n",
             b"#!/bin/bash\n#MTGPU cpus=1 time=30 name=short\ntrue\n"]
+    ids = []
     for job in jobs:
         r = host.ssh("gus", key, f"{fast_binary} submit --parsable -", input=job)
         assert r.returncode == 0, r.stderr
-    r = host.ssh("gus", key, f"{fast_binary} cancel {r.stdout.decode().strip()}")
+        ids.append(r.stdout.decode().strip())
+    r = host.ssh("gus", key, f"{fast_binary} cancel {ids[-1]}")
     assert r.returncode == 0, r.stderr
+    # Both lists must see the same queue: the holder's start is recorded a moment after
+    # it is placed (its first start on a fresh host builds the start helper).
+    wait_for(lambda: json.loads(host.ssh("gus", key, f"{py} show {ids[0]} --json").stdout)["start_time"],
+             what="the holder's start")
     for flags in ("--json", "--json --all", "-a --json"):
         both = host.ssh("gus", key, f"{fast_binary} list {flags}; echo ===; {py} list {flags}")
         assert both.returncode == 0, both.stderr
