@@ -10,6 +10,7 @@ port.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -102,6 +103,30 @@ def make_key(directory: Path, name: str) -> Path:
     return path
 
 
+#: Files shadow-utils makes in /etc for a moment while an account changes
+#: (passwd.lock, shadow.15351, shadow+, group-): never part of a copy.
+_ETC_TRANSIENT = re.compile(r"^(passwd|shadow|group|gshadow|subuid|subgid)(\.lock|\.\d+|\+)$")
+
+
+def copy_etc(dst: Path) -> None:
+    """A copy of /etc for one test host, taken while other processes may be changing
+    accounts there: shadow-utils' lock and temporary files are left out, and a file
+    that vanishes between the listing and the copy is retried."""
+    def transient(_dir: str, names: list[str]) -> set[str]:
+        return {n for n in names if _ETC_TRANSIENT.match(n)}
+
+    for attempt in range(5):
+        try:
+            shutil.copytree("/etc", dst, symlinks=True, ignore=transient)
+            return
+        except shutil.Error as e:
+            vanished = all("No such file or directory" in str(err[2]) for err in e.args[0])
+            if not vanished or attempt == 4:
+                raise
+            shutil.rmtree(dst, ignore_errors=True)
+            time.sleep(0.2)
+
+
 class Host:
     """One real mtgpu-server under test."""
 
@@ -109,7 +134,7 @@ class Host:
         self.dir = Path(tempfile.mkdtemp(prefix="mtgpu-t-", dir="/tmp"))
         os.chmod(self.dir, 0o755)
         self.etc = self.dir / "etc"
-        shutil.copytree("/etc", self.etc, symlinks=True)
+        copy_etc(self.etc)
         self.homes = self.dir / "homes"
         self.homes.mkdir(mode=0o755)
         os.chmod(self.homes, 0o755)
