@@ -104,7 +104,7 @@ def make_key(directory: Path, name: str) -> Path:
 
 
 #: Files shadow-utils makes in /etc for a moment while an account changes
-#: (passwd.lock, shadow.15351, shadow+, group-): never part of a copy.
+#: (passwd.lock, shadow.15351, passwd+): never part of a copy.
 _ETC_TRANSIENT = re.compile(r"^(passwd|shadow|group|gshadow|subuid|subgid)(\.lock|\.\d+|\+)$")
 
 
@@ -120,7 +120,7 @@ def copy_etc(dst: Path) -> None:
             shutil.copytree("/etc", dst, symlinks=True, ignore=transient)
             return
         except shutil.Error as e:
-            vanished = all("No such file or directory" in str(err[2]) for err in e.args[0])
+            vanished = all("No such file or directory" in why for _src, _dst, why in e.args[0])
             if not vanished or attempt == 4:
                 raise
             shutil.rmtree(dst, ignore_errors=True)

@@ -45,7 +45,6 @@ def test_the_quoted_refusal_is_real() -> None:
         raise AssertionError("not refused")
 
 
-
 def test_the_container_store_lines_are_podman_checks() -> None:
     from mtgpu.workspaces.hostcheck import store_finding
 
