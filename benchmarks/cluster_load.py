@@ -75,9 +75,15 @@ CLUSTER = "load"
 #: GPU kinds of the simulated members, by member number.
 KINDS = [("a100", "80G"), ("h100", "80G"), ("l40s", "48G"), ("rtx4090", "24G")]
 #: (share of submissions, directives); the body is irrelevant: the runner sleeps.
-MIX = [(0.40, "gpus=1"), (0.15, "gpus=2"), (0.20, "gpus=1 vram=8G"),
-       (0.05, "gpus=1 gpu_mode=overcommit vram=4G"), (0.10, "cpus=2 ram=4G"),
-       (0.05, "gpus=1 vram=4G array=0-7"), (0.05, "nodes=4 gpus=1")]
+MIX = [
+    (0.40, "gpus=1"),
+    (0.15, "gpus=2"),
+    (0.20, "gpus=1 vram=8G"),
+    (0.05, "gpus=1 gpu_mode=overcommit vram=4G"),
+    (0.10, "cpus=2 ram=4G"),
+    (0.05, "gpus=1 vram=4G array=0-7"),
+    (0.05, "nodes=4 gpus=1"),
+]
 #: How long a simulated job runs (seconds, uniform).
 JOB_SECONDS = (5.0, 15.0)
 
@@ -90,6 +96,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 # =================================================================== the worker
+
 
 class SleepRunner:
     """The job runner of a simulated member: each part sleeps, then completes."""
@@ -111,17 +118,28 @@ class SleepRunner:
         if launch.job_id in self.launches:
             raise JobAlreadyStarted(f"job {launch.job_id} already runs here")
         self.launches[launch.job_id] = (launch, time.time())
-        self.loop.call_soon_threadsafe(self.loop.call_later, random.uniform(*JOB_SECONDS),
-                                       self._end, launch.job_id, self._final.COMPLETED)
+        self.loop.call_soon_threadsafe(
+            self.loop.call_later,
+            random.uniform(*JOB_SECONDS),
+            self._end,
+            launch.job_id,
+            self._final.COMPLETED,
+        )
 
     def _end(self, job_id: str, state: Any) -> None:
         got = self.launches.get(job_id)
         if got is None or job_id in self.results:
             return
         launch, began = got
-        self.results[job_id] = self._result(job_id, state, 0 if state == self._final.COMPLETED else None,
-                                            start_time=began, end_time=time.time(),
-                                            term=launch.term, attempt=launch.attempt)
+        self.results[job_id] = self._result(
+            job_id,
+            state,
+            0 if state == self._final.COMPLETED else None,
+            start_time=began,
+            end_time=time.time(),
+            term=launch.term,
+            attempt=launch.attempt,
+        )
         try:
             self._write.send(job_id.encode())
         except OSError:
@@ -173,10 +191,14 @@ class SimMember:
 
         state = Path(worker.root) / self.name
         state.mkdir(parents=True, exist_ok=True)
-        self.options = replace(worker.base, server_name=self.name, state_dir=str(state),
-                               run_dir=str(state), ssh_listen=(worker.address, 0),
-                               simulated_gpus=(SimulatedGpuSpec(type=kind, count=8,
-                                                                vram=parse_size(vram)),))
+        self.options = replace(
+            worker.base,
+            server_name=self.name,
+            state_dir=str(state),
+            run_dir=str(state),
+            ssh_listen=(worker.address, 0),
+            simulated_gpus=(SimulatedGpuSpec(type=kind, count=8, vram=parse_size(vram)),),
+        )
         self.report_rtts: list[tuple[float, float]] = []
 
     async def start(self) -> None:
@@ -196,8 +218,9 @@ class SimMember:
         self.penalties = Penalties(self.options.ssh_penalty_failures, self.options.ssh_penalty_seconds)
         self.server = await start_ssh_server(self, None)
         port = self.server.sockets[0].getsockname()[1]
-        o = self.options = replace(self.options, ssh_listen=(w.address, port),
-                                   cluster_advertise=f"{w.address}:{port}")
+        o = self.options = replace(
+            self.options, ssh_listen=(w.address, port), cluster_advertise=f"{w.address}:{port}"
+        )
         self.sampler = Sampler(o)
         self.last_inv = self.sample()
         self.runtime = ClusterRuntime(o, w.identity, self.dispatcher, lambda: self.last_inv)
@@ -218,22 +241,34 @@ class SimMember:
         async def user_for(name: str, uid: int) -> JobUser:
             return JobUser(name, uid, uid, "/tmp", "/bin/sh")
 
-        self.agent = Agent(self.name, w.jobs, SleepRunner(asyncio.get_running_loop()),
-                           self.sampler, w.replicate, user_for, address=w.address)
+        self.agent = Agent(
+            self.name,
+            w.jobs,
+            SleepRunner(asyncio.get_running_loop()),
+            self.sampler,
+            w.replicate,
+            user_for,
+            address=w.address,
+        )
 
         # As the daemon's: the job from the replica, then the agent.
         self.dispatcher.register("job.dispatch", dispatch_op(w.jobs, self.agent.dispatch))
         try:
-            await self.peers.call(w.leader() or "m1", "cluster.join", name=self.name,
-                                  address=o.cluster_advertise, score=1.0, timeout=60)
+            await self.peers.call(
+                w.leader() or "m1",
+                "cluster.join",
+                name=self.name,
+                address=o.cluster_advertise,
+                score=1.0,
+                timeout=60,
+            )
         except Exception:
             self.server.close()
             self.peers.close()
             raise
         self.agent.start()
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._sample_loop()),
-                      loop.create_task(self.runtime._report_loop())]
+        self.tasks = [loop.create_task(self._sample_loop()), loop.create_task(self.runtime._report_loop())]
 
     async def peer_session(self, process: Any, name: str) -> None:
         """A channel from another member: only ``mtgpu-peer`` (the scheduler's calls)."""
@@ -241,8 +276,9 @@ class SimMember:
         from mtgpu.api.unix import serve_lines
 
         if process.subsystem == "mtgpu-peer":
-            await serve_lines(process.stdin, process.stdout, self.dispatcher,
-                              Caller(f"mtgpu-peer.{name}", 0, True, "peer"))
+            await serve_lines(
+                process.stdin, process.stdout, self.dispatcher, Caller(f"mtgpu-peer.{name}", 0, True, "peer")
+            )
         else:
             process.exit(1)
 
@@ -299,12 +335,13 @@ class Worker:
         self.replica_peers = PeerClient(self.identity, name, str(state), self.voter_addresses.get)
         self.jobs = JobTable()
         self.member_list = Members()
-        consumers = [Registry(self.base.tenant_uid_range), self.jobs, Drains(), AuditLog(),
-                     self.member_list]
-        transport = SshRaftTransport(asyncio.get_running_loop(), name, self.replica_peers.open_raft,
-                                     readonly=True)
-        self.store = StateStore(None, consumers, str(state), peers=list(self.voter_addresses),
-                                transport_factory=transport.attach)
+        consumers = [Registry(self.base.tenant_uid_range), self.jobs, Drains(), AuditLog(), self.member_list]
+        transport = SshRaftTransport(
+            asyncio.get_running_loop(), name, self.replica_peers.open_raft, readonly=True
+        )
+        self.store = StateStore(
+            None, consumers, str(state), peers=list(self.voter_addresses), transport_factory=transport.attach
+        )
         await self.store.wait_ready(timeout=120)
 
     async def replicate(self, method: Any, *args: Any, timeout: float = 30.0) -> Any:
@@ -335,8 +372,7 @@ class Worker:
                         await asyncio.sleep(1)
 
         await asyncio.gather(*(one(i) for i in indices))
-        return {"members": len(self.members), "seconds": time.perf_counter() - t0,
-                "errors": errors[:5]}
+        return {"members": len(self.members), "seconds": time.perf_counter() - t0, "errors": errors[:5]}
 
     async def _submit(self, script: str) -> str | None:
         leader = self.leader()
@@ -346,10 +382,14 @@ class Worker:
         name, uid = random.choice(self.tenants)
         sent = time.time()
         try:
-            r = await member.peers.call(leader, "forward", op="job.submit",
-                                        args={"script": script, "workdir": "/tmp"},
-                                        caller={"name": name, "uid": uid, "admin": False},
-                                        timeout=30)
+            r = await member.peers.call(
+                leader,
+                "forward",
+                op="job.submit",
+                args={"script": script, "workdir": "/tmp"},
+                caller={"name": name, "uid": uid, "admin": False},
+                timeout=30,
+            )
         except Exception:  # noqa: BLE001 - counted as lost
             return None
         self.submitted[r["job_id"]] = sent
@@ -368,14 +408,19 @@ class Worker:
             due = int((now - t0) * rate)
             while k < due:
                 d = random.choices(MIX, weights)[0][1]
-                tasks.append(asyncio.ensure_future(self._submit(
-                    f"#!/bin/bash\n#MTGPU {d} cpus=2 ram=4G time=10m\nsleep 10\n")))
+                tasks.append(
+                    asyncio.ensure_future(
+                        self._submit(f"#!/bin/bash\n#MTGPU {d} cpus=2 ram=4G time=10m\nsleep 10\n")
+                    )
+                )
                 k += 1
             await asyncio.sleep(0.01)
         ids = await asyncio.gather(*tasks)
         return {"submitted": len(ids), "failed": sum(i is None for i in ids)}
 
-    def _tasks(self, job_id: str, arrays: dict[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    def _tasks(
+        self, job_id: str, arrays: dict[str, list[dict[str, Any]]] | None = None
+    ) -> list[dict[str, Any]]:
         j = self.jobs.get(job_id)
         if j is not None:
             return [j]
@@ -410,15 +455,21 @@ class Worker:
                 else:
                     unstarted += 1
         rtts = [r for m in self.members for _, r in m.report_rtts]
-        return {"placed": placed, "running": running, "placed_at": placed_at,
-                "unstarted": unstarted, "reports": rtts}
+        return {
+            "placed": placed,
+            "running": running,
+            "placed_at": placed_at,
+            "unstarted": unstarted,
+            "reports": rtts,
+        }
 
     async def burst(self, n: int, wait: float) -> dict[str, Any]:
         self.submitted = {}
         jid = None
         while jid is None:
-            jid = await self._submit(f"#!/bin/bash\n#MTGPU array=0-{n - 1} gpus=1 vram=2G cpus=1 "
-                                     "ram=1G time=10m\nsleep 10\n")
+            jid = await self._submit(
+                f"#!/bin/bash\n#MTGPU array=0-{n - 1} gpus=1 vram=2G cpus=1 ram=1G time=10m\nsleep 10\n"
+            )
         sent = self.submitted[jid]
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -467,8 +518,9 @@ def worker_main(setup_path: str) -> int:
 
     import mtgpu.schedd.agent as agent_module
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     # Ends come through the runner's notices; the fallback poll of every member's
     # agent (0.2 s) would cost the generator more than the members' real work.
     agent_module.POLL_INTERVAL = 2.0
@@ -478,6 +530,7 @@ def worker_main(setup_path: str) -> int:
 
 
 # =================================================================== the driver
+
 
 def leader_of(hosts: list[Any]) -> str | None:
     from mtgpu_testing import agreed_scheduler
@@ -489,8 +542,9 @@ def register_tenants(host: Any, n: int, path: Path) -> float:
     """``user.add`` ``n`` tenants through the admin socket, 8 connections at once."""
     import asyncssh
 
-    keys = [asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
-            for _ in range(n)]
+    keys = [
+        asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip() for _ in range(n)
+    ]
     out: list[list[Any]] = []
     lock = threading.Lock()
     t0 = time.perf_counter()
@@ -522,10 +576,14 @@ class WorkerProc:
         path.write_text(json.dumps({**setup, "worker": k}))
         from mtgpu_testing import python_env
 
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(root / f"worker{k}.log", "ab"),  # noqa: SIM115
-                                     env=python_env(), text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(root / f"worker{k}.log", "ab"),  # noqa: SIM115
+            env=python_env(),
+            text=True,
+        )
         assert json.loads(self.proc.stdout.readline()).get("ready")  # type: ignore[union-attr]
 
     def send(self, cmd: str, **args: Any) -> None:
@@ -539,8 +597,9 @@ class WorkerProc:
         return json.loads(line)
 
 
-def all_do(workers: list[WorkerProc], cmd: str, per: list[dict[str, Any]] | None = None,
-           **args: Any) -> list[dict[str, Any]]:
+def all_do(
+    workers: list[WorkerProc], cmd: str, per: list[dict[str, Any]] | None = None, **args: Any
+) -> list[dict[str, Any]]:
     for k, w in enumerate(workers):
         w.send(cmd, **(per[k] if per else args))
     return [w.answer() for w in workers]
@@ -582,7 +641,9 @@ def current_leader(hosts: list[Any]) -> Any:
     return next(h for h in hosts if h.config["SERVER_NAME"] == name)
 
 
-def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    workers: list[WorkerProc], hosts: list[Any], members: int, args: argparse.Namespace
+) -> dict[str, Any]:
     gen = [w.proc.pid for w in workers] + [os.getpid()]
     time.sleep(2 * 5 + 1)  # two report rounds at the new size
     leader = current_leader(hosts)
@@ -593,9 +654,22 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
         if not args.profile:
             return None
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        return subprocess.Popen([exe, "record", "-p", str(leader_pid), "-r", "50", "-f", "raw", "-o",
-                                 str(Path(args.profile) / f"scheduler-{members}-{part}.txt")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [
+                exe,
+                "record",
+                "-p",
+                str(leader_pid),
+                "-r",
+                "50",
+                "-f",
+                "raw",
+                "-o",
+                str(Path(args.profile) / f"scheduler-{members}-{part}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def stop(p: subprocess.Popen[bytes] | None) -> None:
         if p is not None:
@@ -619,11 +693,21 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
     before_burst = current_leader(hosts)
     others = [server_pid(h) for h in hosts if h is not leader]
     spying = spy("burst")
-    b0 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic(),
-          [cpu_seconds([w.proc.pid]) for w in workers])
+    b0 = (
+        cpu_seconds([leader_pid]),
+        cpu_seconds(gen),
+        cpu_seconds(others),
+        time.monotonic(),
+        [cpu_seconds([w.proc.pid]) for w in workers],
+    )
     bursts = all_do(workers[:1], "burst", n=args.burst, wait=180.0)[0]
-    b1 = (cpu_seconds([leader_pid]), cpu_seconds(gen), cpu_seconds(others), time.monotonic(),
-          [cpu_seconds([w.proc.pid]) for w in workers])
+    b1 = (
+        cpu_seconds([leader_pid]),
+        cpu_seconds(gen),
+        cpu_seconds(others),
+        time.monotonic(),
+        [cpu_seconds([w.proc.pid]) for w in workers],
+    )
     stop(spying)
     burst_wall = b1[3] - b0[3]
     starts = bursts["starts"]
@@ -634,11 +718,15 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
         "scheduler_cpu_pct": 100 * (c1 - c0) / (w1 - w0),
         "generator_cpu_pct": 100 * (g1 - g0) / (w1 - w0),
         "scheduler_peak_rss_mib": peak_rss(leader_pid) / (1 << 20),
-        "jobs": len(placed), "unstarted": sum(s["unstarted"] for s in st),
-        "placed_p50_s": pct(placed, 50), "placed_p99_s": pct(placed, 99),
-        "running_p50_s": pct(running, 50), "running_p99_s": pct(running, 99),
+        "jobs": len(placed),
+        "unstarted": sum(s["unstarted"] for s in st),
+        "placed_p50_s": pct(placed, 50),
+        "placed_p99_s": pct(placed, 99),
+        "running_p50_s": pct(running, 50),
+        "running_p99_s": pct(running, 99),
         "placements_per_s": len(placed_at) / args.steady,
-        "burst_tasks_started": len(starts), "burst_started_per_s": burst_rate,
+        "burst_tasks_started": len(starts),
+        "burst_started_per_s": burst_rate,
         "burst_all_running_s": (starts[-1] - bursts["sent"]) if starts else float("nan"),
         "burst_all_placed_s": (bursts["placed"][-1] - bursts["sent"]) if bursts["placed"] else float("nan"),
         "burst_first_running_s": (starts[0] - bursts["sent"]) if starts else float("nan"),
@@ -648,8 +736,10 @@ def measure(workers: list[WorkerProc], hosts: list[Any], members: int, args: arg
         "burst_other_voters_cpu_pct": 100 * (b1[2] - b0[2]) / burst_wall,
         # Each worker process (one Python thread each: near 100 % it is the bottleneck).
         "burst_worker_cpu_pct": [100 * (y - x) / burst_wall for x, y in zip(b0[4], b1[4], strict=True)],
-        "report_p50_ms": 1000 * pct(reports, 50), "report_p99_ms": 1000 * pct(reports, 99),
-        "reports": len(reports), "submissions": steady["submitted"],
+        "report_p50_ms": 1000 * pct(reports, 50),
+        "report_p99_ms": 1000 * pct(reports, 99),
+        "reports": len(reports),
+        "submissions": steady["submitted"],
         "submissions_failed": steady["failed"],
         # The scheduler role moved during the steady window (its CPU is then partial).
         "scheduler_moved": moved,
@@ -669,18 +759,27 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes for the simulated members")
     ap.add_argument("--no-failover", action="store_true")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--profile", metavar="DIR",
-                    help="record the scheduler's stacks with py-spy into DIR; keep the logs there")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="record the scheduler's stacks with py-spy into DIR; keep the logs there",
+    )
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",")]
     from mtgpu_testing import Host, Network
 
     root = Path(tempfile.mkdtemp(prefix="mtgpu-load-", dir="/tmp"))
     net = Network()
-    common = {"CLUSTER_MODE": "cluster", "CLUSTER_ID": CLUSTER, "CLUSTER_KEY": KEY,
-              "SIMULATED_CPUS": 64, "SIMULATED_GPUS": [{"type": "a100", "count": 8, "vram": "80G"}],
-              "TENANT_UID_RANGE": "20000-29999", "SSH_MAX_STARTUPS": 2000,
-              "SSH_PENALTY_FAILURES": 100000}
+    common = {
+        "CLUSTER_MODE": "cluster",
+        "CLUSTER_ID": CLUSTER,
+        "CLUSTER_KEY": KEY,
+        "SIMULATED_CPUS": 64,
+        "SIMULATED_GPUS": [{"type": "a100", "count": 8, "vram": "80G"}],
+        "TENANT_UID_RANGE": "20000-29999",
+        "SSH_MAX_STARTUPS": 2000,
+        "SSH_PENALTY_FAILURES": 100000,
+    }
     hosts = [net.add(Host(dict(common), name=f"m{i}")) for i in range(1, 4)]
     for h in hosts:
         h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]
@@ -699,21 +798,26 @@ def main() -> int:
         leader = next(h for h in hosts if h.config["SERVER_NAME"] == name)
         secs = register_tenants(leader, args.tenants, root / "tenants.json")
         print(f"# {args.tenants} tenants registered in {secs:.1f} s", file=sys.stderr)
-        setup = {"root": str(root), "address": f"10.213.{net.subnet}.1",
-                 "voters": {h.config["SERVER_NAME"]: f"{h.address}:{h.port}" for h in hosts},
-                 "tenants": str(root / "tenants.json"),
-                 "config": {k: v for k, v in common.items() if k != "SIMULATED_GPUS"}
-                 | {"CLUSTER_PEERS": [f"{h.address}:{h.port}" for h in hosts]}}
+        setup = {
+            "root": str(root),
+            "address": f"10.213.{net.subnet}.1",
+            "voters": {h.config["SERVER_NAME"]: f"{h.address}:{h.port}" for h in hosts},
+            "tenants": str(root / "tenants.json"),
+            "config": {k: v for k, v in common.items() if k != "SIMULATED_GPUS"}
+            | {"CLUSTER_PEERS": [f"{h.address}:{h.port}" for h in hosts]},
+        }
         workers = [WorkerProc(k, setup, root) for k in range(args.workers)]
         have = 0
         for size in sizes:
             new = list(range(have, size))
-            per = [{"indices": new[k::len(workers)]} for k in range(len(workers))]
+            per = [{"indices": new[k :: len(workers)]} for k in range(len(workers))]
             t0 = time.perf_counter()
             got = all_do(workers, "add", per=per)
-            print(f"# {size} members up in {time.perf_counter() - t0:.1f} s "
-                  f"({sum(g['members'] for g in got)} joined; {[g['errors'] for g in got]})",
-                  file=sys.stderr)
+            print(
+                f"# {size} members up in {time.perf_counter() - t0:.1f} s "
+                f"({sum(g['members'] for g in got)} joined; {[g['errors'] for g in got]})",
+                file=sys.stderr,
+            )
             have = size
             row = measure(workers, hosts, size, args)
             rows.append(row)
@@ -736,8 +840,19 @@ def main() -> int:
         machine = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(" :\t")
         cores = os.cpu_count()
         if args.json:
-            print(json.dumps({"rows": rows, "failover": failover, "machine": machine, "cores": cores,
-                              "tenants": args.tenants, "rate": args.rate}, indent=1))
+            print(
+                json.dumps(
+                    {
+                        "rows": rows,
+                        "failover": failover,
+                        "machine": machine,
+                        "cores": cores,
+                        "tenants": args.tenants,
+                        "rate": args.rate,
+                    },
+                    indent=1,
+                )
+            )
         else:
             print_table(rows, failover, args, machine, cores)
         return 0
@@ -759,48 +874,94 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def print_table(rows: list[dict[str, Any]], failover: dict[str, Any], args: argparse.Namespace,
-                machine: str, cores: int | None) -> None:
+def print_table(
+    rows: list[dict[str, Any]],
+    failover: dict[str, Any],
+    args: argparse.Namespace,
+    machine: str,
+    cores: int | None,
+) -> None:
     from tabulate import tabulate
 
-    head = ["members", "sched CPU %", "gen CPU %", "sched RSS MiB", "jobs", "placed p50/p99 s",
-            "running p50/p99 s", "placed/s", "burst started/s", "report p50/p99 ms"]
-    table = [[r["members"], f"{r['scheduler_cpu_pct']:.0f}", f"{r['generator_cpu_pct']:.0f}",
-              f"{r['scheduler_peak_rss_mib']:.0f}", r["jobs"],
-              f"{r['placed_p50_s']:.2f} / {r['placed_p99_s']:.2f}",
-              f"{r['running_p50_s']:.2f} / {r['running_p99_s']:.2f}",
-              f"{r['placements_per_s']:.0f}",
-              f"{r['burst_started_per_s']:.0f} ({r['burst_tasks_started']} in "
-              f"{r['burst_all_running_s']:.1f} s)",
-              f"{r['report_p50_ms']:.0f} / {r['report_p99_ms']:.0f}"] for r in rows]
-    print(f"# cluster_load: 3 voters + simulated members, {args.tenants} tenants, "
-          f"{args.rate:g} submissions/s for {args.steady:g} s, burst array of {args.burst}")
+    head = [
+        "members",
+        "sched CPU %",
+        "gen CPU %",
+        "sched RSS MiB",
+        "jobs",
+        "placed p50/p99 s",
+        "running p50/p99 s",
+        "placed/s",
+        "burst started/s",
+        "report p50/p99 ms",
+    ]
+    table = [
+        [
+            r["members"],
+            f"{r['scheduler_cpu_pct']:.0f}",
+            f"{r['generator_cpu_pct']:.0f}",
+            f"{r['scheduler_peak_rss_mib']:.0f}",
+            r["jobs"],
+            f"{r['placed_p50_s']:.2f} / {r['placed_p99_s']:.2f}",
+            f"{r['running_p50_s']:.2f} / {r['running_p99_s']:.2f}",
+            f"{r['placements_per_s']:.0f}",
+            f"{r['burst_started_per_s']:.0f} ({r['burst_tasks_started']} in "
+            f"{r['burst_all_running_s']:.1f} s)",
+            f"{r['report_p50_ms']:.0f} / {r['report_p99_ms']:.0f}",
+        ]
+        for r in rows
+    ]
+    print(
+        f"# cluster_load: 3 voters + simulated members, {args.tenants} tenants, "
+        f"{args.rate:g} submissions/s for {args.steady:g} s, burst array of {args.burst}"
+    )
     print(tabulate(table, head, tablefmt="github"))
     if failover:
         run = failover["first_job_running_s"]
-        print(f"failover at {failover['members']} members: kill -9 of the scheduler -> new scheduler "
-              f"{failover['new_scheduler_s']:.2f} s, first job submitted afterwards running "
-              f"{run:.2f} s" if run is not None else "no job ran after the failover")
+        print(
+            f"failover at {failover['members']} members: kill -9 of the scheduler -> new scheduler "
+            f"{failover['new_scheduler_s']:.2f} s, first job submitted afterwards running "
+            f"{run:.2f} s"
+            if run is not None
+            else "no job ran after the failover"
+        )
     for r in rows:
         if r.get("scheduler_moved") or r.get("scheduler_moved_in_burst"):
             where = "steady window" if r.get("scheduler_moved") else "burst"
-            print(f"note: at {r['members']} members the scheduler role moved to another voter "
-                  f"during the {where} (an election)")
+            print(
+                f"note: at {r['members']} members the scheduler role moved to another voter "
+                f"during the {where} (an election)"
+            )
     for r in rows:
         total = r["burst_scheduler_cpu_pct"] + r["burst_generator_cpu_pct"] + r["burst_other_voters_cpu_pct"]
         per = r.get("burst_worker_cpu_pct") or []
-        print(f"burst at {r['members']} members: scheduler {r['burst_scheduler_cpu_pct']:.0f}%, "
-              f"generator {r['burst_generator_cpu_pct']:.0f}% (workers "
-              f"{', '.join(f'{w:.0f}%' for w in per)}), the other two voters "
-              f"{r['burst_other_voters_cpu_pct']:.0f}% of one core"
-              + (f" (together {total:.0f}% of the {cores} cores' {100 * cores}%: the machine is "
-                 "the bottleneck)" if cores and total > 0.9 * 100 * cores else "")
-              + ("; a worker near 100 % of its one thread: the generator is the bottleneck"
-                 if per and max(per) > 85 else ""))
-    busy = [r["members"] for r in rows if r["generator_cpu_pct"] + r["scheduler_cpu_pct"] > 0.9 * 100 * (cores or 1)]
+        print(
+            f"burst at {r['members']} members: scheduler {r['burst_scheduler_cpu_pct']:.0f}%, "
+            f"generator {r['burst_generator_cpu_pct']:.0f}% (workers "
+            f"{', '.join(f'{w:.0f}%' for w in per)}), the other two voters "
+            f"{r['burst_other_voters_cpu_pct']:.0f}% of one core"
+            + (
+                f" (together {total:.0f}% of the {cores} cores' {100 * cores}%: the machine is "
+                "the bottleneck)"
+                if cores and total > 0.9 * 100 * cores
+                else ""
+            )
+            + (
+                "; a worker near 100 % of its one thread: the generator is the bottleneck"
+                if per and max(per) > 85
+                else ""
+            )
+        )
+    busy = [
+        r["members"]
+        for r in rows
+        if r["generator_cpu_pct"] + r["scheduler_cpu_pct"] > 0.9 * 100 * (cores or 1)
+    ]
     if busy:
-        print(f"note: at {busy} members the generator and the scheduler together used over 90% of "
-              f"the {cores} cores: the generator is the bottleneck there")
+        print(
+            f"note: at {busy} members the generator and the scheduler together used over 90% of "
+            f"the {cores} cores: the generator is the bottleneck there"
+        )
     print(f"machine: {machine}, {cores} cores")
 
 

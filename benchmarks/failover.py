@@ -65,10 +65,22 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=16)
     args = ap.parse_args()
     net = Network()
-    hosts = [net.add(Host({"CLUSTER_MODE": "cluster", "CLUSTER_ID": "bench", "CLUSTER_KEY": KEY,
-                           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1,
-                           "USER_SUBMIT_RATE": None}, name=f"m{i}"))
-             for i in range(1, 4)]
+    hosts = [
+        net.add(
+            Host(
+                {
+                    "CLUSTER_MODE": "cluster",
+                    "CLUSTER_ID": "bench",
+                    "CLUSTER_KEY": KEY,
+                    "SIMULATED_CPUS": 8,
+                    "USAGE_SAMPLE_INTERVAL": 1,
+                    "USER_SUBMIT_RATE": None,
+                },
+                name=f"m{i}",
+            )
+        )
+        for i in range(1, 4)
+    ]
     for h in hosts:
         h.config["CLUSTER_PEERS"] = [f"{o.address}:{o.port}" for o in hosts if o is not h]
         h.write_config()
@@ -109,23 +121,46 @@ def main() -> int:
                     break
                 time.sleep(0.2)
         print(f"# failover: {args.kills} kill -9 of the scheduler, 3 members in network namespaces")
-        print(f"new scheduler     p50 {statistics.median(to_leader):.2f} s  p99 {pct(to_leader, 99):.2f} s  "
-              f"max {max(to_leader):.2f} s")
-        print(f"first commit      p50 {statistics.median(to_write):.2f} s  p99 {pct(to_write, 99):.2f} s  "
-              f"max {max(to_write):.2f} s")
+        print(
+            f"new scheduler     p50 {statistics.median(to_leader):.2f} s  p99 {pct(to_leader, 99):.2f} s  "
+            f"max {max(to_leader):.2f} s"
+        )
+        print(
+            f"first commit      p50 {statistics.median(to_write):.2f} s  p99 {pct(to_write, 99):.2f} s  "
+            f"max {max(to_write):.2f} s"
+        )
         leader = next(h for h in hosts if h.config["SERVER_NAME"] == leader_of(hosts))
         key = leader.add_user("benchy")
         leader.ssh("benchy", key, "true")
         uid = leader.passwd("benchy")[2]
-        out = subprocess.run(["nsenter", "-t", str(leader._server_pid()), "-m", "setpriv",
-                              f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-                              "-c", SUBMITTER, str(leader.run_dir / "api.sock"), str(args.submissions),
-                              str(args.connections)], capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [
+                "nsenter",
+                "-t",
+                str(leader._server_pid()),
+                "-m",
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                SUBMITTER,
+                str(leader.run_dir / "api.sock"),
+                str(args.submissions),
+                str(args.connections),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         r = json.loads(out.stdout or "{}") if out.returncode == 0 else None
         if r:
-            print(f"replicated submissions: {r['acked']} acknowledged in {r['seconds']:.2f} s = "
-                  f"{r['acked'] / r['seconds']:.0f}/s ({args.connections} connections, "
-                  "each submission committed to a majority of 3 voters)")
+            print(
+                f"replicated submissions: {r['acked']} acknowledged in {r['seconds']:.2f} s = "
+                f"{r['acked'] / r['seconds']:.0f}/s ({args.connections} connections, "
+                "each submission committed to a majority of 3 voters)"
+            )
         else:
             print("submission run failed:", out.stderr[-2000:])
         cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(" :\t")

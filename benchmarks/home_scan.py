@@ -107,12 +107,19 @@ def main() -> int:
     def one_round(tag: str) -> None:
         u, wall, cpu = timed(lambda: scan_home(root))
         record(f"scan_home{tag}", u.files, wall, cpu)
-        r, wall, cpu = timed(lambda: subprocess.run(
-            [sys.executable, "-m", "mtgpu.accounts.homescan", root], capture_output=True,
-            text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()}))
+        r, wall, cpu = timed(
+            lambda: subprocess.run(
+                [sys.executable, "-m", "mtgpu.accounts.homescan", root],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()},
+            )
+        )
         record(f"child process{tag}", json.loads(r.stdout)["files"], wall, cpu)
-        d, wall, cpu = timed(lambda: subprocess.run(["du", "-s", "-B1", root],
-                                                    capture_output=True, text=True, check=True))
+        d, wall, cpu = timed(
+            lambda: subprocess.run(["du", "-s", "-B1", root], capture_output=True, text=True, check=True)
+        )
         record(f"du -s{tag}", u.files, wall, cpu)
         du_bytes = int(d.stdout.split()[0])
         assert u.bytes == du_bytes, (u.bytes, du_bytes)
@@ -128,18 +135,22 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    print(f"\n{'what':<26}{'entries/s':>12}{'wall s':>9}{'CPU s':>8}{'CPU vs du':>11}"
-          f"{'core share @60s':>17}")
+    print(f"\n{'what':<26}{'entries/s':>12}{'wall s':>9}{'CPU s':>8}{'CPU vs du':>11}{'core share @60s':>17}")
     summary = {}
     for name, runs in results.items():
         best = min(runs, key=lambda r: r["wall"])
-        ref = min(results["du -s" + (" (cold)" if "cold" in name else "")],
-                  key=lambda r: r["wall"])
+        ref = min(results["du -s" + (" (cold)" if "cold" in name else "")], key=lambda r: r["wall"])
         share = best["cpu"] / max(60.0, 10 * best["wall"])
-        summary[name] = {**best, "entries_per_s": best["entries"] / best["wall"],
-                         "cpu_vs_du": best["cpu"] / ref["cpu"], "core_share_60s": share}
-        print(f"{name:<26}{best['entries'] / best['wall']:>12,.0f}{best['wall']:>9.2f}"
-              f"{best['cpu']:>8.2f}{best['cpu'] / ref['cpu']:>10.2f}x{100 * share:>16.1f}%")
+        summary[name] = {
+            **best,
+            "entries_per_s": best["entries"] / best["wall"],
+            "cpu_vs_du": best["cpu"] / ref["cpu"],
+            "core_share_60s": share,
+        }
+        print(
+            f"{name:<26}{best['entries'] / best['wall']:>12,.0f}{best['wall']:>9.2f}"
+            f"{best['cpu']:>8.2f}{best['cpu'] / ref['cpu']:>10.2f}x{100 * share:>16.1f}%"
+        )
     if args.json:
         print(json.dumps(summary, indent=2))
     return 0

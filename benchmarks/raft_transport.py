@@ -19,7 +19,12 @@ once on a small machine, with either transport.
 
 Run from the repository root:
 
-    /opt/mtgpu-test/bin/python benchmarks/raft_transport.py [--writes 10000] [--kills 12] [--no-tcp]
+    /opt/mtgpu-test/bin/python benchmarks/raft_transport.py [--writes 10000] [--kills 12] [--no-tcp] \
+        [--fsync both|on|off] [--dir DIR]
+
+With ``--fsync both`` (the default) the SSH transport runs twice in the same run:
+with each member's journal fsynced before it counts or reports an entry (as the
+daemon runs, mtgpu/state/durable.py) and without.
 """
 
 from __future__ import annotations
@@ -64,6 +69,16 @@ def machine() -> str:
             f"pysyncobj {pysyncobj.version.VERSION}")
 
 
+def fs_of(path: str) -> str:
+    """The filesystem type and device holding ``path``."""
+    best, kind = "", "unknown"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        dev, mnt, fstype = line.split()[:3]
+        if os.path.realpath(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+            best, kind = mnt, f"{fstype} on {dev}"
+    return kind
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))]
@@ -74,11 +89,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench(args: argparse.Namespace, tcp: bool) -> dict[str, str]:
-    """Every figure for one transport, as printable strings."""
+def bench(args: argparse.Namespace, tcp: bool, fsync: bool = True) -> dict[str, str]:
+    """Every figure for one transport, as printable strings. ``fsync``: the SSH
+    transport's members sync their journal before acknowledging (as the daemon does);
+    the TCP baseline is stock PySyncObj, which does not."""
     out: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="raft-bench-") as tmp:
-        c = Cluster(Path(tmp), VOTERS, tcp=tcp)
+    with tempfile.TemporaryDirectory(prefix="raft-bench-", dir=args.dir) as tmp:
+        c = Cluster(Path(tmp), VOTERS, tcp=tcp, **({} if tcp else {"fsync": fsync}))
         try:
             t0 = time.monotonic()
             c.start(*VOTERS)
@@ -153,14 +170,22 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU sampling")
     ap.add_argument("--no-tcp", action="store_true",
                     help="skip the baseline run over PySyncObj's own TCP transport")
+    ap.add_argument("--fsync", choices=("both", "on", "off"), default="both",
+                    help="SSH transport runs with the journal synced before each acknowledgement "
+                         "(on, as the daemon runs), left to the kernel's writeback (off), or both")
+    ap.add_argument("--dir", default=None, help="where the members' journals go (default: $TMPDIR)")
     args = ap.parse_args()
 
     print(f"machine: {machine()}")
     print("conf: mtgpu.state.store.make_conf (appendEntriesUseBatch=False, journal on disk, "
           "raft timeouts 0.4-1.4 s)")
-    for tcp in ([False] if args.no_tcp else [False, True]):
-        print(f"\n== {'PySyncObj TCPTransport (baseline)' if tcp else 'SshRaftTransport over asyncssh'}")
-        for k, v in bench(args, tcp).items():
+    print(f"journals under: {args.dir or tempfile.gettempdir()} ({fs_of(args.dir or tempfile.gettempdir())})")
+    runs = [(False, f) for f in {"both": (True, False), "on": (True,), "off": (False,)}[args.fsync]]
+    for tcp, fsync in runs + ([] if args.no_tcp else [(True, False)]):
+        name = "PySyncObj TCPTransport (baseline, no fsync)" if tcp else (
+            f"SshRaftTransport over asyncssh, fsync {'on' if fsync else 'off'}")
+        print(f"\n== {name}")
+        for k, v in bench(args, tcp, fsync).items():
             print(f"  {k}: {v}")
 
 

@@ -38,6 +38,7 @@ def cpu_per_call(fn, n: int) -> float:
 
 def cpu_per_loop_sample(sampler: Sampler, n: int) -> float:
     """CPU seconds per sample when the daemon's loop drives the sampler (to_thread included)."""
+
     async def main() -> float:
         task = asyncio.create_task(sampler.run(interval=0.0))
         while sampler.latest is None:
@@ -65,8 +66,11 @@ def main() -> None:
     args = parser.parse_args()
 
     interval = Options().usage_sample_interval
-    opts = Options(server_name="bench", tenant_home_root="/",
-                   simulated_gpus=(SimulatedGpuSpec("h100", args.gpus, 80 * GiB, used=GiB),))
+    opts = Options(
+        server_name="bench",
+        tenant_home_root="/",
+        simulated_gpus=(SimulatedGpuSpec("h100", args.gpus, 80 * GiB, used=GiB),),
+    )
     counter = iter(range(1, 10**9))
     sampler = Sampler(opts, clock=lambda: float(next(counter)))
     sampler.set_declared({i: 20 * GiB for i in range(args.gpus)})
@@ -77,11 +81,14 @@ def main() -> None:
     nprocs = sum(1 for p in os.listdir("/proc") if p.isdigit())
 
     def line(what: str, seconds: float) -> str:
-        return (f"{what:<44} {seconds * 1000:8.3f} ms CPU/sample   "
-                f"{seconds / interval * 100:7.4f} % of one core")
+        return (
+            f"{what:<44} {seconds * 1000:8.3f} ms CPU/sample   {seconds / interval * 100:7.4f} % of one core"
+        )
 
-    print(f"interval {interval:g} s (USAGE_SAMPLE_INTERVAL default), {args.gpus} simulated GPUs, "
-          f"{args.samples} samples, {os.cpu_count()} CPUs")
+    print(
+        f"interval {interval:g} s (USAGE_SAMPLE_INTERVAL default), {args.gpus} simulated GPUs, "
+        f"{args.samples} samples, {os.cpu_count()} CPUs"
+    )
     print(line("sample() (simulated GPUs + psutil)", direct))
     print(line("run() loop (asyncio.to_thread + sample)", looped))
     print(line(f"Intel fdinfo scan of /proc ({nprocs} processes)", scan))

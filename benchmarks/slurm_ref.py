@@ -60,9 +60,13 @@ ANCHOR = {
 
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on."""
-    info: dict[str, Any] = {"cpu": "unknown", "cores": os.cpu_count(),
-                            "usable_cores": len(os.sched_getaffinity(0)),
-                            "kernel": platform.release(), "python": platform.python_version()}
+    info: dict[str, Any] = {
+        "cpu": "unknown",
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -78,10 +82,20 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     try:  # which code was measured
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "mtgpu"],
-                               capture_output=True, text=True, check=False, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "mtgpu"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        ).stdout.strip()
         if head:
             info["code"] = head + (" + uncommitted changes under mtgpu/" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -90,10 +104,12 @@ def machine_info() -> dict[str, Any]:
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return (f"{m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
-            f"{m.get('ram_gib', '?')} GiB RAM, {m.get('os', '?')}, kernel {m.get('kernel')}, "
-            f"Python {m.get('python')}; load average at start {' '.join(m.get('loadavg', []))}"
-            + (f"; code {m['code']}" if m.get("code") else ""))
+    return (
+        f"{m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
+        f"{m.get('ram_gib', '?')} GiB RAM, {m.get('os', '?')}, kernel {m.get('kernel')}, "
+        f"Python {m.get('python')}; load average at start {' '.join(m.get('loadavg', []))}"
+        + (f"; code {m['code']}" if m.get("code") else "")
+    )
 
 
 def _proc_stats(pid: int) -> dict[str, float]:
@@ -102,9 +118,11 @@ def _proc_stats(pid: int) -> dict[str, float]:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(("VmRSS:", "VmHWM:")):
-                out["rss_mb" if line.startswith("VmRSS") else "hwm_mb"] = round(int(line.split()[1]) / 1024, 1)
+                out["rss_mb" if line.startswith("VmRSS") else "hwm_mb"] = round(
+                    int(line.split()[1]) / 1024, 1
+                )
         stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         out["cpu_s"] = round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
     except (OSError, ValueError, IndexError):
         pass
@@ -118,14 +136,25 @@ def _pct(values: list[float], p: float) -> float:
     return v[max(1, int(k)) - 1]
 
 
-def _run_timed_script(argv: list[str], *, env: dict[str, str] | None = None, input: bytes | None = None,
-                      timeout: float = 900) -> str:
+def _run_timed_script(
+    argv: list[str], *, env: dict[str, str] | None = None, input: bytes | None = None, timeout: float = 900
+) -> str:
     """Run a timing script: its records on stdout (returned), its progress on our stderr."""
-    proc = subprocess.run(argv, input=input, stdout=subprocess.PIPE, stderr=None, env=env, check=False,
-                          timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+    proc = subprocess.run(
+        argv,
+        input=input,
+        stdout=subprocess.PIPE,
+        stderr=None,
+        env=env,
+        check=False,
+        timeout=timeout,
+        stdin=None if input is not None else subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{argv[0]} exited {proc.returncode}; its output so far:\n"
-                           f"{proc.stdout.decode(errors='replace')[-3000:]}")
+        raise RuntimeError(
+            f"{argv[0]} exited {proc.returncode}; its output so far:\n"
+            f"{proc.stdout.decode(errors='replace')[-3000:]}"
+        )
     return proc.stdout.decode()
 
 
@@ -143,8 +172,9 @@ def parse_records(text: str) -> dict[str, Any]:
             recs.setdefault(f[1], {})[f[2]] = val
         elif f[0] == "lat" and len(f) == 8:
             try:
-                lat.append({"gap": float(f[4]), "t0": float(f[5]), "returned": float(f[6]),
-                            "start": float(f[7])})
+                lat.append(
+                    {"gap": float(f[4]), "t0": float(f[5]), "returned": float(f[6]), "start": float(f[7])}
+                )
             except ValueError:
                 continue
     return {"records": recs, "latency": latency_stats(lat)}
@@ -156,12 +186,18 @@ def latency_stats(samples: list[dict[str, float]]) -> dict[str, Any]:
     ret = [(s["returned"] - s["t0"]) * 1e3 for s in samples]
     if not lat:
         return {"n": 0, "missing": len(samples)}
-    return {"n": len(lat), "missing": len(samples) - len(lat),
-            "p50_ms": round(_pct(lat, 50), 1), "p90_ms": round(_pct(lat, 90), 1),
-            "p99_ms": round(_pct(lat, 99), 1), "min_ms": round(min(lat), 1),
-            "max_ms": round(max(lat), 1), "mean_ms": round(statistics.fmean(lat), 1),
-            "submit_returns_p50_ms": round(_pct(ret, 50), 1),
-            "submit_returns_p99_ms": round(_pct(ret, 99), 1)}
+    return {
+        "n": len(lat),
+        "missing": len(samples) - len(lat),
+        "p50_ms": round(_pct(lat, 50), 1),
+        "p90_ms": round(_pct(lat, 90), 1),
+        "p99_ms": round(_pct(lat, 99), 1),
+        "min_ms": round(min(lat), 1),
+        "max_ms": round(max(lat), 1),
+        "mean_ms": round(statistics.fmean(lat), 1),
+        "submit_returns_p50_ms": round(_pct(ret, 50), 1),
+        "submit_returns_p99_ms": round(_pct(ret, 99), 1),
+    }
 
 
 # ------------------------------------------------------------------------ Slurm
@@ -204,18 +240,31 @@ class Slurm:
             print("installing slurm-wlm and munge with apt-get...", file=sys.stderr, flush=True)
             env = {**self.env, "DEBIAN_FRONTEND": "noninteractive"}
             subprocess.run(["apt-get", "update", "-q"], env=env, check=True, stdout=subprocess.DEVNULL)
-            subprocess.run(["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"], env=env, check=True,
-                           stdout=subprocess.DEVNULL)
-        q = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Version}, ", "slurm-wlm", "munge"],
-                           env=self.env, capture_output=True, text=True, check=False)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"],
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        q = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Package} ${Version}, ", "slurm-wlm", "munge"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         self.version = q.stdout.strip().rstrip(",") or "slurm-wlm (version unknown)"
 
     def start(self) -> None:
-        ours = {p for p in (_pid_from(SLURM_STATE / "slurmctld.pid"), _pid_from(SLURM_STATE / "slurmd.pid")) if p}
+        ours = {
+            p for p in (_pid_from(SLURM_STATE / "slurmctld.pid"), _pid_from(SLURM_STATE / "slurmd.pid")) if p
+        }
         foreign = (_pids_named("slurmctld") | _pids_named("slurmd")) - ours
         if foreign:
-            raise RuntimeError(f"a Slurm not started by this recipe runs here (pids {sorted(foreign)}); "
-                               "this benchmark would replace its configuration and state: stop it first")
+            raise RuntimeError(
+                f"a Slurm not started by this recipe runs here (pids {sorted(foreign)}); "
+                "this benchmark would replace its configuration and state: stop it first"
+            )
         if ours:
             self._stop_daemons()
         self.started_munge = _pid_from(Path("/run/munge/munged.pid")) is None
@@ -225,22 +274,38 @@ class Slurm:
         self.wrote_conf = True
         SLURM_STATE.mkdir(parents=True, exist_ok=True)
         with open(SLURM_STATE / "setup.log", "wb") as log:
-            r = subprocess.run(["bash", str(SLURM_DIR / "setup.sh"), str(self.conf)], env=self.env,
-                               stdout=log, stderr=subprocess.STDOUT, timeout=180, check=False)
+            r = subprocess.run(
+                ["bash", str(SLURM_DIR / "setup.sh"), str(self.conf)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=180,
+                check=False,
+            )
         if r.returncode != 0:
-            raise RuntimeError(f"Slurm did not come up; see {SLURM_STATE / 'setup.log'}:\n"
-                               + (SLURM_STATE / "setup.log").read_text()[-2000:])
+            raise RuntimeError(
+                f"Slurm did not come up; see {SLURM_STATE / 'setup.log'}:\n"
+                + (SLURM_STATE / "setup.log").read_text()[-2000:]
+            )
 
     def pids(self) -> dict[str, int | None]:
-        return {"slurmctld": _pid_from(SLURM_STATE / "slurmctld.pid"),
-                "slurmd": _pid_from(SLURM_STATE / "slurmd.pid")}
+        return {
+            "slurmctld": _pid_from(SLURM_STATE / "slurmctld.pid"),
+            "slurmd": _pid_from(SLURM_STATE / "slurmd.pid"),
+        }
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {name: _proc_stats(pid) for name, pid in self.pids().items() if pid}
 
     def _stop_daemons(self, all_: bool = False) -> None:
-        subprocess.run(["bash", str(SLURM_DIR / "stop.sh")] + (["--all"] if all_ else []), env=self.env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+        subprocess.run(
+            ["bash", str(SLURM_DIR / "stop.sh")] + (["--all"] if all_ else []),
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
 
     def stop(self) -> None:
         """Stop slurmctld and slurmd (and munged if this run started it); restore slurm.conf."""
@@ -265,8 +330,10 @@ class MtgpuHost:
 
         self.user = user
         # Throughput runs submit far past the per-tenant limits on purpose.
-        self.host = Host({"TENANT_UID_RANGE": UID_RANGE, "USER_SUBMIT_RATE": None,
-                          "USER_MAX_QUEUED_JOBS": None, **config}, name="benchhost")
+        self.host = Host(
+            {"TENANT_UID_RANGE": UID_RANGE, "USER_SUBMIT_RATE": None, "USER_MAX_QUEUED_JOBS": None, **config},
+            name="benchhost",
+        )
         self.key: Path | None = None
 
     def start(self) -> MtgpuHost:
@@ -315,8 +382,12 @@ class MtgpuHost:
         out.mkdir(mode=0o755, exist_ok=True)
         os.chmod(out, 0o755)
         py = self.python_mt_job() or ""
-        r = subprocess.run([cc, "-O2", "-o", str(out / "mt-job"), str(src), f'-DMTGPU_PY_MTJOB="{py}"'],
-                           capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            [cc, "-O2", "-o", str(out / "mt-job"), str(src), f'-DMTGPU_PY_MTJOB="{py}"'],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
             print(f"fastjob.c did not compile; timing the Python mt-job only:\n{r.stderr}", file=sys.stderr)
             return None
@@ -330,7 +401,7 @@ class MtgpuHost:
 
 #: Runs as the tenant: ``job.submit`` over the API socket from CONNS connections, each
 #: keeping DEPTH requests in flight (pipelined). Prints one JSON object.
-API_CLIENT = r'''
+API_CLIENT = r"""
 import asyncio, json, os, sys, time, uuid
 conns, depth, total, cpu = (int(a) for a in sys.argv[1:5])
 script = json.loads(sys.argv[5])
@@ -377,15 +448,17 @@ print(json.dumps({"connections": conns, "depth": depth, "submissions": len(lat),
                   "first_error": first_error, "seconds": round(took, 3),
                   "per_s": round(len(lat) / took, 1), "p50_ms": round(pick(50), 2),
                   "p99_ms": round(pick(99), 2), "max_ms": round(lat[-1] * 1e3, 1)}))
-'''
+"""
 
-API_JOB = ("#!/bin/bash\n#MTGPU cpus=1 ram=1G time=1h name=api-bench\n#SBATCH --output=logs/%x-%j.out\n"
-           "source ~/venv/bin/activate\npython train.py --config configs/base.yaml --epochs 20\n")
+API_JOB = (
+    "#!/bin/bash\n#MTGPU cpus=1 ram=1G time=1h name=api-bench\n#SBATCH --output=logs/%x-%j.out\n"
+    "source ~/venv/bin/activate\npython train.py --config configs/base.yaml --epochs 20\n"
+)
 
 
 #: Runs as the tenant in one session: the cost of one CLI call, each a new process.
 #: The host is full, so the submitted jobs wait and nothing else competes for the CPUs.
-CLI_LOOP = r'''
+CLI_LOOP = r"""
 cd ~ && printf '#!/bin/bash\n#MTGPU cpus=1 ram=64M output=/dev/null\ntrue\n' > cli-bench.sh
 run() {   # LABEL COUNT COMMAND...: COUNT sequential calls, standard input from the job file
   local label=$1 n=$2 t0 t1 i f=0; shift 2
@@ -401,7 +474,7 @@ run "mt-job submit (Python)" "$PY_N" mt-job submit --parsable -
 [ -n "$FAST" ] && run "mt-job submit (C fast path)" "$C_N" "$FAST" submit --parsable -
 [ -n "$FAST" ] && run "C fast path, fallback to Python (--help)" 30 "$FAST" --help
 true
-'''
+"""
 
 
 def cli_call_costs(mt: MtgpuHost, py_n: int, c_n: int) -> list[dict[str, Any]]:
@@ -413,8 +486,15 @@ def cli_call_costs(mt: MtgpuHost, py_n: int, c_n: int) -> list[dict[str, Any]]:
         f = line.split("\t")
         if f[0] == "cli" and len(f) == 5:
             ms = float(f[3])
-            out.append({"command": f[1], "calls": int(f[2]), "ms_per_call": ms,
-                        "per_s": round(1000 / ms, 1) if ms else None, "failed": int(f[4])})
+            out.append(
+                {
+                    "command": f[1],
+                    "calls": int(f[2]),
+                    "ms_per_call": ms,
+                    "per_s": round(1000 / ms, 1) if ms else None,
+                    "failed": int(f[4]),
+                }
+            )
     return out
 
 
@@ -465,11 +545,18 @@ def api_socket_bench(args: Any) -> dict[str, Any]:
         s0 = mt.stats()
         for c, d in levels:
             n = min(args.api_n, args.journal_seq_n) if c * d == 1 else args.api_n
-            print(f"api socket: {n} submissions, {c} connection(s) x {d} in flight...", file=sys.stderr,
-                  flush=True)
-            res = json.loads(mt.tenant(f"/usr/bin/python3 - {c} {d} {n} {client_cpu} "
-                                       f"{shlex.quote(json.dumps(API_JOB))}",
-                                       input=API_CLIENT.encode(), timeout=600))
+            print(
+                f"api socket: {n} submissions, {c} connection(s) x {d} in flight...",
+                file=sys.stderr,
+                flush=True,
+            )
+            res = json.loads(
+                mt.tenant(
+                    f"/usr/bin/python3 - {c} {d} {n} {client_cpu} {shlex.quote(json.dumps(API_JOB))}",
+                    input=API_CLIENT.encode(),
+                    timeout=600,
+                )
+            )
             res["daemon_cpu_s"] = round(mt.stats().get("cpu_s", 0) - s0.get("cpu_s", 0), 2)
             s0 = mt.stats()
             out["levels"].append(res)
@@ -491,9 +578,14 @@ def compare(args: Any) -> dict[str, Any]:
     machine = machine_info()
     conf_name = "slurm-tuned.conf" if args.slurm_conf == "tuned" else "slurm.conf"
     common = {"N": str(args.slurm_n), "LAT_N": str(args.lat_n), "ARRAY": str(args.array)}
-    res: dict[str, Any] = {"machine": machine, "slurm_conf": args.slurm_conf,
-                           "array_concurrency": {"slurm": "partition over: 2 CPUs x OverSubscribe=FORCE:16 = 32",
-                                                 "mtgpu": f"SIMULATED_CPUS: {args.sim_cpus}, jobs cpus=1 ram=64M"}}
+    res: dict[str, Any] = {
+        "machine": machine,
+        "slurm_conf": args.slurm_conf,
+        "array_concurrency": {
+            "slurm": "partition over: 2 CPUs x OverSubscribe=FORCE:16 = 32",
+            "mtgpu": f"SIMULATED_CPUS: {args.sim_cpus}, jobs cpus=1 ram=64M",
+        },
+    }
     t_start = time.time()
 
     slurm = Slurm(SLURM_DIR / conf_name)
@@ -504,29 +596,37 @@ def compare(args: Any) -> dict[str, Any]:
     try:
         s0 = slurm.stats()
         work = SLURM_STATE / "cli-bench"
-        text = _run_timed_script(["bash", str(SLURM_DIR / "cli_bench.sh")],
-                                 env={**slurm.env, **common, "SYSTEM": "slurm", "PART": "over",
-                                      "WORK": str(work)})
+        text = _run_timed_script(
+            ["bash", str(SLURM_DIR / "cli_bench.sh")],
+            env={**slurm.env, **common, "SYSTEM": "slurm", "PART": "over", "WORK": str(work)},
+        )
         s1 = slurm.stats()
     finally:
         slurm.stop()
     res["slurm"] = parse_records(text)
-    res["slurm"]["daemons"] = {k: {**v, "cpu_s": round(v.get("cpu_s", 0) - s0.get(k, {}).get("cpu_s", 0), 2)}
-                               for k, v in s1.items()}
+    res["slurm"]["daemons"] = {
+        k: {**v, "cpu_s": round(v.get("cpu_s", 0) - s0.get(k, {}).get("cpu_s", 0), 2)} for k, v in s1.items()
+    }
 
     import mtgpu
 
     res["mtgpu_version"] = mtgpu.__version__
-    print(f"MTGPU {mtgpu.__version__}: starting a daemon with SIMULATED_CPUS: {args.sim_cpus}",
-          file=sys.stderr, flush=True)
+    print(
+        f"MTGPU {mtgpu.__version__}: starting a daemon with SIMULATED_CPUS: {args.sim_cpus}",
+        file=sys.stderr,
+        flush=True,
+    )
     mt = MtgpuHost({"SIMULATED_CPUS": args.sim_cpus})
     try:
         mt.start()
         fast = mt.fast_client()
         clients = f"python:{args.python_n}=mt-job" + (f" c={fast}" if fast else "")
         lat_client = fast or "mt-job"
-        res["mtgpu_clients"] = {"python": mt.python_mt_job(), "c": fast,
-                                "used_for_latency_and_array": "c" if fast else "python"}
+        res["mtgpu_clients"] = {
+            "python": mt.python_mt_job(),
+            "c": fast,
+            "used_for_latency_and_array": "c" if fast else "python",
+        }
         env = {**common, "SYSTEM": "mtgpu", "MT_CLIENTS": clients, "LAT_CLIENT": lat_client}
         preamble = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         script = preamble + (SLURM_DIR / "cli_bench.sh").read_text()
@@ -536,7 +636,9 @@ def compare(args: Any) -> dict[str, Any]:
     finally:
         mt.cleanup()
     res["mtgpu"] = parse_records(text)
-    res["mtgpu"]["daemons"] = {"mtgpu-server": {**m1, "cpu_s": round(m1.get("cpu_s", 0) - m0.get("cpu_s", 0), 2)}}
+    res["mtgpu"]["daemons"] = {
+        "mtgpu-server": {**m1, "cpu_s": round(m1.get("cpu_s", 0) - m0.get("cpu_s", 0), 2)}
+    }
     res["seconds"] = round(time.time() - t_start, 1)
     res["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     res["table"] = table_rows(res, args)
@@ -554,13 +656,23 @@ def table_rows(res: dict[str, Any], args: Any) -> list[dict[str, Any]]:
     n, a = args.slurm_n, args.array
     rows: list[dict[str, Any]] = []
 
-    def row(label: str, sv: float | None, mv: float | None, higher_better: bool, target: float | None,
-            unit: str) -> None:
+    def row(
+        label: str, sv: float | None, mv: float | None, higher_better: bool, target: float | None, unit: str
+    ) -> None:
         factor = None
         if sv and mv:
             factor = round(mv / sv if higher_better else sv / mv, 2)
-        rows.append({"metric": label, "unit": unit, "slurm": sv, "mtgpu": mv, "factor": factor,
-                     "target": target, "met": None if factor is None or target is None else factor >= target})
+        rows.append(
+            {
+                "metric": label,
+                "unit": unit,
+                "slurm": sv,
+                "mtgpu": mv,
+                "factor": factor,
+                "target": target,
+                "met": None if factor is None or target is None else factor >= target,
+            }
+        )
 
     sb = _get(s, "seq_sbatch", "submit_per_s")
     # The installed `mt-job` is the C client (mtgpu-setup builds it), so the target is
@@ -571,47 +683,83 @@ def table_rows(res: dict[str, Any], args: Any) -> list[dict[str, Any]]:
         if mv is not None:
             k = int(_get(m, f"seq_mtjob_{label}", "n") or 0)
             target = None if label == "python" and has_c else 1.0
-            row(f"a. sequential CLI submits: {n} sbatch vs {k} {label} mt-job", sb, mv, True, target, "subm/s")
+            row(
+                f"a. sequential CLI submits: {n} sbatch vs {k} {label} mt-job", sb, mv, True, target, "subm/s"
+            )
     for label in ("python", "c"):
         mv = _get(m, f"seq_mtjob_{label}", "done_per_s")
         if mv is not None:
-            row(f"a. those jobs, first submit -> all ended ({label} mt-job)",
-                _get(s, "seq_sbatch", "done_per_s"), mv, True, None, "jobs/s")
+            row(
+                f"a. those jobs, first submit -> all ended ({label} mt-job)",
+                _get(s, "seq_sbatch", "done_per_s"),
+                mv,
+                True,
+                None,
+                "jobs/s",
+            )
     sl, ml = s["latency"], m["latency"]
     row("b. submit->start on an idle node, p50", sl.get("p50_ms"), ml.get("p50_ms"), False, 2.0, "ms")
     row("b. submit->start on an idle node, p99", sl.get("p99_ms"), ml.get("p99_ms"), False, 2.0, "ms")
-    row("b. submit command returns, p50", sl.get("submit_returns_p50_ms"), ml.get("submit_returns_p50_ms"),
-        False, None, "ms")
-    row(f"c. {a}-task array, submit -> all ended", _get(s, f"array{a}", "done_per_s"),
-        _get(m, f"array{a}", "done_per_s"), True, 2.0, "tasks/s")
+    row(
+        "b. submit command returns, p50",
+        sl.get("submit_returns_p50_ms"),
+        ml.get("submit_returns_p50_ms"),
+        False,
+        None,
+        "ms",
+    )
+    row(
+        f"c. {a}-task array, submit -> all ended",
+        _get(s, f"array{a}", "done_per_s"),
+        _get(m, f"array{a}", "done_per_s"),
+        True,
+        2.0,
+        "tasks/s",
+    )
     return rows
 
 
 def print_comparison(res: dict[str, Any]) -> None:
-    print(f"\nSlurm vs MTGPU, same machine, one run ({res['seconds']} s): {machine_line(res['machine'])}; "
-          f"load average at end {' '.join(res['loadavg_end'])}")
-    print(f"  Slurm: {res['slurm_version']} ({res['slurm_conf']} config, single node over loopback); "
-          f"MTGPU {res['mtgpu_version']} (one daemon, one tenant, one SSH session)")
-    print(f"  array concurrency: Slurm {res['array_concurrency']['slurm']}; MTGPU {res['array_concurrency']['mtgpu']}")
+    print(
+        f"\nSlurm vs MTGPU, same machine, one run ({res['seconds']} s): {machine_line(res['machine'])}; "
+        f"load average at end {' '.join(res['loadavg_end'])}"
+    )
+    print(
+        f"  Slurm: {res['slurm_version']} ({res['slurm_conf']} config, single node over loopback); "
+        f"MTGPU {res['mtgpu_version']} (one daemon, one tenant, one SSH session)"
+    )
+    print(
+        f"  array concurrency: Slurm {res['array_concurrency']['slurm']}; MTGPU {res['array_concurrency']['mtgpu']}"
+    )
     cl = res["mtgpu_clients"]
-    print(f"  mt-job: python = {cl['python']}; c = {cl['c'] or 'not built (no C compiler)'}; "
-          f"b. and c. submit with the {cl['used_for_latency_and_array']} one")
+    print(
+        f"  mt-job: python = {cl['python']}; c = {cl['c'] or 'not built (no C compiler)'}; "
+        f"b. and c. submit with the {cl['used_for_latency_and_array']} one"
+    )
     w = max(len(r["metric"]) for r in res["table"]) + 2
     print(f"\n  {'':{w}}{'Slurm':>10}{'MTGPU':>10}  {'MTGPU better by':>16}  target")
     for r in res["table"]:
-        fmt = (lambda v: "-" if v is None else f"{v:.1f}")
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"
         factor = "-" if r["factor"] is None else f"{r['factor']:.2f}x"
         target = "" if r["target"] is None else f">= {r['target']:g}x {'met' if r['met'] else 'MISSED'}"
-        print(f"  {r['metric']:{w}}{fmt(r['slurm']):>10}{fmt(r['mtgpu']):>10}  {factor:>16}  {target}"
-              f"   [{r['unit']}]")
+        print(
+            f"  {r['metric']:{w}}{fmt(r['slurm']):>10}{fmt(r['mtgpu']):>10}  {factor:>16}  {target}"
+            f"   [{r['unit']}]"
+        )
     for side in ("slurm", "mtgpu"):
         lat = res[side]["latency"]
-        ds = ", ".join(f"{k} CPU {v.get('cpu_s')} s, RSS {v.get('rss_mb')} MB (peak {v.get('hwm_mb')})"
-                       for k, v in res[side]["daemons"].items())
-        print(f"  {side}: latency n={lat.get('n')} (missing {lat.get('missing')}) p50 {lat.get('p50_ms')} "
-              f"p90 {lat.get('p90_ms')} p99 {lat.get('p99_ms')} min {lat.get('min_ms')} max {lat.get('max_ms')} ms; "
-              f"{ds}")
-    print("  For reference, the anchor's published tuned figures: sbatch loop "
-          f"{ANCHOR['sbatch_loop_per_s']['tuned']:g}/s (stock {ANCHOR['sbatch_loop_per_s']['stock']:g}/s), "
-          f"submit->start p50/p99 {ANCHOR['latency_p50_ms']['tuned']:g}/{ANCHOR['latency_p99_ms']['tuned']:g} ms, "
-          f"array on 'over' {ANCHOR['array_over_per_s']['tuned']:g} tasks/s")
+        ds = ", ".join(
+            f"{k} CPU {v.get('cpu_s')} s, RSS {v.get('rss_mb')} MB (peak {v.get('hwm_mb')})"
+            for k, v in res[side]["daemons"].items()
+        )
+        print(
+            f"  {side}: latency n={lat.get('n')} (missing {lat.get('missing')}) p50 {lat.get('p50_ms')} "
+            f"p90 {lat.get('p90_ms')} p99 {lat.get('p99_ms')} min {lat.get('min_ms')} max {lat.get('max_ms')} ms; "
+            f"{ds}"
+        )
+    print(
+        "  For reference, the anchor's published tuned figures: sbatch loop "
+        f"{ANCHOR['sbatch_loop_per_s']['tuned']:g}/s (stock {ANCHOR['sbatch_loop_per_s']['stock']:g}/s), "
+        f"submit->start p50/p99 {ANCHOR['latency_p50_ms']['tuned']:g}/{ANCHOR['latency_p99_ms']['tuned']:g} ms, "
+        f"array on 'over' {ANCHOR['array_over_per_s']['tuned']:g} tasks/s"
+    )

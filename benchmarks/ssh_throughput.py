@@ -3,8 +3,14 @@
 
 Both servers run on loopback on the same machine, with the same host key and the
 same tenant account (created by MTGPU's first login; sshd gets the same public key in
-the tenant's ~/.ssh/authorized_keys). The client is OpenSSH's ssh/sftp with its
-default algorithms. Every transfer is checked by sha256.
+the tenant's ~/.ssh/authorized_keys). The client is OpenSSH's ssh/sftp, told the
+cipher with ``-c`` so both servers are measured on the same one, in the same run:
+each cipher both servers offer (aes128-gcm, aes256-gcm, aes128-ctr,
+chacha20-poly1305). Every transfer is checked by sha256.
+
+Targets: every throughput at least 0.9x OpenSSH's on the same cipher; login to
+command (``ssh host true``, the client's default algorithms) at most 0.5x OpenSSH's
+time.
 
 Run as root from the repository root:
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import statistics
 import subprocess
 import sys
@@ -35,17 +42,27 @@ def zeros_sha256(n: int) -> str:
     return h.hexdigest()
 
 
+CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
+           "chacha20-poly1305@openssh.com"]
+THROUGHPUT_TARGET = 0.9  # mtgpu/openssh, at least
+LOGIN_TARGET = 0.5  # mtgpu's time / openssh's, at most
+
+
 class Target:
-    def __init__(self, name: str, port: int, user: str, key: Path) -> None:
-        self.name, self.port, self.user, self.key = name, port, user, key
+    def __init__(self, name: str, port: int, user: str, key: Path, cipher: str | None = None) -> None:
+        self.name, self.port, self.user, self.key, self.cipher = name, port, user, key, cipher
+
+    def _opts(self) -> list[str]:
+        return [*SSH_OPTS, "-i", str(self.key), *(["-c", self.cipher] if self.cipher else [])]
+
+    def with_cipher(self, cipher: str | None) -> "Target":
+        return Target(self.name, self.port, self.user, self.key, cipher)
 
     def ssh(self, *cmd: str) -> list[str]:
-        return ["ssh", *SSH_OPTS, "-p", str(self.port), "-i", str(self.key),
-                f"{self.user}@127.0.0.1", *cmd]
+        return ["ssh", *self._opts(), "-p", str(self.port), f"{self.user}@127.0.0.1", *cmd]
 
     def sftp(self, batch: Path) -> list[str]:
-        return ["sftp", *SSH_OPTS, "-P", str(self.port), "-i", str(self.key), "-b", str(batch),
-                f"{self.user}@127.0.0.1"]
+        return ["sftp", *self._opts(), "-P", str(self.port), "-b", str(batch), f"{self.user}@127.0.0.1"]
 
 
 def timed(argv: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
@@ -128,24 +145,39 @@ def main() -> int:
         sshd, sport = start_openssh(host)
         targets = [Target("mtgpu", host.port, "bench", key), Target("openssh", sport, "bench", key)]
         expect, sexpect = zeros_sha256(size), zeros_sha256(ssize)
-        results: dict[str, dict[str, float]] = {t.name: {} for t in targets}
-        for t in targets:
-            res = results[t.name]
-            res["exec download MB/s"] = max(download(t, size, expect) for _ in range(args.reps)) / 1e6
-            res["exec upload MB/s"] = max(upload(t, size, expect, workdir) for _ in range(args.reps)) / 1e6
-            gets, puts = zip(*(sftp_get_put(t, ssize, sexpect, workdir) for _ in range(args.reps)))
-            res["sftp get MB/s"] = max(gets) / 1e6
-            res["sftp put MB/s"] = max(puts) / 1e6
-            res["login latency ms (median)"] = login_latency(t, args.logins) * 1e3
+        # rows[metric] = {server: value}; servers alternate within each cipher so a
+        # change in the machine's load falls on both.
+        rows: dict[str, dict[str, float]] = {}
+        for cipher in CIPHERS:
+            short = cipher.split("@")[0]
+            for base in targets:
+                t = base.with_cipher(cipher)
+                get = lambda m: rows.setdefault(f"{short} {m}", {})  # noqa: E731
+                get("exec download MB/s")[t.name] = max(download(t, size, expect) for _ in range(args.reps)) / 1e6
+                get("exec upload MB/s")[t.name] = max(upload(t, size, expect, workdir) for _ in range(args.reps)) / 1e6
+                gets, puts = zip(*(sftp_get_put(t, ssize, sexpect, workdir) for _ in range(args.reps)))
+                get("sftp get MB/s")[t.name] = max(gets) / 1e6
+                get("sftp put MB/s")[t.name] = max(puts) / 1e6
+        login = {t.name: login_latency(t, args.logins) * 1e3 for t in targets}
         cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(" :\t")
-        print(f"# ssh_throughput: {args.size_mib} MiB exec, {args.sftp_mib} MiB sftp, "
-              f"{args.logins} logins; sha256 verified; {cpu}")
-        print(f"{'metric':28} {'mtgpu':>10} {'openssh':>10} {'ratio':>7}")
-        for metric in results["mtgpu"]:
-            a, b = results["mtgpu"][metric], results["openssh"][metric]
-            ratio = (a / b) if "MB/s" in metric else (b / a)
-            print(f"{metric:28} {a:10.1f} {b:10.1f} {ratio:7.2f}")
-        print("ratio: mtgpu/openssh for throughput, openssh/mtgpu for latency (above 1 is better)")
+        load = Path("/proc/loadavg").read_text().split()[0]
+        print(f"# ssh_throughput: {args.size_mib} MiB exec, {args.sftp_mib} MiB sftp, best of {args.reps}, "
+              f"{args.logins} logins; sha256 verified; {cpu}, {os.cpu_count()} CPUs, load {load} at the end")
+        print(f"| {'cipher, metric':34} | {'mtgpu':>8} | {'openssh':>8} | {'ratio':>6} | target |")
+        print(f"| {'-' * 34} | {'-' * 8} | {'-' * 8} | {'-' * 6} | ------ |")
+        missed = 0
+        for metric, v in rows.items():
+            ratio = v["mtgpu"] / v["openssh"]
+            ok = ratio >= THROUGHPUT_TARGET
+            missed += not ok
+            print(f"| {metric:34} | {v['mtgpu']:8.1f} | {v['openssh']:8.1f} | {ratio:6.2f} | {'met' if ok else 'NOT MET'} |")
+        ratio = login["mtgpu"] / login["openssh"]
+        ok = ratio <= LOGIN_TARGET
+        missed += not ok
+        print(f"| {'login to command ms (median)':34} | {login['mtgpu']:8.1f} | {login['openssh']:8.1f} | "
+              f"{ratio:6.2f} | {'met' if ok else 'NOT MET'} |")
+        print(f"targets: throughput mtgpu/openssh >= {THROUGHPUT_TARGET} on the same cipher; "
+              f"login mtgpu/openssh time <= {LOGIN_TARGET}; {missed} not met")
         return 0
     finally:
         if sshd is not None:

@@ -1,7 +1,11 @@
 """The one exception tree of MTGPU.
 
 Every error that reaches a user says what was wrong and what to do about it.
-Third-party errors are translated at the boundary with ``raise ... from exc``::
+Third-party errors are translated at the boundary with ``raise ... from exc``.
+Every error carries a ``code``, the short word an API answer sends (``"error"``
+unless a subclass says more), and ``retryable``: whether the request was not
+carried out at all and may be sent again as it is (see :data:`RETRYABLE_CODES`).
+Clients decide on codes, never on the words of a message::
 
     MtgpuError
     ├── ConfigError          a bad configuration file or value (exit status 2)
@@ -12,6 +16,8 @@ Third-party errors are translated at the boundary with ``raise ... from exc``::
     │   └── MountError       a published directory cannot be mounted read-only
     ├── AuthError            an invite or key cannot be accepted
     ├── ApiError             an API request was refused (carries a code)
+    │   └── ValidationError  the request itself is malformed: code ``bad_request``
+    │                        (also a ValueError, for the parsers that raise it)
     ├── GpuProbeError        a GPU probe failed or printed bad output
     ├── JobError             a job file or job request is invalid
     └── SetupError           mtgpu-setup cannot do what was asked
@@ -21,9 +27,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: Codes of refusals after which nothing was done: the same request may be sent again
+#: (clients do, for a bounded time). ``starting``: the daemon is loading its state;
+#: ``not_caught_up``: this member's replica lags the scheduler's log; ``no_leader``: no
+#: scheduler is elected (an election is under way); ``busy``: the replicated log's
+#: queue is full. A new retryable refusal adds its code here.
+RETRYABLE_CODES = frozenset({"starting", "not_caught_up", "no_leader", "busy"})
+#: Codes after which it is not known whether the request was carried out (the answer
+#: was lost to a leader change or a lost connection, or a commit did not finish in
+#: time): only a read, or a submission carrying its key, is sent again. ``no_answer``
+#: and ``closed`` are the client's own (the daemon did not answer, or closed the
+#: connection).
+RESEND_CODES = frozenset({"in_doubt", "leader_changed", "unreachable", "no_answer", "closed"})
+
 
 class MtgpuError(Exception):
     """Root of every error MTGPU raises on purpose."""
+
+    #: The API answer's code for this error.
+    code = "error"
+
+    @property
+    def retryable(self) -> bool:
+        """True when nothing was done and the request may be sent again unchanged."""
+        return self.code in RETRYABLE_CODES
 
 
 class ConfigError(MtgpuError):
@@ -31,8 +58,9 @@ class ConfigError(MtgpuError):
 
     exit_status = 2
 
-    def __init__(self, message: str, *, key: str | None = None, line: int | None = None,
-                 path: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, key: str | None = None, line: int | None = None, path: str | None = None
+    ) -> None:
         self.key = key
         self.line = line
         self.path = path
@@ -50,8 +78,9 @@ class ConfigError(MtgpuError):
 class CommandError(MtgpuError):
     """A subprocess exited non-zero or could not be started."""
 
-    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str = "",
-                 stdout: str = "") -> None:
+    def __init__(
+        self, argv: Sequence[str], returncode: int | None, stderr: str = "", stdout: str = ""
+    ) -> None:
         import shlex
 
         self.argv = list(argv)
@@ -67,7 +96,15 @@ class CommandError(MtgpuError):
 
 
 class StateError(MtgpuError):
-    """The replicated state could not accept or answer a request."""
+    """The replicated state could not accept or answer a request.
+
+    ``code`` says why when it is known: ``no_leader`` and ``busy`` (nothing was
+    appended to the log: retryable), ``leader_changed`` (a leader change lost the
+    command, which may or may not have committed)."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class AccountError(MtgpuError):
@@ -87,11 +124,53 @@ class AuthError(MtgpuError):
 
 
 class ApiError(MtgpuError):
-    """An API request was refused. ``code`` is a short machine-readable word."""
+    """An API request was refused. ``code`` is a short machine-readable word.
 
-    def __init__(self, message: str, code: str = "error") -> None:
+    ``retryable`` defaults to the code's membership of :data:`RETRYABLE_CODES`; an
+    answer that says otherwise (``"retryable": true``) wins."""
+
+    def __init__(self, message: str, code: str = "error", *, retryable: bool | None = None) -> None:
         self.code = code
+        self._retryable = retryable
         super().__init__(message)
+
+    @property
+    def retryable(self) -> bool:
+        if self._retryable is not None:
+            return self._retryable
+        return self.code in RETRYABLE_CODES
+
+    @classmethod
+    def from_answer(cls, answer: dict) -> ApiError:
+        """The refusal in an API answer ``{"ok": false, "error", "code", "retryable"}``.
+
+        >>> e = ApiError.from_answer({"ok": False, "error": "no scheduler", "code": "no_leader"})
+        >>> e.code, e.retryable
+        ('no_leader', True)
+        """
+        retryable = answer.get("retryable")
+        return cls(
+            str(answer.get("error", "request refused")),
+            str(answer.get("code", "error")),
+            retryable=retryable if isinstance(retryable, bool) else None,
+        )
+
+
+class ValidationError(ApiError, ValueError):
+    """A request (or a value in it) is malformed: the caller's mistake, named.
+
+    The only error the dispatcher answers ``bad_request``; any other exception a
+    handler lets out is a server bug, answered ``internal``. It is a ``ValueError``
+    too, so the value parsers (sizes, durations, counts) raise it and the
+    configuration loader still catches what they raise."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message, code, retryable=False)
+
+
+def refusal(exc: MtgpuError, rid: object = None) -> dict:
+    """The API answer for ``exc``: ``{"id", "ok": false, "error", "code", "retryable"}``."""
+    return {"id": rid, "ok": False, "error": str(exc), "code": exc.code, "retryable": exc.retryable}
 
 
 class GpuProbeError(MtgpuError):

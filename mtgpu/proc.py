@@ -17,11 +17,18 @@ from mtgpu.errors import CommandError
 log = logging.getLogger("mtgpu.proc")
 
 
-def run(argv: Sequence[str], *, input: bytes | str | None = None, check: bool = True,
-        env: Mapping[str, str] | None = None, timeout: float | None = 120,
-        user: int | None = None, group: int | None = None,
-        extra_groups: Sequence[int] | None = None, cwd: str | None = None,
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str],
+    *,
+    input: bytes | str | None = None,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 120,
+    user: int | None = None,
+    group: int | None = None,
+    extra_groups: Sequence[int] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` and return the completed process with text output.
 
     >>> run(["echo", "hi"]).stdout
@@ -39,9 +46,16 @@ def run(argv: Sequence[str], *, input: bytes | str | None = None, check: bool = 
     if extra_groups is not None:
         kwargs["extra_groups"] = list(extra_groups)
     try:
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True,
-                              env=dict(env) if env is not None else None,
-                              timeout=timeout, cwd=cwd, **kwargs)
+        proc = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            env=dict(env) if env is not None else None,
+            timeout=timeout,
+            cwd=cwd,
+            **kwargs,
+        )
     except FileNotFoundError as exc:
         raise CommandError(argv, None, f"{argv[0]}: not found; install it or fix PATH") from exc
     except subprocess.TimeoutExpired as exc:
@@ -51,3 +65,28 @@ def run(argv: Sequence[str], *, input: bytes | str | None = None, check: bool = 
     if check and proc.returncode != 0:
         raise CommandError(argv, proc.returncode, proc.stderr, proc.stdout)
     return proc
+
+
+#: The environment root's Python children start with: nothing of the caller's.
+ROOT_CHILD_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def python_argv(python: str, module: str, *args: str) -> list[str]:
+    """The argv that runs ``module`` as ``python -m`` would, isolated.
+
+    ``-I``: neither the current directory nor ``PYTHON*`` variables nor the user's
+    site directory are looked at, so nothing a tenant (or the admin's current
+    directory) holds is imported. MTGPU is imported from where this code is
+    installed, which root owns. Run it with ``cwd="/"`` and :data:`ROOT_CHILD_ENV`.
+
+    >>> python_argv("/usr/bin/python3", "mtgpu.x", "a")[:2]
+    ['/usr/bin/python3', '-I']
+    """
+    import mtgpu
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(mtgpu.__file__)))
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {root!r}); "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return [python, "-I", "-c", code, *args]

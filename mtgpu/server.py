@@ -15,6 +15,7 @@ import os
 import pwd
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,38 +23,53 @@ from typing import Any
 import asyncssh
 
 import mtgpu
+from mtgpu import lograte, logsetup
+from mtgpu.accounts import local as local_policy
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.published import DATASETS_ROOT, Published, Publisher, link_home
-from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.accounts.quota import DiskQuotas
+from mtgpu.accounts.registry import Registry, key_id
 from mtgpu.api import admin as admin_api
+from mtgpu.api import alloc as alloc_api
+from mtgpu.api import cluster as cluster_api
 from mtgpu.api import drains as drain_api
 from mtgpu.api import jobs as job_api
 from mtgpu.api import policy as policy_api
 from mtgpu.api import published as published_api
-from mtgpu.api import users as user_api
 from mtgpu.api import servers as server_api
+from mtgpu.api import steps as step_api
+from mtgpu.api import terminals as terminal_api
+from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
-from mtgpu.api.jobs import directive_container, submitted_image
+from mtgpu.api.jobs import check_script_size, cut_off_text, directive_container, script_bytes, submitted_image
 from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
-from mtgpu.cluster.starts import StartBatcher
-from mtgpu.config import Options, load
-from mtgpu.errors import ApiError, ConfigError, MtgpuError
+from mtgpu.cluster.lease import lease_seconds, remove_lease
+from mtgpu.cluster.starts import StartBatcher, StartUnanswered
+from mtgpu.cmdline import with_examples
+from mtgpu.config import Options, load, show
+from mtgpu.config.options import plan_reload
+from mtgpu.errors import ApiError, ConfigError, MtgpuError, ValidationError
 from mtgpu.gateway.session import Gateway, container_store_env, ungranted_message
 from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobenv import JobUser
-from mtgpu.schedd.jobtable import FINAL_STATES, JobTable
+from mtgpu.schedd.jobenv import JobUser, master_port
+from mtgpu.schedd.jobtable import FINAL_STATES, JobTable, attempt_of
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
-from mtgpu.sshd.server import Penalties, start_ssh_server
+from mtgpu.schedd.vramwatch import VramWatch
+from mtgpu.scripts import TENANT_TOOLS
+from mtgpu.sshd.limits import Penalties
+from mtgpu.sshd.server import start_ssh_server
 from mtgpu.state.audit import AuditLog
-from mtgpu.state.store import StateStore
+from mtgpu.state.store import LEADER_FALLBACK, StateStore
+from mtgpu.tmux.runtime import LiveTerminals
+from mtgpu.tmux.runtime import session_env as tmux_session_env
 from mtgpu.workspaces.jobs import IMAGE_SUBSYSTEM, JobContainers
 from mtgpu.workspaces.podman import real_podman
 from mtgpu.workspaces.service import Workspaces
@@ -61,8 +77,11 @@ from mtgpu.workspaces.storage import LocalStores, local_root
 
 log = logging.getLogger("mtgpu.server")
 
-# Commands put on tenants' PATH (RUN_DIR/bin), linked from beside this interpreter.
-TOOLS = ("mt-job", "mt-container", "mt-podman", "mt-python", "mt-attach", "mtgpu-admin")
+#: The longest a submission waits for members that have not reported (seconds).
+SETTLE_MAX = 20.0
+#: How many times a start a member did not answer is asked for.
+START_TRIES = 5
+
 SYSTEM_UID_MAX = 999
 #: ``nobody`` (the kernel's overflow UID, shared by unprivileged daemons and squashed
 #: NFS clients) and the 32-bit "no UID" values: never a person's account.
@@ -79,11 +98,14 @@ class Daemon:
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        #: The configuration file a reload rereads (None: $MTGPU_CONFIG or the default).
+        self.config_path: str | None = None
         self.registry = Registry(options.tenant_uid_range)
         self.accounts = LocalAccounts(options.tenant_home_root, options.tenant_shell)
         self.dispatcher = Dispatcher()
         self.penalties = Penalties(options.ssh_penalty_failures, options.ssh_penalty_seconds)
         self.tools_dir = str(Path(options.run_dir) / "bin")
+        self.terminals = LiveTerminals()  # the ptys served, to tell dead connections
         self.jobs = JobTable()
         self.drains = Drains()  # members admins drained (replicated)
         self.audit = AuditLog()  # admin actions (replicated)
@@ -91,8 +113,11 @@ class Daemon:
         self.store: StateStore | None = None
         self.scheduler: Scheduler | None = None
         self.agent: Agent | None = None
-        self.identity = (ClusterIdentity.derive(options.cluster_id, options.cluster_key)
-                         if options.cluster_mode == "cluster" else None)
+        self.identity = (
+            ClusterIdentity.derive(options.cluster_id, options.cluster_key)
+            if options.cluster_mode == "cluster"
+            else None
+        )
         self.raft: Any = None  # the Raft transport over peer channels, in a cluster
         self.cluster: Any = None  # mtgpu.cluster.runtime.ClusterRuntime, in a cluster
         #: Starts on other members, batched per member (the scheduler's side).
@@ -106,6 +131,8 @@ class Daemon:
         #: Tenants' container stores on this member's disk (CONTAINERS.storage), or
         #: None: in their homes.
         self.container_stores: LocalStores | None = None
+        #: Tenant sessions' cgroup and private namespace (made at start).
+        self.fence: fence.TenantFence | None = None
         self.clock = PolicyClock.from_environment()  # time-based policy (retention)
         self.quotas = DiskQuotas(self)  # USER_DISK_LIMIT
         self.retention = policy_api.Retention(self)  # TENANT_RETENTION_DAYS
@@ -137,8 +164,9 @@ class Daemon:
             pw = pwd.getpwuid(uid)
             return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell or "/bin/sh")
         except KeyError:
-            return JobUser(name, uid, uid, str(Path(self.options.tenant_home_root) / name),
-                           self.options.tenant_shell)
+            return JobUser(
+                name, uid, uid, str(Path(self.options.tenant_home_root) / name), self.options.tenant_shell
+            )
 
     async def job_image(self, user: str, uid: int, ref: str) -> dict[str, Any]:
         """A containerized job's image, checked and found where the tenant submits it."""
@@ -151,10 +179,24 @@ class Daemon:
         if self.registry.get(name) is not None:
             acct = await asyncio.to_thread(self.accounts.ensure, name, uid)
         else:
-            acct = self.accounts.existing(name)
-            if acct is None or acct.uid != uid:
+            found = self.accounts.existing(name)
+            if found is None or found.uid != uid:
                 raise MtgpuError(f"the account {name!r} (UID {uid}) does not exist on this host")
+            why = await asyncio.to_thread(lambda: self.local_refusal(pwd.getpwuid(uid)))
+            if why is not None:
+                raise MtgpuError(why)
+            acct = found
         return JobUser.from_account(acct)
+
+    async def cancel_jobs_of(self, name: str, why: str) -> list[str]:
+        """Cancel every pending or running job (and workspace reservation) of ``name``."""
+        ids = [j["job_id"] for j in self.jobs.active() if j["user"] == name]
+        if not ids:
+            return []
+        r = await self.replicate(self.jobs.cancel, ids, "an admin", time.time(), why)
+        if self.scheduler is not None:
+            self.scheduler.forget(r["cancelled"])
+        return sorted(r["cancelled"] + r["stopping"])
 
     async def peer_session(self, process: asyncssh.SSHServerProcess, name: str) -> None:
         """A channel from another member (authenticated by its cluster certificate)."""
@@ -163,8 +205,9 @@ class Daemon:
         elif process.subsystem == IMAGE_SUBSYSTEM and self.job_containers is not None:
             await self.job_containers.serve_image(process, name, self.accounts.existing)
         elif process.subsystem == "mtgpu-peer":
-            await serve_lines(process.stdin, process.stdout, self.dispatcher,
-                              Caller(f"mtgpu-peer.{name}", 0, True, "peer"))
+            await serve_lines(
+                process.stdin, process.stdout, self.dispatcher, Caller(f"mtgpu-peer.{name}", 0, True, "peer")
+            )
         else:
             process.stderr.write(b"mtgpu: this member serves no such peer channel yet\n")
             process.exit(1)
@@ -175,6 +218,25 @@ class Daemon:
 
     def caller_for(self, account: Account, via: str) -> Caller:
         return Caller(account.name, account.uid, self.is_admin_name(account.name), via)
+
+    def _api_limits(self) -> tuple[int, int]:
+        return self.options.api_max_connections_per_user, self.options.api_max_connections
+
+    def local_refusal(self, pw: pwd.struct_passwd) -> str | None:
+        """Why the OS account ``pw``, not a registry user, may not use MTGPU here
+        (LOCAL_ACCOUNTS, a removed tenant, an expired account), or None."""
+        o = self.options
+        facts = local_policy.LocalFacts(
+            pw.pw_name,
+            pw.pw_uid,
+            pw.pw_gecos,
+            pw.pw_shell,
+            local_policy.shadow_expired(pw.pw_name),
+            self.registry.retired_uid(pw.pw_uid),
+            pw.pw_name in o.admins,
+            self.registry.local_grant(pw.pw_name, o.cluster_name),
+        )
+        return local_policy.refusal(facts, o.local_accounts, o.cluster_name)
 
     def identify_uid(self, uid: int) -> Caller | None:
         """The caller behind a local UID (from SO_PEERCRED); ApiError for a tenant who
@@ -192,7 +254,22 @@ class Daemon:
             return None
         if system_uid(uid):
             return None
+        why = self.local_refusal(pw)
+        if why is not None:
+            raise ApiError(why, "refused")
         return Caller(pw.pw_name, uid, pw.pw_name in self.options.admins, "socket")
+
+    async def catch_up(self) -> bool:
+        """Bring this member's replica up to the scheduler's log (read-your-writes);
+        True once done, False on a standalone host or if it could not in time."""
+        if self.cluster is None:
+            return False
+        try:
+            await self.cluster.catch_up()
+            return True
+        except ApiError as exc:
+            log.info("could not catch up with the scheduler's log: %s", exc)
+            return False
 
     async def local_key_allowed(self, username: str, key_line: str) -> bool:
         """Whether an existing local account lists ``key_line`` in its authorized_keys.
@@ -204,14 +281,29 @@ class Daemon:
             return False
         if self.registry.by_uid(acct.uid) is not None:
             return False  # a managed tenant's UID under another name: never trust it
+        try:
+            why = await asyncio.to_thread(lambda: self.local_refusal(pwd.getpwnam(username)))
+        except KeyError:
+            return False
+        if why is not None:
+            log.info("refusing login as %r: %s", username, why)
+            return False
         path = os.path.join(acct.home, ".ssh", "authorized_keys")
         try:
             proc = await asyncio.create_subprocess_exec(
-                "cat", "--", path, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, user=acct.uid, group=acct.gid,
-                extra_groups=list(acct.groups), env={"PATH": "/usr/bin:/bin"}, cwd="/")
+                "cat",
+                "--",
+                path,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                user=acct.uid,
+                group=acct.gid,
+                extra_groups=list(acct.groups),
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+            )
             data, _ = await asyncio.wait_for(proc.communicate(), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return False
         if proc.returncode != 0:
             return False
@@ -235,6 +327,14 @@ class Daemon:
                 self.published = await asyncio.to_thread(self.publisher.apply, self.options)
             except Exception:  # noqa: BLE001 - publishing must never stop the daemon
                 log.exception("publishing datasets and interpreters failed")
+            # Tenants' private /tmp shows what is published even where it lies there.
+            if self.fence is not None:
+                self.fence.keep_also(
+                    [
+                        *self.options.datasets_directories,
+                        *(i.prefix for i in self.published.interpreters if i.ok),
+                    ]
+                )
 
     def _link_home(self, acct: Account) -> None:
         if acct.managed and any(d.ok for d in self.published.datasets):
@@ -268,9 +368,11 @@ class Daemon:
         except (OSError, ValueError, AttributeError, TypeError):
             return
         if fmt > mtgpu.STATE_FORMAT:
-            raise MtgpuError(f"STATE_DIR {self.options.state_dir} holds state format {fmt}, written by "
-                             f"MTGPU {by}; this is MTGPU {mtgpu.__version__}, which reads format "
-                             f"{mtgpu.STATE_FORMAT}. Run MTGPU {by} or newer (mtgpu-setup install)")
+            raise MtgpuError(
+                f"STATE_DIR {self.options.state_dir} holds state format {fmt}, written by "
+                f"MTGPU {by}; this is MTGPU {mtgpu.__version__}, which reads format "
+                f"{mtgpu.STATE_FORMAT}. Run MTGPU {by} or newer (mtgpu-setup install)"
+            )
 
     def _prepare_dirs(self) -> None:
         o = self.options
@@ -283,15 +385,29 @@ class Daemon:
                 probe.unlink()
             except OSError as exc:
                 key = "STATE_DIR" if d == o.state_dir else "RUN_DIR"
-                raise MtgpuError(f"{key} {d} cannot be written: {exc.strerror}. Fix its "
-                                 f"permissions or point {key} elsewhere") from exc
+                raise MtgpuError(
+                    f"{key} {d} cannot be written: {exc.strerror}. Fix its "
+                    f"permissions or point {key} elsewhere"
+                ) from exc
         self._check_state_format()
+        # The daemon's temporary files (asyncssh puts a forwarded agent's socket in a
+        # directory of its own there) lie in a root-owned directory under RUN_DIR, which
+        # tenants' private /tmp keeps visible; 0711: tenants reach what they are handed
+        # and list nothing.
+        tmp = Path(o.run_dir) / "tmp"
+        tmp.mkdir(mode=0o711, exist_ok=True)
+        st = tmp.lstat()
+        if not tmp.is_dir() or tmp.is_symlink() or st.st_uid != os.geteuid():
+            raise MtgpuError(f"{tmp} is not a directory of the daemon's own; remove it and restart")
+        os.chmod(tmp, 0o711)
+        tempfile.tempdir = str(tmp)
         tools = Path(self.tools_dir)
         tools.mkdir(exist_ok=True)
         os.chmod(tools, 0o755)
         here = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else None
         sources = [Path(sys.executable).parent] + ([here] if here else [])
-        for name in TOOLS:
+        # Commands put on tenants' PATH (RUN_DIR/bin), linked from beside this interpreter.
+        for name in TENANT_TOOLS:
             # mt-job-fast, where the installer could compile it, is mt-job's fast path.
             cands = ("mt-job-fast", "mt-job") if name == "mt-job" else (name,)
             src = next((s / c for c in cands for s in sources if (s / c).exists()), None)
@@ -302,57 +418,113 @@ class Daemon:
                 link.symlink_to(src)
 
     async def start(self) -> None:
+        self.dispatcher.starting = True
         self._prepare_dirs()
         o = self.options
+        self.fence = fence.from_options(
+            o, extra_keep=[sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)]
+        )
+        log.info("%s", self.fence.describe())
+        if self.fence.network is not None:
+            log.info("%s", self.fence.network.describe())
+        if self.fence.network is not None:
+            self.fence.network.loop = asyncio.get_running_loop()  # it runs the DNS relays
+        for line in self.fence.lacking():
+            log.warning("isolation: %s", line)
         self.container_stores = await asyncio.to_thread(self._local_stores)
         admin_api.recent_log()  # `mtgpu-admin logs` shows what is logged from now on
+        lograte.install()  # a flood of one kind of line is summarized, not written
         self.dispatcher.auditor = lambda *a: admin_api.write_audit(self, *a)
         # Before any tenant can log in: datasets are read-only from the first session.
         await self.publish()
         user_api.register(self.dispatcher, self)
         published_api.register(self.dispatcher, self)
+        terminal_api.register(self.dispatcher, self.terminals)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
         if self.identity is not None:
             from mtgpu.cluster.runtime import ClusterRuntime
 
             # Peers find each other through the SSH server, so it starts first.
-            self.cluster = ClusterRuntime(o, self.identity, self.dispatcher, lambda: self._last_inv)
-            self.cluster.register_hello()
-            self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
+            self.cluster = ClusterRuntime(o, self.identity, lambda: self._last_inv)
+            cluster_api.register_hello(self.dispatcher, self.cluster)
+            self._servers.append(
+                await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid, self._api_limits)
+            )
             self._servers.append(await start_ssh_server(self, gateway))
-            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains,
-                                                        self.audit])
+            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains, self.audit])
             self.cluster.drains = self.drains
             self.raft = self.cluster.transport
             self.cluster.on_store = self._use_store
         else:
-            self.store = StateStore(o.server_name, [self.registry, self.jobs, self.drains,
-                                                    self.audit], o.state_dir)
+            self.store = StateStore(
+                o.server_name, [self.registry, self.jobs, self.drains, self.audit], o.state_dir
+            )
         await self.store.wait_ready(timeout=120)
         await asyncio.to_thread(self._link_homes)
         runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
+        await asyncio.to_thread(runner.build_jobinit)  # mtgpu-setup install built it already
+        runner.tenant_namespace = self.fence.namespace  # jobs share their tenant's /tmp
+        runner.tenant_net_namespace = self.fence.net_namespace  # ... and its loopback
+        if self.fence.network is not None and self.fence.network.private:
+            net = self.fence.network
+            runner.job_network_on = lambda la: net.open_job(
+                la.job_id, la.user.uid, la.master_addr, master_port(la), la.node_rank == 0
+            )
+            runner.job_network_off = net.close_job
+        # A job's `tmux -L mtgpu` reaches the tenant's one tmux server, as its sessions'
+        # does (in the session cgroup, which has no GPUs).
+        runner.tenant_env = lambda uid, gid: {
+            k: v for k, v in tmux_session_env(o.run_dir, uid, gid).items() if k == "TMUX_TMPDIR"
+        }
         if self.cluster is not None:
             runner.workdir_help = self.cluster.workdir_help  # homes may not be shared
-        self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate,
-                           self.user_for)
-        self.scheduler = Scheduler(self.jobs, self.replicate, self.dispatch, term=self.term,
-                                   aging_per_hour=o.priority_aging)
-        self.agent.on_change = self.scheduler.kick
+        self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate, self.user_for)
+        self.agent.rendezvous_ports = o.rendezvous_ports
+        # What a job's srun reaches: the tenants' commands and this daemon's API.
+        self.agent.tools_dir, self.agent.api_socket = self.tools_dir, o.api_socket
+        self.scheduler = Scheduler(
+            self.jobs, self.replicate, self.dispatch, term=self.term, aging_per_hour=o.priority_aging
+        )
+
+        def changed() -> None:
+            if self.scheduler is not None:
+                self.scheduler.kick()
+            self.session_gpus()
+
+        self.agent.on_change = changed
         self.agent.job_env = lambda u: container_store_env(self, u.uid, u.gid)
         self.scheduler.drains = self.drains
         self.scheduler.report(self._last_inv)
         self.agent.start()
+        agent = self.agent
+        self.sampler.job_of = lambda: agent.job_processes().job_of
+        self.vram_watch = VramWatch(
+            self.sampler.process_use,
+            agent.vram_shares,
+            agent.job_processes,
+            agent.stop_vram,
+            interval=o.vram_watch_interval,
+            tolerance=o.vram_tolerance,
+        )
         loop = asyncio.get_running_loop()
-        self._tasks += [loop.create_task(self._sample_loop()),
-                        loop.create_task(self._retention_loop())]
-        job_api.register(self.dispatcher, self)
+        self._tasks += [
+            loop.create_task(self._sample_loop()),
+            loop.create_task(self._retention_loop()),
+            loop.create_task(self.vram_watch.run()),
+        ]
+        job_api.register(self.dispatcher, self)  # type: ignore[arg-type]  # self.scheduler is made above
+        alloc_api.register(self.dispatcher, self)
+        self.steps = step_api.StepLog()
+        step_api.register(self.dispatcher, self, self.steps)
         server_api.register(self.dispatcher, self)
         drain_api.register(self.dispatcher, self)
         admin_api.register(self.dispatcher, self)
         self._register_host_ops()
         # Container workspaces: reservations in the job table, podman as the tenant.
         self.workspaces = Workspaces(self)
+        if hasattr(self.workspaces.runtime, "tenant_netns"):  # its ports on the tenant's loopback
+            self.workspaces.runtime.tenant_netns = self.fence.net_namespace
         workspace_api.register(self.dispatcher, self.workspaces)
         self.workspaces.start()
         self.job_containers = JobContainers(self.workspaces)
@@ -361,28 +533,58 @@ class Daemon:
         await self.quotas.start()
         self._tasks.append(loop.create_task(self._tenant_retention_loop()))
         if self.cluster is not None:
-            self.scheduler.grace = 3 * o.usage_sample_interval + 2
+            # A submission the members that reported cannot run waits for the others as
+            # long as they may take (a member silent for CLUSTER_LOST_AFTER since the
+            # scheduler started counts as lost), within the peers' 30 s forwarding bound.
+            self.scheduler.grace = min(o.cluster_lost_after, SETTLE_MAX)
             self.scheduler.lost_after = o.cluster_lost_after
+            # Leases (mtgpu.cluster.lease): CLUSTER_LOST_AFTER is the lease bound, and a
+            # new scheduler waits out what a deposed one may still have granted.
+            self.scheduler.lease = lease_seconds(o.cluster_lost_after, o.cluster_fence_grace)
+            self.scheduler.takeover_wait = LEADER_FALLBACK
             cluster = self.cluster
+            self.scheduler.members = lambda: cluster.members.members
+            self.scheduler.own_name = o.server_name
             self.agent.address = cluster.address.rsplit(":", 1)[0]
             self.agent.address_of = lambda name: (
-                a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None)
+                a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None
+            )
             self.cluster.on_leader = self._leadership
             self.cluster.on_report = self.scheduler.report
+            self.cluster.grant = self.scheduler.grant
+            self.cluster.replica_digest = self.jobs.digest
+            self.cluster.unreported = self.scheduler.unknown
             self.job_containers.connect = cluster.peers.connection
-            self.job_containers.homes_shared_with = lambda: homes_layout(cluster.members)[
-                "shares"].get(o.server_name, [])
+            self.job_containers.homes_shared_with = lambda: homes_layout(cluster.members)["shares"].get(
+                o.server_name, []
+            )
             await self.cluster.start(self.replicate)
-            self._forward_to_leader(("job.submit", "job.list", "job.show", "job.cancel", "nodes",
-                                     "node.drain", "node.undrain", "retention",
-                                     "retention.unlock"))
+            cluster_api.register(self.dispatcher, self.cluster)
+            self._forward_to_leader(
+                (
+                    "job.submit",
+                    "job.list",
+                    "job.show",
+                    "job.cancel",
+                    "job.hold",
+                    "job.release",
+                    "nodes",
+                    "node.drain",
+                    "node.undrain",
+                    "retention",
+                    "retention.unlock",
+                )
+            )
         else:
+            remove_lease(Path(o.state_dir) / "jobs")  # nobody else's jobs to fence against
             self.scheduler.start()
-            self._servers.append(await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid))
+            self._servers.append(
+                await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid, self._api_limits)
+            )
             self._servers.append(await start_ssh_server(self, gateway))
+        self.dispatcher.starting = False
         Path(o.run_dir, "mtgpu.pid").write_text(f"{os.getpid()}\n")
-        log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen,
-                 o.server_name)
+        log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen, o.server_name)
 
     def _use_store(self, store: StateStore) -> None:
         """A role change reopened the replicated store: use the new one (and its transport)."""
@@ -392,6 +594,14 @@ class Daemon:
         """The scheduler runs on the Raft leader only; a new one rebuilds its queue."""
         assert self.scheduler is not None
         if leader:
+            if self.cluster is not None:
+                # What the last scheduler committed (members that joined, jobs) is in
+                # this member's log but maybe not yet applied: until it is, the member
+                # list may lack members, and the inventory is not known to be complete.
+                target, cluster = self.cluster.last_index(), self.cluster
+                self.scheduler.state_current = lambda: (
+                    cluster.store is not None and cluster.store.sync.raftLastApplied >= target
+                )
             self.scheduler.report(self._last_inv)
             self.scheduler.start()
         else:
@@ -402,25 +612,62 @@ class Daemon:
         by peer call. If any part cannot start, this raises and the job fails; the
         members whose part did start stop it (their agents see the job ended)."""
         assert self.agent is not None
+        members = job["placement"]["members"]
+        port = 0
+        if len(members) > 1:
+            # The member that runs rank 0 picks the rendezvous port, free there now.
+            rank0 = members[0]["node"]
+            try:
+                if rank0 == self.options.server_name:
+                    port = self.agent.rendezvous_port()
+                else:
+                    assert self.cluster is not None
+                    port = int((await self.cluster.peers.call(rank0, "job.rendezvous"))["port"])
+            except Exception as exc:
+                raise MtgpuError(f"its rank-0 member {rank0} gave no rendezvous port: {exc}") from exc
 
         async def one(node: str) -> None:
             if node == self.options.server_name:
                 assert self.agent is not None
-                await self.agent.dispatch(job, term)
+                self.session_gpus(job)  # before the job can open its GPUs
+                await self.agent.dispatch(job, term, port)
             else:
                 assert self.cluster is not None
                 if self._starts is None:
                     self._starts = StartBatcher(self.cluster.peers.call)
-                try:
-                    await self._starts.start(node, job["job_id"], term)
-                except Exception as exc:
-                    raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
+                for attempt in range(START_TRIES):
+                    try:
+                        await self._starts.start(node, job["job_id"], term, attempt_of(job), port)
+                        return
+                    except StartUnanswered as exc:
+                        # Lost with its connection (the member changing role, say): it
+                        # may have started; asking again starts it at most once.
+                        if attempt == START_TRIES - 1:
+                            raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
+                        log.info(
+                            "no answer from %s to the start of %s (%s); asking again",
+                            node,
+                            job["job_id"],
+                            exc,
+                        )
+                        await asyncio.sleep(1.0)
+                    except Exception as exc:
+                        raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
 
-        results = await asyncio.gather(*(one(m["node"]) for m in job["placement"]["members"]),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(one(m["node"]) for m in members), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
+
+    def check_in_touch(self) -> None:
+        """Refuse (retryably: nothing is done) while this member is cut off from its
+        cluster's majority: a submission taken there could be lost, and one relayed
+        from there waits for an answer that cannot come."""
+        from mtgpu.errors import ApiError
+
+        since = self.store.out_of_touch_since() if self.store is not None else None
+        if since is not None:
+            raise ApiError(cut_off_text(since), "no_leader")
 
     def _forward_to_leader(self, ops: tuple[str, ...]) -> None:
         """On a member that is not the scheduler, tenant job operations go to the leader."""
@@ -430,33 +677,56 @@ class Daemon:
         cluster = self.cluster
         assert cluster is not None
         originals = {op: self.dispatcher._ops[op] for op in ops}
+        reads = ("job.list", "job.show", "nodes")
 
         def make(op: str) -> Any:
             original = originals[op]
 
             async def forwarding(caller: Caller, args: dict[str, Any]) -> Any:
                 if cluster.is_leader() or caller.via == "forwarded":
+                    if op not in reads:
+                        # A leader cut off from its majority would append a change that
+                        # a new leader's log may overwrite: none is taken there.
+                        self.check_in_touch()
+                    if op in reads:
+                        # A scheduler that has just taken over may not have applied every
+                        # committed entry yet: what was acknowledged is answered.
+                        await cluster.catch_up()
                     r = original.fn(caller, args)
                     return await r if asyncio.iscoroutine(r) else r
+                self.check_in_touch()  # rather than a relay that waits 30 s for nothing
                 if op == "job.submit":
+                    script = arg(args, "script", str)
+                    check_script_size(script_bytes(script), self.options.job_script_max)
                     # The tenant's image is looked up here, where they submit it.
-                    src = await submitted_image(self, caller, args, directive_container(
-                        arg(args, "script", str), arg(args, "overrides", dict, {})))
+                    host: job_api.JobHost = self  # type: ignore[assignment]  # its scheduler exists by now
+                    src = await submitted_image(
+                        host,
+                        caller,
+                        args,
+                        await directive_container(
+                            script, arg(args, "overrides", dict, {}), job_api.submit_options(args)
+                        ),
+                    )
                     if src is not None:
                         args = {**args, "container_source": src}
                 leader = cluster.leader()
                 if leader is None:
-                    raise ApiError("no scheduler is elected right now; retry in a few seconds",
-                                   "no_leader")
-                return await cluster.peers.call(leader, "forward", op=op, args=args, timeout=30,
-                                                caller={"name": caller.name, "uid": caller.uid,
-                                                        "admin": caller.admin})
+                    raise ApiError("no scheduler is elected right now; retry in a few seconds", "no_leader")
+                return await cluster.peers.call(
+                    leader,
+                    "forward",
+                    op=op,
+                    args=args,
+                    timeout=30,
+                    caller={"name": caller.name, "uid": caller.uid, "admin": caller.admin},
+                )
+
             forwarding.__doc__ = original.doc
             return forwarding
 
         for op in ops:
-            self.dispatcher.register(op, make(op), admin=originals[op].admin,
-                                     audit=originals[op].audit)
+            self.dispatcher.register(op, make(op), admin=originals[op].admin, audit=originals[op].audit)
 
         async def forward(caller: Caller, args: dict[str, Any]) -> Any:
             """A tenant's request relayed by another member (peers only)."""
@@ -464,15 +734,17 @@ class Daemon:
                 raise ApiError("only other members may relay requests", "forbidden")
             c = arg(args, "caller", dict)
             inner = Caller(str(c["name"]), int(c["uid"]), bool(c["admin"]), "forwarded")
-            answer = await self.dispatcher.handle(inner, {"op": arg(args, "op", str),
-                                                          "args": arg(args, "args", dict)})
+            answer = await self.dispatcher.handle(
+                inner, {"op": arg(args, "op", str), "args": arg(args, "args", dict)}
+            )
             if not answer["ok"]:
-                raise ApiError(answer["error"], answer.get("code", "error"))
+                raise ApiError.from_answer(answer)
             return answer["result"]
 
         self.dispatcher.register("forward", forward)
         assert self.agent is not None
         self.dispatcher.register("job.dispatch", job_api.dispatch_op(self.jobs, self.agent.dispatch))
+        self.dispatcher.register("job.rendezvous", job_api.rendezvous_op(self.agent.rendezvous_port))
 
     async def sample(self) -> Any:
         """This member's inventory, with SIMULATED_CPUS applied."""
@@ -480,13 +752,44 @@ class Daemon:
 
         inv = await asyncio.to_thread(self.sampler.sample)
         if self.options.simulated_cpus:
-            inv = dataclasses.replace(inv, host=dataclasses.replace(
-                inv.host, cpus=self.options.simulated_cpus))
+            inv = dataclasses.replace(
+                inv, host=dataclasses.replace(inv.host, cpus=self.options.simulated_cpus)
+            )
         return inv
+
+    def session_gpus(self, starting: dict[str, Any] | None = None) -> None:
+        """SESSION_GPUS free: keep tenant sessions off the GPUs jobs hold here now
+        (and those of ``starting``, a job about to start here)."""
+        if self.fence is None or self.options.session_gpus != "free":
+            return
+        jobs = [*self.jobs.active(), *([starting] if starting else [])]
+        indices = {
+            i
+            for j in jobs
+            for m in (j.get("placement") or {}).get("members", [])
+            if m["node"] == self.options.server_name
+            for i in m["gpu_indices"]
+        }
+        try:
+            every = {g.index for g in self._last_inv.gpus} if self._last_inv else set()
+        except AttributeError:
+            every = set()
+        per_gpu = {i: set(self.sampler.device_nodes([i])) for i in every | indices}
+        shared = set.intersection(*per_gpu.values()) if len(per_gpu) > 1 else set()
+        devices = set()
+        for i in indices:
+            for node in per_gpu.get(i, set()) - shared:  # nvidiactl, UVM: every GPU's
+                try:
+                    st = os.stat(node)
+                except OSError:
+                    continue
+                devices.add((os.major(st.st_rdev), os.minor(st.st_rdev)))
+        self.fence.set_held_gpus(devices)
 
     async def _sample_loop(self) -> None:
         while True:
             await asyncio.sleep(self.options.usage_sample_interval)
+            self.session_gpus()
             try:
                 inv = await self.sample()
             except Exception:  # noqa: BLE001 - sampling must never stop the daemon
@@ -520,13 +823,37 @@ class Daemon:
             except Exception:  # noqa: BLE001 - retention must never stop the daemon
                 log.exception("tenant retention failed")
 
+    async def purge_usage(self, now: float) -> int:
+        """Drop usage sums of days older than USAGE_RETENTION_DAYS and roll days older
+        than DAILY_DAYS into months (when there are any)."""
+        from mtgpu.schedd.usage import DAILY_DAYS, day_of
+
+        before = day_of(now - self.options.usage_retention_days * 86400)
+        # Whole months only, so that no month is part days, part month row.
+        roll = day_of(now - DAILY_DAYS * 86400)[:8] + "01"
+        if not any(k[:10] < before or (k[7] == "-" and k[:10] < roll) for k in list(self.jobs.usage)):
+            return 0
+        return int(await self.replicate(self.jobs.purge_usage, before, roll))
+
     async def purge_jobs(self, now: float) -> int:
+        try:
+            await self.purge_usage(now)
+        except Exception:  # noqa: BLE001 - the job records' retention goes on
+            log.exception("usage retention failed")
         cutoff = now - self.options.job_retention_days * 86400
-        old = [j for j in self.jobs.all()
-               if j["state"] in FINAL_STATES and (j.get("end_time") or 0) < cutoff]
+        old = [j for j in self.jobs.all() if j["state"] in FINAL_STATES and (j.get("end_time") or 0) < cutoff]
         if not old:
             return 0
         assert self.agent is not None
+        # The tenant's record keeps the last job end (TENANT_RETENTION_DAYS counts it),
+        # as the job record that held it goes.
+        ends: dict[str, float] = {}
+        for j in old:
+            ends[j["user"]] = max(ends.get(j["user"], 0.0), j.get("end_time") or 0.0)
+        for name, end in sorted(ends.items()):
+            u = self.registry.get(name)
+            if u is not None and (u.get("last_active") or 0) < end:
+                await self.replicate(self.registry.record_activity, name, end)
         for j in old:
             await self._remove_job_files(j)
         return int(await self.replicate(self.jobs.purge, [j["job_id"] for j in old]))
@@ -542,13 +869,36 @@ class Daemon:
         user = self.job_user(j["user"], j["uid"])
         if user.uid == 0 or not os.path.isdir(user.home):
             return
-        target = os.path.join(user.home, ".mtgpu", "jobs", j["job_id"])
-        try:
+        from mtgpu.schedd.jobenv import default_output_dir
+
+        cluster = j.get("log_cluster") or ""
+        target = os.path.join(user.home, default_output_dir(cluster)[2:].replace("%j", j["job_id"]))
+
+        async def as_tenant(*argv: str) -> bytes:
             proc = await asyncio.create_subprocess_exec(
-                "rm", "-rf", "--one-file-system", "--", target, user=user.uid, group=user.gid,
-                extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            await proc.wait()
+                *argv,
+                user=user.uid,
+                group=user.gid,
+                extra_groups=[],
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            out, _ = await proc.communicate()
+            return out
+
+        try:
+            if not cluster:
+                # A record from before per-cluster directories: ~/.mtgpu/jobs/ID may be
+                # another cluster's (shared homes), so it goes only if nothing in it was
+                # written after this job ended.
+                after = f"@{int((j.get('end_time') or 0) + 60)}"
+                if await as_tenant("find", target, "-newermt", after, "-print", "-quit"):
+                    log.info("kept %s: written after job %s ended (another cluster's?)", target, j["job_id"])
+                    return
+            await as_tenant("rm", "-rf", "--one-file-system", "--", target)
         except OSError:
             log.warning("could not remove the logs of job %s", j["job_id"])
 
@@ -558,25 +908,83 @@ class Daemon:
         from mtgpu.errors import ApiError, GpuProbeError
 
         async def simulate(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """Set a simulated GPU's outside use (for tests and demos)."""
-            node = arg(args, "node", str)
-            if node != self.options.server_name:
-                raise ApiError(f"no member {node!r} here; this is {self.options.server_name}",
-                               "not_found")
+            """Set a simulated GPU's outside use, or what a job's process holds on its
+            simulated GPUs (for tests and demos)."""
             if self.sampler.simulated is None:
-                raise ApiError("this member has no SIMULATED_GPUS", "bad_request")
+                raise ValidationError(
+                    f"{self.options.server_name} has real GPUs, not SIMULATED_GPUS: "
+                    "their use is what the driver reports and cannot be set"
+                )
             try:
                 used = parse_size(arg(args, "used", (str, int)))
-                self.sampler.simulated.set_outside_used(arg(args, "index", int), used)
+                if args.get("job") is not None:
+                    answer = self._simulate_job(
+                        str(arg(args, "job", (str, int))), used, arg(args, "pid", int, None)
+                    )
+                else:
+                    node = arg(args, "node", str)
+                    if node != self.options.server_name:
+                        raise ApiError(
+                            f"no member {node!r} here; this is {self.options.server_name}", "not_found"
+                        )
+                    self.sampler.simulated.set_outside_used(arg(args, "index", int), used)
+                    answer = {"node": node, "index": args["index"], "used": used}
             except (ValueError, GpuProbeError) as exc:
-                raise ApiError(str(exc), "bad_request") from exc
+                raise ValidationError(str(exc)) from exc
             inv = await self.sample()
             assert self.scheduler is not None
             self.scheduler.report(inv)
             self.scheduler.kick()
-            return {"node": node, "index": args["index"], "used": used}
+            return answer
 
         self.dispatcher.register("simulate", simulate, admin=True, audit=True)
+
+        def config_reload(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+            """Reread the configuration file, as SIGHUP does; say what was applied and
+            which changed keys need a restart."""
+            return self.reload(self.config_path)
+
+        self.dispatcher.register("config.reload", config_reload, admin=True, audit=True)
+
+    def _simulate_job(self, jid: str, used: int, pid: int | None) -> dict[str, Any]:
+        """Make a process of job ``jid`` (its main process, or ``pid``) hold ``used``
+        bytes of each of the job's simulated GPUs here."""
+        import psutil
+
+        from mtgpu.errors import ApiError, ValidationError
+        from mtgpu.schedd.agent import member_of
+        from mtgpu.schedd.jobtable import RUNNING
+
+        assert self.agent is not None and self.sampler.simulated is not None
+        here = self.options.server_name
+        j = self.jobs.get(jid)
+        if j is None:
+            raise ApiError(f"no job {jid}", "not_found")
+        m = member_of(j, here)
+        if j["state"] != RUNNING or m is None:
+            where = ", ".join(x["node"] for x in (j.get("placement") or {}).get("members", []))
+            raise ValidationError(
+                f"job {jid} is {j['state']} and does not run on {here}"
+                + (f"; run this on {where}" if where else "")
+            )
+        if not m["gpu_indices"]:
+            raise ValidationError(f"job {jid} holds no GPUs on {here}")
+        if pid is None:
+            sup = self.agent.runner.supervisor_pid(jid)
+            try:
+                kids = (
+                    sorted(psutil.Process(sup).children(), key=lambda p: p.create_time())
+                    if sup is not None
+                    else []
+                )
+            except psutil.Error:
+                kids = []
+            if not kids:
+                raise ValidationError(f"job {jid} has no running process on {here} yet")
+            pid = kids[0].pid
+        for i in m["gpu_indices"]:
+            self.sampler.simulated.set_process_used(i, pid, used, int(m["vram_per_gpu"]))
+        return {"node": here, "job": jid, "gpus": list(m["gpu_indices"]), "pid": pid, "used": used}
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -597,10 +1005,12 @@ class Daemon:
         for s in self._servers:
             try:
                 await asyncio.wait_for(s.wait_closed(), 3)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+            except (TimeoutError, Exception):  # noqa: BLE001
                 pass
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        if self.fence is not None and self.fence.network is not None:
+            await asyncio.to_thread(self.fence.network.close)
         try:
             Path(self.options.run_dir, "mtgpu.pid").unlink()
         except OSError:
@@ -614,61 +1024,73 @@ class Daemon:
             return None
         podman = real_podman()
         if not os.path.isabs(podman):
-            log.info("podman is not installed; CONTAINERS.storage (%s) applies once it is and "
-                     "the daemon restarts", root)
+            log.info(
+                "podman is not installed; CONTAINERS.storage (%s) applies once it is and the daemon restarts",
+                root,
+            )
             return None
         stores = LocalStores(root, podman)
         try:
             stores.prepare()
         except OSError as exc:
-            hint = ("" if exc.errno is None else  # our own message says what to do
-                    ". Make it a local directory root can write, or set CONTAINERS.storage to "
-                    "another one")
-            raise MtgpuError(f"CONTAINERS.storage: the tenants' container stores cannot be kept "
-                             f"in {root}: {exc}{hint}") from exc
+            hint = (
+                ""
+                if exc.errno is None
+                # our own message says what to do
+                else ". Make it a local directory root can write, or set CONTAINERS.storage to another one"
+            )
+            raise MtgpuError(
+                f"CONTAINERS.storage: the tenants' container stores cannot be kept in {root}: {exc}{hint}"
+            ) from exc
         return stores
 
-    def reload(self, config: str | None) -> None:
-        """Apply a changed configuration, or keep the old one if the new one is bad."""
+    def reload(self, config: str | None) -> dict[str, Any]:
+        """Apply a changed configuration, or keep the old one if the new one is bad.
+
+        Every changed key is either applied or, if only a restart applies it
+        (mtgpu.config.options.RELOAD), kept at its old value and named, in the log and
+        in the answer: ``{"source", "applied": [KEY], "needs_restart": [KEY]}``, with
+        ``"error"`` when the file was refused (then nothing changed)."""
         try:
             new = load(config)
         except ConfigError as exc:
-            log.error("SIGHUP: keeping the old configuration: %s", exc)
-            return
-        needs_restart = [k for k in ("ssh_listen", "state_dir", "run_dir", "server_name",
-                                     "cluster_mode", "cluster_id", "cluster_key")
-                         if getattr(new, k) != getattr(self.options, k)]
-        names = [k.upper() for k in needs_restart]
-        if new.containers.storage != self.options.containers.storage:
-            names.append("CONTAINERS.storage")
-        if names:
-            log.warning("SIGHUP: %s change only on restart (systemctl restart mtgpu)",
-                        ", ".join(names))
-        new = _keep(new, self.options, needs_restart)
-        self.options = new
+            log.error("reload: keeping the old configuration: %s", exc)
+            return {"source": config or "", "error": str(exc), "applied": [], "needs_restart": []}
+        plan = plan_reload(self.options, new)
+        if plan.needs_restart:
+            log.warning(
+                "reload: %s changed but need a restart (systemctl restart mtgpu); "
+                "their old values stay in force until then",
+                ", ".join(plan.needs_restart),
+            )
+        new = self.options = plan.options
 
         async def republish() -> None:  # a dataset or interpreter may have been fixed too
             await self.publish()
             await asyncio.to_thread(self._link_homes)
+
         self._tasks.append(asyncio.get_running_loop().create_task(republish()))
         self.penalties.failures = new.ssh_penalty_failures
         self.penalties.seconds = new.ssh_penalty_seconds
+        if self.agent is not None:
+            self.agent.rendezvous_ports = new.rendezvous_ports
         logging.getLogger("mtgpu").setLevel(new.log_level)
-        log.info("SIGHUP: configuration reloaded from %s", new.source or "defaults")
-
-
-def _keep(new: Options, old: Options, keys: list[str]) -> Options:
-    """``new`` with ``keys`` (and CONTAINERS.storage, which only a restart applies) as in ``old``."""
-    import dataclasses
-
-    from mtgpu.config.options import replace
-
-    containers = dataclasses.replace(new.containers, storage=old.containers.storage)
-    return replace(new, containers=containers, **{k: getattr(old, k) for k in keys})
+        logsetup.resize(new.log_max_size, new.log_keep)
+        log.info(
+            "reload: configuration reloaded from %s; applied: %s",
+            new.source or "defaults",
+            ", ".join(plan.applied) or "nothing changed",
+        )
+        return {
+            "source": new.source,
+            "applied": list(plan.applied),
+            "needs_restart": list(plan.needs_restart),
+        }
 
 
 async def serve(options: Options, config: str | None) -> int:
     daemon = Daemon(options)
+    daemon.config_path = config
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, daemon.stopping.set)
     loop.add_signal_handler(signal.SIGINT, daemon.stopping.set)
@@ -685,25 +1107,74 @@ async def serve(options: Options, config: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mtgpu-server", description="The MTGPU daemon.")
-    parser.add_argument("--config", help="configuration file (default $MTGPU_CONFIG, then "
-                                         "/etc/mtgpu/mtgpu.yaml)")
+def _raise_nofile(want: int = 65536) -> None:
+    """Descriptors as the systemd unit gives them (LimitNOFILE), also when started by
+    hand: the connection limits (API_MAX_CONNECTIONS, SSH_MAX_*) are reached long
+    before the descriptors run out."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mtgpu-server",
+        description="The MTGPU daemon, in the foreground (systemd's mtgpu.service runs it; "
+        "on hosts without systemd, mtgpu-setup start does).",
+    )
+    parser.add_argument(
+        "--config", help="configuration file (default $MTGPU_CONFIG, then /etc/mtgpu/mtgpu.yaml)"
+    )
     parser.add_argument("--check", action="store_true", help="validate the configuration and exit")
-    parser.add_argument("--version", action="version", version=f"mtgpu {mtgpu.__version__}")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--show",
+        action="store_true",
+        help="with --check: print every key's effective value and where it comes from, like sshd -T",
+    )
+    parser.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="log to PATH, rotated by LOG_MAX_SIZE and LOG_KEEP, instead of standard error "
+        "(mtgpu-setup start uses this)",
+    )
+    return with_examples(
+        parser,
+        {
+            "": "mtgpu-server --check\nmtgpu-server --check --show --config /etc/mtgpu/mtgpu.yaml\n"
+            "mtgpu-server --config /etc/mtgpu/mtgpu.yaml"
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         options = load(args.config)
     except ConfigError as exc:
         print(f"mtgpu-server: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{options.source or 'defaults'}: OK")
+        print("\n".join(show(options)) if args.show else f"{options.source or 'defaults'}: OK")
         return 0
-    logging.basicConfig(level=options.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        logsetup.setup(
+            options.log_level, log_file=args.log_file, max_size=options.log_max_size, keep=options.log_keep
+        )
+    except OSError as exc:
+        print(f"mtgpu-server: cannot open the log {args.log_file}: {exc}", file=sys.stderr)
+        return 1
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     asyncssh.set_log_level(logging.WARNING)
+    from mtgpu.gateway.spawn import use_pidfd_reaping
+
+    use_pidfd_reaping()
+    _raise_nofile()
     try:
         return asyncio.run(serve(options, args.config or os.environ.get("MTGPU_CONFIG")))
     except KeyboardInterrupt:

@@ -11,7 +11,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import mtgpu_testing
 from mtgpu_testing import Host  # noqa: E402
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``mtjob_clients`` runs once per mt-job client (Python, C)."""
+    if (
+        "mtjob_client" in metafunc.fixturenames
+        and metafunc.definition.get_closest_marker("mtjob_clients") is not None
+    ):
+        metafunc.parametrize("mtjob_client", mtgpu_testing.MT_JOB_CLIENTS, indirect=True)
+
+
+@pytest.fixture
+def mtjob_client(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The mt-job the tenants of hosts made in this test run: ``python`` unless the
+    test is marked ``mtjob_clients`` (then each in turn)."""
+    client = getattr(request, "param", "python")
+    mtgpu_testing.mt_job_client = client
+    yield client
+    mtgpu_testing.mt_job_client = "python"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def make_host() -> Iterator:
+def make_host(mtjob_client: str) -> Iterator:
     """A factory of started hosts, each stopped and removed after the test."""
     hosts: list[Host] = []
 

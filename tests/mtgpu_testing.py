@@ -24,9 +24,58 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "ConnectTimeout=10"]
+SSH_OPTS = [
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "IdentitiesOnly=yes",
+    "-o",
+    "ConnectTimeout=10",
+]
+
+
+#: Which ``mt-job`` the tenants of the hosts made from now on run: ``"python"`` (the
+#: virtualenv's) or ``"c"`` (the fast path mtgpu/cli/fastjob.c, which mtgpu-setup
+#: installs as ``mt-job`` wherever a C compiler exists). Set by the ``mtjob_client``
+#: fixture (tests/conftest.py) for the tests marked ``mtjob_clients``.
+MT_JOB_CLIENTS = ("python", "c")
+mt_job_client = "python"
+_fast_mtjob: Path | None = None
+
+
+def fast_mtjob() -> Path:
+    """mtgpu/cli/fastjob.c compiled as mtgpu-setup compiles it (handing every other
+    command to this virtualenv's Python mt-job), once per test run, where tenants can
+    run it (not under /tmp: their sessions have a private one)."""
+    global _fast_mtjob
+    if _fast_mtjob is None or not _fast_mtjob.exists():
+        import atexit
+
+        cc = shutil.which("cc") or shutil.which("gcc")
+        assert cc, "tests/run.sh machines have a C compiler (gcc)"
+        d = Path(tempfile.mkdtemp(prefix="mtgpu-test-mtjob-", dir="/var/lib"))
+        d.chmod(0o755)
+        atexit.register(shutil.rmtree, d, True)
+        out = d / "mt-job-fast"
+        subprocess.run(
+            [
+                cc,
+                "-O2",
+                "-o",
+                str(out),
+                str(REPO / "mtgpu" / "cli" / "fastjob.c"),
+                f'-DMTGPU_PY_MTJOB="{Path(sys.executable).parent / "mt-job"}"',
+            ],
+            check=True,
+        )
+        _fast_mtjob = out
+    return _fast_mtjob
 
 
 def run_share() -> tuple[int, int]:
@@ -45,6 +94,78 @@ def _uid_block() -> str:
     return f"{lo}-{lo + 99}"
 
 
+def shared_uid_range(base: int, size: int = 100, stride: int = 400) -> str:
+    """A fixed block of ``size`` UIDs from ``base`` (a suite's own, such as the
+    workspace tests' 32100), moved ``stride`` UIDs per share of this run so that runs at
+    once on one machine never meet each other's tenants there either."""
+    i, _ = run_share()
+    lo = base + i * stride
+    return f"{lo}-{lo + size - 1}"
+
+
+def remove_session_cgroups(uids: list[int], timeout: float = 5.0) -> None:
+    """Remove the session cgroups (mtgpu.slice/tenant-UID) of a host's tenants, which
+    empty once their processes have been killed."""
+    from mtgpu.schedd import cgroups, fence
+
+    system = cgroups.detect()
+    dirs = [d for uid in uids for d in fence.session_dirs(system, uid).values()]
+    deadline = time.time() + timeout
+    while dirs and time.time() < deadline:
+        left = []
+        for d in dirs:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(d)  # busy until its last process has gone
+        dirs = left
+        if dirs:
+            time.sleep(0.1)
+
+
+#: A scripted answer of :func:`fake_daemon` that closes the connection instead.
+CLOSE = None
+
+
+def fake_daemon(path: Path, answers: list[dict[str, Any] | None]) -> tuple[Any, list[dict[str, Any]]]:
+    """A stand-in API socket at ``path`` answering each request line with the next of
+    ``answers`` (:data:`CLOSE`: close the connection instead); returns its thread and
+    the requests it saw."""
+    import json
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(8)
+    srv.settimeout(60)
+    seen: list[dict[str, Any]] = []
+
+    def serve() -> None:
+        with srv:
+            while answers:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                with conn, conn.makefile("rwb") as f:
+                    for line in f:
+                        req = json.loads(line)
+                        seen.append(req)
+                        answer = answers.pop(0)
+                        if answer is CLOSE:
+                            break
+                        f.write(json.dumps({"id": req["id"], **answer}).encode() + b"\n")
+                        f.flush()
+                        if not answers:
+                            return
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t, seen
+
+
 def wait_for(pred, timeout=60, what="condition", interval=0.3):
     """``pred()``'s first true value, asked every ``interval`` s; fails after ``timeout``."""
     deadline = time.time() + timeout
@@ -54,6 +175,29 @@ def wait_for(pred, timeout=60, what="condition", interval=0.3):
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def show_job(host: Host, user: str, key: Path, jid: str) -> dict[str, Any]:
+    """``mt-job show JID --json`` as ``user``, over real SSH."""
+    import json
+
+    r = host.ssh(user, key, "mt-job", "show", jid, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_job(
+    host: Host, user: str, key: Path, jid: str, pred, what: str, timeout: float = 45
+) -> dict[str, Any]:
+    """The job's view (as :func:`show_job`) once ``pred`` holds for it."""
+    deadline = time.time() + timeout
+    while True:
+        j = show_job(host, user, key, jid)
+        if pred(j):
+            return j
+        if time.time() > deadline:
+            raise AssertionError(f"job {jid}: timed out waiting for {what}: {j}")
+        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -98,8 +242,9 @@ def make_key(directory: Path, name: str) -> Path:
     """An ed25519 key pair made by OpenSSH's ssh-keygen; returns the private key path."""
     path = directory / f"key_{name}"
     if not path.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@test",
-                        "-f", str(path)], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@test", "-f", str(path)], check=True
+        )
     return path
 
 
@@ -112,6 +257,7 @@ def copy_etc(dst: Path) -> None:
     """A copy of /etc for one test host, taken while other processes may be changing
     accounts there: shadow-utils' lock and temporary files are left out, and a file
     that vanishes between the listing and the copy is retried."""
+
     def transient(_dir: str, names: list[str]) -> set[str]:
         return {n for n in names if _ETC_TRANSIENT.match(n)}
 
@@ -127,11 +273,29 @@ def copy_etc(dst: Path) -> None:
             time.sleep(0.2)
 
 
+def _accounts(passwd: Path) -> dict[str, tuple[int, str]]:
+    """Account name -> (UID, GECOS) in a passwd file (empty if it cannot be read)."""
+    out = {}
+    try:
+        for line in passwd.read_text().splitlines():
+            f = line.split(":")
+            if len(f) > 4 and f[2].isdigit():
+                out[f[0]] = (int(f[2]), f[4])
+    except OSError:
+        pass
+    return out
+
+
 class Host:
     """One real mtgpu-server under test."""
 
-    def __init__(self, extra_config: dict[str, Any] | None = None, name: str = "testhost") -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="mtgpu-t-", dir="/tmp"))
+    def __init__(
+        self, extra_config: dict[str, Any] | None = None, name: str = "testhost", base: str = "/tmp"
+    ) -> None:
+        #: ``base``: where the host's directory goes. Under /tmp its tenants see it only
+        #: through the daemon's own directories bound back into their private /tmp.
+        os.makedirs(base, mode=0o755, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="mtgpu-t-", dir=base))
         os.chmod(self.dir, 0o755)
         self.etc = self.dir / "etc"
         copy_etc(self.etc)
@@ -151,19 +315,36 @@ class Host:
             # A sub-range of its own: cleanup kills this host's tenants' processes by
             # UID, which must never reach another test run's tenants.
             "TENANT_UID_RANGE": _uid_block(),
+            # Private tenant networks change the namespace the daemon runs in (veths,
+            # NAT rules, IPv4 forwarding): tests that want them ask, and run the host in
+            # a network namespace of its own (Network) or remove what it made.
+            "TENANT_NETWORK": "shared",
         }
         self.config.update(extra_config or {})
         self.config_path = self.dir / "mtgpu.yaml"
         self.write_config()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Accounts in the /etc copy before this host's daemon first ran: the real
+        #: host's (MTGPU tenants among them), never this test's to end.
+        self.etc_baseline: set[str] | None = None
+        #: The mount namespaces this host's daemons ran in, by (st_dev, st_ino) of
+        #: ``/proc/PID/ns/mnt``, each held open until :meth:`cleanup`: what runs in
+        #: one was started by this test (supervisors, tenants' tmux servers and
+        #: jobs). Held, because a freed namespace's inode number is soon given to a
+        #: new one, perhaps a daemon of another test run on this machine.
+        self.namespaces: dict[tuple[int, int], int] = {}
         self.log_path = self.dir / "server.log"
         #: Extra environment of the daemon (MTGPU_CLOCK_OFFSET_FILE, say).
         self.env: dict[str, str] = {}
+        #: The mt-job its tenants run (see :data:`mt_job_client`).
+        self.mt_job_client = mt_job_client
 
     # -------------------------------------------------------------- process
 
     def write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config))
+        # A file holding CLUSTER_KEY must be root's alone, as mtgpu-setup makes it.
+        os.chmod(self.config_path, 0o600 if self.config.get("CLUSTER_KEY") else 0o644)
 
     @property
     def run_dir(self) -> Path:
@@ -201,27 +382,48 @@ class Host:
     private_dirs: tuple[str, ...] = ()
 
     def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
-        hide = "".join(f"mount -t tmpfs -o mode=0755,size=1m mtgpu-hidden {p} && "
-                       for p in self.hidden)
-        hide += "".join(f"mount -t tmpfs -o mode=0755,size=64m mtgpu-private {p} && "
-                        for p in self.private_dirs)
-        script = (f"mount --bind {self.etc} /etc && {hide}exec {sys.executable} -m mtgpu.server "
-                  f"--config {self.config_path}")
+        if self.etc_baseline is None:
+            self.etc_baseline = set(_accounts(self.etc / "passwd"))
+        hide = "".join(f"mount -t tmpfs -o mode=0755,size=1m mtgpu-hidden {p} && " for p in self.hidden)
+        hide += "".join(
+            f"mount -t tmpfs -o mode=0755,size=64m mtgpu-private {p} && " for p in self.private_dirs
+        )
+        script = (
+            f"mount --bind {self.etc} /etc && {hide}exec {sys.executable} -m mtgpu.server "
+            f"--config {self.config_path}"
+        )
         log = open(self.log_path, "ab")  # noqa: SIM115
         # Only the network namespace (not `ip netns exec`, which mounts the namespace's
         # sysfs over /sys and so hides the cgroup hierarchies that jobs and podman use).
         prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
-        self.proc = subprocess.Popen([*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                                     stdout=log, stderr=log, env={**python_env(), **self.env},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*prefix, "unshare", "-m", "--propagation", "private", "sh", "-c", script],
+            stdout=log,
+            stderr=log,
+            env={**python_env(), **self.env},
+            start_new_session=True,
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mtgpu-server exited {self.proc.returncode}:\n{self.log()}")
             if (self.run_dir / "mtgpu.pid").exists() and (not wait_port or self._port_open()):
+                self._record_namespace()
+                self._link_mt_job()
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"mtgpu-server did not start in {timeout}s:\n{self.log()}")
+
+    def _link_mt_job(self) -> None:
+        """Make the tenants' ``mt-job`` (RUN_DIR/bin, on their PATH) the selected client,
+        as the daemon links ``mt-job-fast`` where mtgpu-setup could compile it."""
+        if self.mt_job_client != "c":
+            return
+        link = self.run_dir / "bin" / "mt-job"
+        tmp = link.with_name(".mt-job.test")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(fast_mtjob())
+        os.replace(tmp, link)
 
     def _port_open(self) -> bool:
         with socket.socket() as s:
@@ -248,23 +450,125 @@ class Host:
         self.stop()
         return self.start()
 
+    def _record_namespace(self) -> None:
+        try:
+            fd = os.open(f"/proc/{self._server_pid()}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self.namespaces:
+            os.close(fd)
+        else:
+            self.namespaces[(st.st_dev, st.st_ino)] = fd
+
     def cleanup(self) -> None:
         self.stop()
-        # Tenants' leftover processes (tmux servers, jobs) run as test UIDs.
-        for uid in self.tenant_uids():
-            subprocess.run(["pkill", "-9", "-U", str(uid)], capture_output=True)
+        # What this host started and left running: its supervisors and its tenants'
+        # tmux servers and jobs. Only processes that are provably the test's are
+        # ended (see own_processes); never by a UID or name the test did not create.
+        for _ in range(30):
+            procs = self.own_processes()
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.kill()  # psutil checks the pid still names the same process
+                except Exception:  # noqa: BLE001 - gone already
+                    pass
+            time.sleep(0.1)
+        for fd in self.namespaces.values():
+            os.close(fd)
+        self.namespaces.clear()
+        self.remove_network_rules()
+        remove_session_cgroups(self.tenant_uids())
+        self._remove_job_cgroups()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def remove_network_rules(self) -> list[str]:
+        """The iptables rules this host's daemon made for its tenants' private networks
+        and multi-member jobs (tagged with its own namespace directory's digest) that are
+        still there,
+        removed; what was removed. A tenant's veth went with its namespace."""
+        import shlex
+
+        from mtgpu.schedd.netns import TenantNetwork
+
+        tag = TenantNetwork(str(self.run_dir / "tenants"), "100.72.0.0/16").tag
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+        removed = []
+        for table in ("nat", "filter"):
+            r = subprocess.run(
+                [*prefix, "iptables", "-w", "-t", table, "-S"], check=False, capture_output=True, text=True
+            )
+            for line in r.stdout.splitlines():
+                if line.startswith("-A ") and (f"mtgpu-net {tag} " in line or f"mtgpu-job {tag} " in line):
+                    subprocess.run(
+                        [*prefix, "iptables", "-w", "-t", table, "-D", *shlex.split(line)[1:]],
+                        check=False,
+                        capture_output=True,
+                    )
+                    removed.append(line)
+        return removed
+
+    def _remove_job_cgroups(self) -> None:
+        """The cgroups this host's supervisors made and recorded (cgroups.json in each
+        job directory) and could not remove, their processes having been ended above."""
+        import json
+
+        for rec in self.state_dir.glob("jobs/*/cgroups.json"):
+            try:
+                dirs = json.loads(rec.read_text())
+            except (OSError, ValueError):
+                continue
+            for path in dirs.values() if isinstance(dirs, dict) else ():
+                p = Path(str(path))
+                if p.is_dir() and p.name.startswith("mtgpu_job_"):
+                    try:
+                        p.rmdir()  # a cgroup directory goes with rmdir once it is empty
+                    except OSError:
+                        pass
+
     def tenant_uids(self) -> list[int]:
-        uids = []
-        try:
-            for line in (self.etc / "passwd").read_text().splitlines():
-                f = line.split(":")
-                if len(f) > 4 and "MTGPU tenant" in f[4]:
-                    uids.append(int(f[2]))
-        except OSError:
-            pass
-        return uids
+        """UIDs of the tenants this host's daemon created: accounts added to its /etc
+        copy after the copy was taken (the real host's accounts, MTGPU tenants or
+        not, are in the baseline), inside its TENANT_UID_RANGE, and the UID of no
+        account in the real /etc (whose owner the test must never touch)."""
+        lo, _, hi = str(self.config.get("TENANT_UID_RANGE", "")).partition("-")
+        if not (lo.isdigit() and hi.isdigit()) or self.etc_baseline is None:
+            return []
+        real = {uid for uid, _ in _accounts(Path("/etc/passwd")).values()}
+        return sorted(
+            {
+                uid
+                for name, (uid, gecos) in _accounts(self.etc / "passwd").items()
+                if name not in self.etc_baseline
+                and "MTGPU tenant" in gecos
+                and int(lo) <= uid <= int(hi)
+                and uid not in real
+            }
+        )
+
+    def own_processes(self) -> list[Any]:
+        """Processes this host started that still run (psutil objects): those in a
+        mount namespace one of its daemons ran in, and those of the tenants it created
+        (:meth:`tenant_uids`; rootless podman's run in namespaces of their own)."""
+        import psutil
+
+        uids = set(self.tenant_uids())
+        out = []
+        for p in psutil.process_iter(["uids", "status"]):
+            if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue  # a zombie is gone already: only its parent's wait is left
+            try:
+                mine = p.info["uids"] is not None and p.info["uids"].real in uids
+                if not mine and self.namespaces:
+                    st = os.stat(f"/proc/{p.pid}/ns/mnt")
+                    mine = (st.st_dev, st.st_ino) in self.namespaces
+            except (OSError, psutil.Error):
+                continue
+            if mine:
+                out.append(p)
+        return out
 
     # ---------------------------------------------------------------- tools
 
@@ -272,8 +576,19 @@ class Host:
         """Run ``argv`` inside the server's mount namespace (its /etc)."""
         assert self.proc is not None
         pid = self._server_pid()
-        return subprocess.run(["nsenter", "-t", str(pid), "-m", *argv], capture_output=True,
-                              text=True, **kw)
+        return subprocess.run(["nsenter", "-t", str(pid), "-m", *argv], capture_output=True, text=True, **kw)
+
+    def in_tenant_ns(self, user: str, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as ``user`` where that tenant's sessions run: in its private
+        mount namespace (its /tmp, hence its tmux socket) when it has one."""
+        uid = self.passwd(user)[2]
+        ns = self.run_dir / "tenants" / f"{uid}.mnt"
+        enter = (
+            ["nsenter", f"--mount={ns}"] if self.in_ns(["mountpoint", "-q", str(ns)]).returncode == 0 else []
+        )
+        return self.in_ns(
+            [*enter, "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv], **kw
+        )
 
     def _server_pid(self) -> int:
         return int((self.run_dir / "mtgpu.pid").read_text())
@@ -286,9 +601,13 @@ class Host:
 
     def admin(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run mtgpu-admin as root against this host."""
-        proc = subprocess.run([sys.executable, "-m", "mtgpu.cli.admin", "--config",
-                               str(self.config_path), *args], capture_output=True, text=True,
-                              env=python_env(), timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mtgpu.cli.admin", "--config", str(self.config_path), *args],
+            capture_output=True,
+            text=True,
+            env=python_env(),
+            timeout=60,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"mtgpu-admin {' '.join(args)} failed: {proc.stderr}")
         return proc
@@ -310,18 +629,29 @@ class Host:
             argv += ["-i", str(key)]
         return argv + (opts or []) + [f"{user}@{self.address}", *cmd]
 
-    def ssh(self, user: str, key: Path | None, *cmd: str, input: bytes | None = None,
-            opts: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    def ssh(
+        self,
+        user: str,
+        key: Path | None,
+        *cmd: str,
+        input: bytes | None = None,
+        opts: list[str] | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[bytes]:
         """Run the real OpenSSH client against this host."""
-        return subprocess.run(self.ssh_argv(user, key, *cmd, opts=opts), input=input,
-                              capture_output=True, timeout=timeout,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        return subprocess.run(
+            self.ssh_argv(user, key, *cmd, opts=opts),
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
 
     def host_key_fingerprints(self) -> set[str]:
-        scan = subprocess.run(["ssh-keyscan", "-p", str(self.port), self.address],
-                              capture_output=True, text=True, timeout=30)
-        fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True,
-                            text=True)
+        scan = subprocess.run(
+            ["ssh-keyscan", "-p", str(self.port), self.address], capture_output=True, text=True, timeout=30
+        )
+        fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=scan.stdout, capture_output=True, text=True)
         return {line.split()[1] for line in fp.stdout.splitlines() if line.strip()}
 
 
@@ -330,15 +660,49 @@ class ClientTerminal:
 
     _count = 0
 
-    def __init__(self, host: Host, user: str, key: Path, *cmd: str, cols: int = 120,
-                 rows: int = 30) -> None:
+    def __init__(
+        self,
+        host: Host,
+        user: str,
+        key: Path,
+        *cmd: str,
+        cols: int = 120,
+        rows: int = 30,
+        env: dict[str, str] | None = None,
+        opts: list[str] | None = None,
+    ) -> None:
+        """``env``: the client's whole environment (a laptop's locale, COLORTERM...),
+        instead of this process's; ``opts``: more ``ssh`` options."""
         ClientTerminal._count += 1
         self.sock = f"mtgpu-client-{os.getpid()}-{ClientTerminal._count}"
         import shlex
 
-        argv = host.ssh_argv(user, key, *cmd, opts=["-tt", "-o", "ServerAliveInterval=2"])
-        subprocess.run(["tmux", "-L", self.sock, "new-session", "-d", "-x", str(cols), "-y", str(rows),
-                        shlex.join(argv) + "; echo SSH-EXITED-$?; sleep 600"], check=True)
+        argv = host.ssh_argv(user, key, *cmd, opts=["-tt", "-o", "ServerAliveInterval=2", *(opts or [])])
+        if env is not None:
+            argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+        subprocess.run(
+            [
+                "tmux",
+                "-L",
+                self.sock,
+                "new-session",
+                "-d",
+                "-x",
+                str(cols),
+                "-y",
+                str(rows),
+                shlex.join(argv) + "; echo SSH-EXITED-$?; sleep 600",
+            ],
+            check=True,
+        )
+
+    def ssh_pid(self) -> int | None:
+        """The pid of this terminal's ``ssh`` client (to freeze it, say)."""
+        for pid in self.tmux("list-panes", "-F", "#{pane_pid}").stdout.split():
+            r = subprocess.run(["pgrep", "-P", pid, "-x", "ssh"], capture_output=True, text=True)
+            if r.stdout.split():
+                return int(r.stdout.split()[0])
+        return None
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True)
@@ -382,8 +746,8 @@ def start_openssh(host: Host, extra: str = "") -> tuple[subprocess.Popen[bytes],
     cfg = host.dir / f"sshd_config_{port}"
     cfg.write_text(f"""Port {port}
 ListenAddress 127.0.0.1
-HostKey {host.state_dir / 'ssh_host_ed25519_key'}
-HostKey {host.state_dir / 'ssh_host_ecdsa_key'}
+HostKey {host.state_dir / "ssh_host_ed25519_key"}
+HostKey {host.state_dir / "ssh_host_ecdsa_key"}
 PidFile none
 UsePAM yes
 PasswordAuthentication no
@@ -394,8 +758,10 @@ AcceptEnv LANG LC_*
 {extra}
 """)
     Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen(["nsenter", "-t", str(host._server_pid()), "-m", "/usr/sbin/sshd", "-D",
-                             "-e", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["nsenter", "-t", str(host._server_pid()), "-m", "/usr/sbin/sshd", "-D", "-e", "-f", str(cfg)],
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         if subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], capture_output=True).stdout:
             return proc, port
@@ -407,8 +773,9 @@ AcceptEnv LANG LC_*
 def authorize_for_openssh(host: Host, user: str, key: Path) -> None:
     """Put ``key`` in the tenant's own ~/.ssh/authorized_keys (written as the tenant)."""
     pub = Path(str(key) + ".pub").read_text()
-    r = host.ssh(user, key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys",
-                 input=pub.encode())
+    r = host.ssh(
+        user, key, "mkdir -p ~/.ssh && chmod 700 ~/.ssh && cat > ~/.ssh/authorized_keys", input=pub.encode()
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -449,8 +816,11 @@ class Network:
         self._run(["ip", "link", "set", veth, "master", self.bridge])
         self._run(["ip", "link", "set", veth, "up"])
         addr = f"10.213.{self.subnet}.{i}"
-        for argv in (["ip", "addr", "add", f"{addr}/24", "dev", peer], ["ip", "link", "set", peer, "up"],
-                     ["ip", "link", "set", "lo", "up"]):
+        for argv in (
+            ["ip", "addr", "add", f"{addr}/24", "dev", peer],
+            ["ip", "link", "set", peer, "up"],
+            ["ip", "link", "set", "lo", "up"],
+        ):
             self._run(["ip", "netns", "exec", ns, *argv])
         host.netns, host.address, host.veth = ns, addr, veth
         host.config["SSH_LISTEN"] = f"{addr}:{host.port}"

@@ -10,8 +10,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 PKGS="openssh-client openssh-server openssh-sftp-server rsync git tmux python3-venv uidmap
-      util-linux iproute2 procps passwd gcc libc6-dev quota e2fsprogs faketime
-      podman slirp4netns fuse-overlayfs runc busybox-static docker-registry apache2-utils skopeo"
+      util-linux iproute2 iptables procps passwd gcc libc6-dev quota e2fsprogs faketime
+      podman slirp4netns fuse-overlayfs runc busybox-static docker-registry apache2-utils skopeo
+      putty-tools dropbear-bin curl zsh man-db groff-base"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
     apt-get update -q
@@ -26,25 +27,48 @@ VENV=${MTGPU_TEST_VENV:-/opt/mtgpu-test}
 # The CPU build of PyTorch, for the multi-member torchrun test (gloo over the network).
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
 chmod -R a+rX "$VENV"
+# Lint and types first, with the versions and settings pinned in pyproject.toml.
+"$VENV/bin/ruff" check mtgpu tests
+"$VENV/bin/mypy"
+# Formatting: ruff format, and import order as `ruff check --select I` sorts it. To
+# fix what these report: ruff check --select I --fix mtgpu tests && ruff format mtgpu tests
+"$VENV/bin/ruff" format --check mtgpu tests
+"$VENV/bin/ruff" check --select I mtgpu tests
 if [ $# -gt 0 ]; then
     exec "$VENV/bin/python" -m pytest "$@"
 fi
-# The whole suite: the cluster tests (mostly waiting for elections, failovers and
-# timeouts) run beside the others, each run with its own share of test UIDs and
-# subnets (MTGPU_TEST_SHARE) and its own temporary directory.
+# The VS Code extension: Node and npm from the host's packages, its locked dependencies
+# (once per lockfile) and its type check. Its Node tests, against a real server, and the
+# .vsix it packs run inside the pytest run below (tests/tui/test_vscode.py).
+if [ -d clients/vscode ]; then
+    command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }
+    (cd clients/vscode && { cmp -s package-lock.json node_modules/.mtgpu-lock || { npm ci -q --no-audit \
+        --no-fund && cp package-lock.json node_modules/.mtgpu-lock; }; } && npx tsc -p . --noEmit)
+fi
+# The whole suite in two lanes at once: the cluster tests (mostly waiting for
+# elections, failovers and timeouts), with the installer's (mostly waiting for pip),
+# the daemon-crash tests, the shared-homes retention tests, remotegpu-cli's and the
+# VS Code extension's and the SSH client matrix, beside the others; the two take
+# about as long (see MTGPU_TEST_REPORT). Each lane has its own share of test
+# UIDs and subnets (MTGPU_TEST_SHARE) and its own temporary directory.
+# MTGPU_TEST_REPORT=DIR keeps each lane's JUnit XML (per-test durations) there.
+SIDE="tests/cluster tests/install/test_setup.py tests/install/test_bundle.py tests/faults
+      tests/accounts/test_retention_activity.py tests/tui tests/sshd/test_client_matrix.py"
 OUT=$(mktemp -d /tmp/mtgpu-tests-XXXXXX)
-MTGPU_TEST_SHARE=1/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    --basetemp="$OUT/cluster-tmp" tests/cluster > "$OUT/cluster.log" 2>&1 &
-cluster=$!
+report() { [ -n "${MTGPU_TEST_REPORT:-}" ] && echo "--junitxml=$MTGPU_TEST_REPORT/$1.xml"; true; }
+ignore=$(for t in $SIDE; do echo "--ignore=$t"; done)
+MTGPU_TEST_SHARE=1/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider $(report side) \
+    --basetemp="$OUT/side-tmp" $SIDE > "$OUT/side.log" 2>&1 &
+side=$!
 set +e
-MTGPU_TEST_SHARE=0/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    --basetemp="$OUT/rest-tmp" --ignore=tests/cluster
+MTGPU_TEST_SHARE=0/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider $(report rest) \
+    --basetemp="$OUT/rest-tmp" $ignore
 rest=$?
-wait $cluster
-clustered=$?
+wait $side
+sided=$?
 set -e
 echo
-echo "== tests/cluster (run beside the rest) =="
-cat "$OUT/cluster.log"
+echo "== $SIDE (run beside the rest) =="
+cat "$OUT/side.log"
 rm -rf "$OUT"
-[ $rest -eq 0 ] && [ $clustered -eq 0 ]
+[ $rest -eq 0 ] && [ $sided -eq 0 ]

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-
 pytestmark = pytest.mark.root
 
 

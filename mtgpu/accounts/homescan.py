@@ -179,8 +179,7 @@ def scan_home(path: str) -> HomeUsage:
         error = ""
     except OSError as exc:
         error = f"cannot measure {path}: {exc.strerror or exc}"
-    return HomeUsage(path, walk.total, walk.files, walk.skipped,
-                     round(time.perf_counter() - start, 6), error)
+    return HomeUsage(path, walk.total, walk.files, walk.skipped, round(time.perf_counter() - start, 6), error)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ The mount table is read with psutil; ``mount`` and ``umount`` (util-linux) run t
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 
 import psutil
@@ -34,8 +35,10 @@ class MountEntry:
 
 def table() -> list[MountEntry]:
     """This mount namespace's mounts, in mount order (a later one covers an earlier one)."""
-    return [MountEntry(p.device, p.mountpoint, p.fstype, tuple(p.opts.split(",")))
-            for p in psutil.disk_partitions(all=True)]
+    return [
+        MountEntry(p.device, p.mountpoint, p.fstype, tuple(p.opts.split(",")))
+        for p in psutil.disk_partitions(all=True)
+    ]
 
 
 def top(path: str, mounts: list[MountEntry] | None = None) -> MountEntry | None:
@@ -51,13 +54,47 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def bind_read_only(source: str, target: str) -> None:
-    """Bind ``source`` (and what is mounted inside it) at ``target``, all read-only."""
+def bind_read_only(source: str, target: str, source_fd: int | None = None) -> None:
+    """Bind ``source`` (and what is mounted inside it) at ``target``, all read-only.
+
+    With ``source_fd`` (a descriptor of ``source``, opened without following links),
+    the directory bound is the one that descriptor holds, whatever ``source`` names by
+    then: ``mount`` gets its ``/proc`` path and is told not to resolve it again.
+    """
+    src = source if source_fd is None else f"/proc/{os.getpid()}/fd/{source_fd}"
+    # Made read-only in a root-only staging place first, then bound at
+    # ``target``: a bind copies the read-only flag, so the copies that propagate into
+    # tenants' mount namespaces at once are read-only from the start (a remount
+    # afterwards would change only this namespace's copy). The staging directory is
+    # root's alone (0700), and its unmount reaches wherever its bind propagated.
+    stage = tempfile.mkdtemp(prefix="mtgpu-bind-")
     try:
-        run(["mount", "--rbind", source, target])
-    except CommandError as exc:
-        raise MountError(f"cannot bind {source} at {target}: {exc}") from exc
+        try:
+            run(["mount", "--no-canonicalize", "--rbind", src, stage])
+        except CommandError as exc:
+            raise MountError(f"cannot bind {source} at {target}: {exc}") from exc
+        try:
+            make_read_only(stage)
+            run(["mount", "--no-canonicalize", "--rbind", stage, target])
+        except CommandError as exc:
+            raise MountError(f"cannot bind {source} at {target}: {exc}") from exc
+        finally:
+            unmount(stage)
+    finally:
+        try:
+            os.rmdir(stage)
+        except OSError:
+            pass
     make_read_only(target)
+
+
+def make_shared(target: str) -> None:
+    """Make the mount at ``target`` shared, so mounts made below it later reach the
+    mount namespaces copied from it (tenants' private ``/tmp`` namespaces)."""
+    try:
+        run(["mount", "--make-shared", target])
+    except CommandError as exc:
+        raise MountError(f"cannot make {target} shared: {exc}") from exc
 
 
 def make_read_only(target: str) -> None:

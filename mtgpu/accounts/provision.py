@@ -20,6 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from mtgpu.accounts.homeremove import foreign_owner, owner_name
 from mtgpu.errors import AccountError, CommandError, UidConflictError
 from mtgpu.proc import run
 
@@ -42,8 +43,10 @@ def subid_range(uid: int) -> tuple[int, int]:
     (3392143360, 3392208895)
     """
     if not SUBID_UID_MIN <= uid <= SUBID_UID_MAX:
-        raise AccountError(f"UID {uid} has no subordinate ID range; tenant UIDs must lie "
-                           f"between {SUBID_UID_MIN} and {SUBID_UID_MAX}")
+        raise AccountError(
+            f"UID {uid} has no subordinate ID range; tenant UIDs must lie "
+            f"between {SUBID_UID_MIN} and {SUBID_UID_MAX}"
+        )
     start = SUBID_BASE + (uid - SUBID_UID_MIN) * SUBID_COUNT
     return start, start + SUBID_COUNT - 1
 
@@ -80,8 +83,7 @@ def _account(pw: pwd.struct_passwd, managed: bool) -> Account:
         if len(_groups) > 10_000:
             _groups.clear()
         _groups[key] = (now, groups)
-    return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell or "/bin/sh",
-                   groups, managed)
+    return Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell or "/bin/sh", groups, managed)
 
 
 class AccountProvisioner:
@@ -109,15 +111,38 @@ class AccountProvisioner:
 class LocalAccounts(AccountProvisioner):
     """Creates accounts with ``groupadd``/``useradd``/``usermod`` in the local files."""
 
-    groupadd_argv = ["groupadd", "-g", "{uid}", "{name}"]
-    useradd_argv = ["useradd", "-u", "{uid}", "-g", "{uid}", "-d", "{home}", "-s", "{shell}",
-                    "-c", "MTGPU tenant", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0",
-                    "{home_flag}", "{name}"]
-    subid_argv = ["usermod", "--add-subuids", "{sub_lo}-{sub_hi}",
-                  "--add-subgids", "{sub_lo}-{sub_hi}", "{name}"]
+    groupadd_argv: tuple[str, ...] = ("groupadd", "-g", "{uid}", "{name}")
+    useradd_argv: tuple[str, ...] = (
+        "useradd",
+        "-u",
+        "{uid}",
+        "-g",
+        "{uid}",
+        "-d",
+        "{home}",
+        "-s",
+        "{shell}",
+        "-c",
+        "MTGPU tenant",
+        "-K",
+        "SUB_UID_COUNT=0",
+        "-K",
+        "SUB_GID_COUNT=0",
+        "{home_flag}",
+        "{name}",
+    )
+    subid_argv: tuple[str, ...] = (
+        "usermod",
+        "--add-subuids",
+        "{sub_lo}-{sub_hi}",
+        "--add-subgids",
+        "{sub_lo}-{sub_hi}",
+        "{name}",
+    )
 
-    def __init__(self, home_root: str, shell: str = "/bin/bash",
-                 lock_path: str = "/run/lock/mtgpu-accounts.lock") -> None:
+    def __init__(
+        self, home_root: str, shell: str = "/bin/bash", lock_path: str = "/run/lock/mtgpu-accounts.lock"
+    ) -> None:
         self.home_root = home_root
         self.shell = shell if Path(shell).exists() else "/bin/sh"
         Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +158,12 @@ class LocalAccounts(AccountProvisioner):
         try:
             pw = pwd.getpwnam(name)
             st = os.lstat(pw.pw_dir)
-            if (pw.pw_uid == uid and stat.S_ISDIR(st.st_mode) and st.st_uid == uid
-                    and st.st_mode & 0o777 == 0o700):
+            if (
+                pw.pw_uid == uid
+                and stat.S_ISDIR(st.st_mode)
+                and st.st_uid == uid
+                and st.st_mode & 0o777 == 0o700
+            ):
                 return _account(pw, managed=True)
         except (KeyError, OSError):
             pass
@@ -162,7 +191,8 @@ class LocalAccounts(AccountProvisioner):
                 raise UidConflictError(
                     f"the local account {name!r} has UID {pw.pw_uid}, but the MTGPU registry "
                     f"gave {name!r} UID {uid}; refusing to log in. An admin must rename or "
-                    "remove one of them")
+                    "remove one of them"
+                )
             return _account(pw, managed=True)
         try:
             other = pwd.getpwuid(uid)
@@ -172,13 +202,15 @@ class LocalAccounts(AccountProvisioner):
             raise UidConflictError(
                 f"UID {uid}, which the MTGPU registry gave {name!r}, already belongs to the "
                 f"local account {other.pw_name!r} on this host; refusing to share it. An admin "
-                "must move that account or narrow TENANT_UID_RANGE")
+                "must move that account or narrow TENANT_UID_RANGE"
+            )
         try:
             g = grp.getgrgid(uid)
             if g.gr_name != name:
                 raise UidConflictError(
                     f"GID {uid}, which {name!r} needs, belongs to the local group {g.gr_name!r}; "
-                    "refusing to share it")
+                    "refusing to share it"
+                )
         except KeyError:
             pass
         return None
@@ -188,10 +220,24 @@ class LocalAccounts(AccountProvisioner):
         root = Path(self.home_root)
         if not root.exists():
             root.mkdir(parents=True, mode=0o755)
+        owner = foreign_owner(home, uid)
+        if owner:
+            raise AccountError(
+                f"cannot create the account {name!r}: its home {home} already "
+                f"exists and belongs to {owner}, not to UID {uid}; refusing to "
+                "make the account on another's directory. An admin must move "
+                "that directory away or give the tenant another name"
+            )
         sub_lo, sub_hi = subid_range(uid)
-        fields = {"uid": str(uid), "name": name, "home": home, "shell": self.shell,
-                  "home_flag": "-M" if Path(home).exists() else "-m",
-                  "sub_lo": str(sub_lo), "sub_hi": str(sub_hi)}
+        fields = {
+            "uid": str(uid),
+            "name": name,
+            "home": home,
+            "shell": self.shell,
+            "home_flag": "-M" if Path(home).exists() else "-m",
+            "sub_lo": str(sub_lo),
+            "sub_hi": str(sub_hi),
+        }
         try:
             try:
                 grp.getgrnam(name)
@@ -205,14 +251,20 @@ class LocalAccounts(AccountProvisioner):
     def _ensure_home(self, acct: Account) -> None:
         home = Path(acct.home)
         if home.is_symlink():
-            raise AccountError(f"the home {home} of {acct.name!r} is a symbolic link; refusing "
-                               "to use it. An admin must replace it with a directory")
+            raise AccountError(
+                f"the home {home} of {acct.name!r} is a symbolic link; refusing "
+                "to use it. An admin must replace it with a directory"
+            )
         if not home.exists():
             home.mkdir(mode=0o700)
             os.chown(home, acct.uid, acct.gid)
         st = home.lstat()
         if st.st_uid != acct.uid:
-            raise AccountError(f"the home {home} is owned by UID {st.st_uid}, not {acct.name!r} "
-                               f"({acct.uid}); an admin must fix its owner")
+            raise AccountError(
+                f"the home {home} belongs to {owner_name(st.st_uid)}, not to "
+                f"{acct.name!r} (UID {acct.uid}); refusing to use it. It may be "
+                "another account's home: an admin must check whose it is before "
+                "changing anything"
+            )
         if st.st_mode & 0o777 != 0o700:
             os.chmod(home, 0o700)

@@ -33,6 +33,7 @@ from typing import Any
 from mtgpu.accounts import mounts
 from mtgpu.config import InterpreterSpec, Options
 from mtgpu.errors import CommandError, MountError
+from mtgpu.fsafe import open_trusted, untrusted_component
 from mtgpu.proc import run
 
 log = logging.getLogger("mtgpu.accounts.published")
@@ -46,9 +47,11 @@ SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
 NOBODY = 65534
 
 # Run by each interpreter: what it is. Works on any Python 3.
-PROBE = ("import json, sys, importlib.util as u; print(json.dumps({"
-         "'version': '%d.%d.%d' % sys.version_info[:3], 'prefix': sys.prefix, "
-         "'venv': u.find_spec('venv') is not None, 'pip': u.find_spec('ensurepip') is not None}))")
+PROBE = (
+    "import json, sys, importlib.util as u; print(json.dumps({"
+    "'version': '%d.%d.%d' % sys.version_info[:3], 'prefix': sys.prefix, "
+    "'venv': u.find_spec('venv') is not None, 'pip': u.find_spec('ensurepip') is not None}))"
+)
 
 
 @dataclass(frozen=True)
@@ -88,18 +91,20 @@ class Published:
     interpreters: tuple[Interpreter, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"datasets": [d.to_dict() for d in self.datasets],
-                "interpreters": [i.to_dict() for i in self.interpreters]}
+        return {
+            "datasets": [d.to_dict() for d in self.datasets],
+            "interpreters": [i.to_dict() for i in self.interpreters],
+        }
 
     def problems(self) -> list[str]:
         """One line per entry that is not published, saying why."""
-        return ([f"dataset {d.name}: {d.problem}" for d in self.datasets if not d.ok]
-                + [f"interpreter {i.name}: {i.problem}"
-                   for i in self.interpreters if not i.ok])
-
+        return [f"dataset {d.name}: {d.problem}" for d in self.datasets if not d.ok] + [
+            f"interpreter {i.name}: {i.problem}" for i in self.interpreters if not i.ok
+        ]
 
 
 # ------------------------------------------------------------ interpreters
+
 
 def probe(path: str, timeout: float = 10) -> dict[str, Any]:
     """Run the interpreter at ``path`` as ``nobody``; its version and prefix, or a problem."""
@@ -108,19 +113,30 @@ def probe(path: str, timeout: float = 10) -> dict[str, Any]:
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         return {"problem": f"{path} is not an executable file; fix PYTHON_INTERPRETERS"}
     try:
-        out = run([path, "-I", "-c", PROBE], user=NOBODY, group=NOBODY, extra_groups=[],
-                  env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/", timeout=timeout)
+        out = run(
+            [path, "-I", "-c", PROBE],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            cwd="/",
+            timeout=timeout,
+        )
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except CommandError as exc:
         detail = (exc.stderr.strip().splitlines() or ["no output"])[-1]
         status = "could not start" if exc.returncode is None else f"exited {exc.returncode}"
-        return {"problem": f"{path} does not run for tenants (it {status}: {detail}); an "
-                           "interpreter must be readable and executable by every user"}
+        return {
+            "problem": f"{path} does not run for tenants (it {status}: {detail}); an "
+            "interpreter must be readable and executable by every user"
+        }
     except (ValueError, IndexError):
         return {"problem": f"{path} does not look like Python 3 (it did not say its version)"}
     if not info.get("venv"):
-        return {"problem": f"{path} (Python {info.get('version')}) has no venv module; "
-                           "install the full Python (Debian: python3-venv)"}
+        return {
+            "problem": f"{path} (Python {info.get('version')}) has no venv module; "
+            "install the full Python (Debian: python3-venv)"
+        }
     return info
 
 
@@ -133,8 +149,9 @@ def version_name(version: str) -> str:
     return "python" + ".".join(version.split(".")[:2])
 
 
-def plan_interpreters(specs: Sequence[InterpreterSpec],
-                      probe_fn: Callable[[str], dict[str, Any]] = probe) -> list[Interpreter]:
+def plan_interpreters(
+    specs: Sequence[InterpreterSpec], probe_fn: Callable[[str], dict[str, Any]] = probe
+) -> list[Interpreter]:
     """Probe each entry and name it; a later entry whose name is taken is not published."""
     out: list[Interpreter] = []
     taken: dict[str, str] = {s.name: s.path for s in specs if s.name}
@@ -145,17 +162,35 @@ def plan_interpreters(specs: Sequence[InterpreterSpec],
             continue
         name = s.name or version_name(info["version"])
         if taken.setdefault(name, s.path) != s.path:
-            out.append(Interpreter(name, s.path, False, info["version"], info["prefix"],
-                                   problem=f"{s.path} would be named {name}, which {taken[name]} "
-                                           f"has; give it a name of its own (NAME: {s.path})"))
+            out.append(
+                Interpreter(
+                    name,
+                    s.path,
+                    False,
+                    info["version"],
+                    info["prefix"],
+                    problem=f"{s.path} would be named {name}, which {taken[name]} "
+                    f"has; give it a name of its own (NAME: {s.path})",
+                )
+            )
             continue
         prefix = os.path.normpath(info["prefix"])
-        out.append(Interpreter(name, s.path, True, info["version"], prefix, bool(info.get("pip")),
-                               read_only=prefix not in SYSTEM_PREFIXES))
+        out.append(
+            Interpreter(
+                name,
+                s.path,
+                True,
+                info["version"],
+                prefix,
+                bool(info.get("pip")),
+                read_only=prefix not in SYSTEM_PREFIXES,
+            )
+        )
     return out
 
 
 # --------------------------------------------------------------- datasets
+
 
 def plan_datasets(sources: Iterable[str], root: str = DATASETS_ROOT) -> list[Dataset]:
     out = []
@@ -163,15 +198,44 @@ def plan_datasets(sources: Iterable[str], root: str = DATASETS_ROOT) -> list[Dat
         name = Path(src).name
         path = f"{root}/{name}"
         if not os.path.isdir(src):
-            why = ("does not exist" if not os.path.lexists(src) else "is not a directory")
-            out.append(Dataset(name, src, path, False, f"{src} {why}; create it or remove it "
-                                                       "from DATASETS_DIRECTORIES"))
+            why = "does not exist" if not os.path.lexists(src) else "is not a directory"
+            out.append(
+                Dataset(
+                    name, src, path, False, f"{src} {why}; create it or remove it from DATASETS_DIRECTORIES"
+                )
+            )
+        elif problem := untrusted_source(src):
+            out.append(Dataset(name, src, path, False, problem))
         else:
             out.append(Dataset(name, src, path, True))
     return out
 
 
+def untrusted_source(src: str) -> str:
+    """Why ``src`` cannot be published, if someone other than root could change what it
+    names (a tenant's directory or link on the way would let them point root's bind
+    mount anywhere, another home or ``/`` included); "" if it can be.
+
+    >>> untrusted_source("/usr/share")
+    ''
+    """
+    try:
+        # The dataset's own modes do not matter (it is bound read-only); the way to it does.
+        bad = untrusted_component(src, last=False)
+    except OSError as exc:
+        return f"DATASETS_DIRECTORIES: {src} cannot be checked: {exc.strerror or exc}"
+    if bad is None:
+        return ""
+    component, why = bad
+    return (
+        f"DATASETS_DIRECTORIES: {src} is refused: {component} {why}, so a user other "
+        "than root could change what is published; make every directory on the way "
+        "root's and writable by root alone (or move the dataset)"
+    )
+
+
 # ----------------------------------------------------------------- mounts
+
 
 class Publisher:
     """Makes the mounts a configuration asks for, and undoes the ones it no longer does."""
@@ -210,15 +274,29 @@ class Publisher:
             if path not in protect:
                 self._undo(path, rec, "protected")
         failed: dict[str, str] = {}
+        if options.private_tmp:
+            # Tenants' private /tmp namespaces see a dataset published after they were
+            # made only if /datasets was already a shared mount then: it is made from
+            # the first start, datasets or not.
+            try:
+                self._ensure_root()
+            except (MountError, OSError) as exc:
+                log.warning(
+                    "%s cannot be prepared: %s; datasets a reload publishes reach "
+                    "only tenants who log in afresh",
+                    self.root,
+                    exc,
+                )
         for real, configured in protect.items():
             try:
                 self._protect(real, rec)
             except (MountError, OSError) as exc:
                 failed[configured] = f"{configured} cannot be made read-only: {exc}"
-        datasets = [self._publish(d, rec) if d.ok and d.source not in failed else
-                    _failed(d, failed.get(d.source)) for d in datasets]
-        interpreters = [_failed(i, failed.get(i.prefix)) if i.ok and i.read_only else i
-                        for i in interpreters]
+        datasets = [
+            self._publish(d, rec) if d.ok and d.source not in failed else _failed(d, failed.get(d.source))
+            for d in datasets
+        ]
+        interpreters = [_failed(i, failed.get(i.prefix)) if i.ok and i.read_only else i for i in interpreters]
         self._save(rec)
         pub = Published(tuple(datasets), tuple(interpreters))
         for d in pub.datasets:
@@ -226,8 +304,13 @@ class Publisher:
                 log.info("dataset %s published read-only at %s", d.source, d.path)
         for i in pub.interpreters:
             if i.ok:
-                log.info("interpreter %s: Python %s at %s%s", i.name, i.version, i.path,
-                         f" (prefix {i.prefix} read-only)" if i.read_only else "")
+                log.info(
+                    "interpreter %s: Python %s at %s%s",
+                    i.name,
+                    i.version,
+                    i.path,
+                    f" (prefix {i.prefix} read-only)" if i.read_only else "",
+                )
         for line in pub.problems():
             log.warning("not published: %s", line)
         return pub
@@ -237,18 +320,24 @@ class Publisher:
         m = mounts.top(real)
         if m is not None and m.read_only:
             return
-        mounts.bind_read_only(real, real)
+        fd = open_trusted(real)
+        try:
+            mounts.bind_read_only(real, real, source_fd=fd)
+        finally:
+            os.close(fd)
         if real not in rec["protected"]:
             rec["protected"].append(real)
 
     def _ensure_root(self) -> None:
         """``/datasets``: our tmpfs, or the host's own directory if it has files already."""
         m = mounts.top(self.root)
-        if m is not None and m.device == TMPFS_DEVICE:
-            return
-        if os.path.isdir(self.root) and os.listdir(self.root):
-            return  # the host's own /datasets: the mount points go into it
-        mounts.mount_tmpfs(self.root, TMPFS_DEVICE)
+        if m is None or m.device != TMPFS_DEVICE:
+            if os.path.isdir(self.root) and os.listdir(self.root):
+                return  # the host's own /datasets: the mount points go into it
+            mounts.mount_tmpfs(self.root, TMPFS_DEVICE)
+        # Shared: a dataset a reload publishes reaches tenants' private /tmp namespaces
+        # made before it, on hosts whose root mount does not propagate too.
+        mounts.make_shared(self.root)
 
     def _publish(self, d: Dataset, rec: dict[str, Any]) -> Dataset:
         real = os.path.realpath(d.source)
@@ -261,12 +350,21 @@ class Publisher:
                 if not m.read_only:
                     mounts.make_read_only(d.path)
                 return d
-            if m is not None or (os.path.isdir(d.path) and os.listdir(d.path)) or (
-                    os.path.lexists(d.path) and not os.path.isdir(d.path)):
-                return _failed(d, f"{d.path} is already there and is not MTGPU's; move it away "
-                                  f"or rename {d.source}")
+            if (
+                m is not None
+                or (os.path.isdir(d.path) and os.listdir(d.path))
+                or (os.path.lexists(d.path) and not os.path.isdir(d.path))
+            ):
+                return _failed(
+                    d, f"{d.path} is already there and is not MTGPU's; move it away or rename {d.source}"
+                )
             os.makedirs(d.path, mode=0o755, exist_ok=True)
-            mounts.bind_read_only(real, d.path)
+            # Resolved and checked once: the directory bound is the one opened now.
+            fd = open_trusted(real)
+            try:
+                mounts.bind_read_only(real, d.path, source_fd=fd)
+            finally:
+                os.close(fd)
         except (MountError, OSError) as exc:
             return _failed(d, f"{d.source} cannot be published at {d.path}: {exc}")
         rec["published"][d.path] = real
@@ -313,7 +411,6 @@ class Publisher:
         return done
 
 
-
 def _failed(entry: Any, problem: str | None) -> Any:
     if not problem:
         return entry
@@ -323,6 +420,7 @@ def _failed(entry: Any, problem: str | None) -> Any:
 
 
 # ------------------------------------------------------------------ homes
+
 
 def link_home(home: str, uid: int, gid: int, target: str = DATASETS_ROOT) -> bool:
     """Add ``HOME/datasets -> /datasets``, owned by the tenant, unless something is there.

@@ -38,7 +38,7 @@ from mtgpu.clock import PolicyClock
 from mtgpu.config import Options
 from mtgpu.config.units import format_size
 from mtgpu.errors import ApiError, CommandError
-from mtgpu.proc import run
+from mtgpu.proc import ROOT_CHILD_ENV, python_argv, run
 
 log = logging.getLogger("mtgpu.accounts.quota")
 
@@ -52,10 +52,10 @@ STRETCH = 10
 class QuotaMode:
     """How usage is measured and enforced on this member."""
 
-    kind: str      # "ext4", "xfs" or "scan"
-    mount: str     # the mount point holding TENANT_HOME_ROOT
+    kind: str  # "ext4", "xfs" or "scan"
+    mount: str  # the mount point holding TENANT_HOME_ROOT
     fstype: str
-    detail: str    # why this mode, in words
+    detail: str  # why this mode, in words
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,10 @@ class TenantUsage:
     user: str
     uid: int
     home: str
-    used: int | None        # bytes, None until first measured
+    used: int | None  # bytes, None until first measured
     files: int | None
     limit: int | None
-    state: str              # "ok", "over", "unmeasured" or "unlimited"
+    state: str  # "ok", "over", "unmeasured" or "unlimited"
     measured_at: float | None
     mode: str
     error: str = ""
@@ -84,6 +84,7 @@ class QuotaHost(Protocol):
 
 
 # ------------------------------------------------------------ mode detection
+
 
 def _unescape(s: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
@@ -125,13 +126,22 @@ def detect_mode(home_root: str) -> QuotaMode:
         try:
             r = run(["quotaon", "-p", "-u", mp], check=False, timeout=20)
         except CommandError as exc:
-            return QuotaMode("scan", mp, fstype, f"ext4 without the quota tools ({exc.stderr.strip()}); "
-                             "install Debian's quota package for real quotas")
+            return QuotaMode(
+                "scan",
+                mp,
+                fstype,
+                f"ext4 without the quota tools ({exc.stderr.strip()}); "
+                "install Debian's quota package for real quotas",
+            )
         if re.search(r"user quota on .* is on", r.stdout + r.stderr):
             return QuotaMode("ext4", mp, fstype, f"user quotas are on at {mp}")
-        return QuotaMode("scan", mp, fstype,
-                         f"ext4 at {mp} has no user quotas on; make it with -O quota (or mount "
-                         "it with usrquota) for real quotas")
+        return QuotaMode(
+            "scan",
+            mp,
+            fstype,
+            f"ext4 at {mp} has no user quotas on; make it with -O quota (or mount "
+            "it with usrquota) for real quotas",
+        )
     if fstype == "xfs":
         try:
             r = run(["xfs_quota", "-x", "-c", "state -u", mp], check=False, timeout=20)
@@ -140,9 +150,12 @@ def detect_mode(home_root: str) -> QuotaMode:
         if re.search(r"Enforcement:\s*ON", r.stdout):
             return QuotaMode("xfs", mp, fstype, f"user quotas are enforced at {mp}")
         return QuotaMode("scan", mp, fstype, f"xfs at {mp} is not mounted with uquota")
-    return QuotaMode("scan", mp, fstype or "?",
-                     f"{fstype or 'this filesystem'} at {mp} has no quotas MTGPU can set; "
-                     "homes are measured instead")
+    return QuotaMode(
+        "scan",
+        mp,
+        fstype or "?",
+        f"{fstype or 'this filesystem'} at {mp} has no quotas MTGPU can set; homes are measured instead",
+    )
 
 
 # ------------------------------------------------------------- real quotas
@@ -192,12 +205,12 @@ def read_usage(mode: QuotaMode) -> dict[int, int]:
     if mode.kind == "ext4":
         return parse_repquota(run(["repquota", "-u", "-n", mode.mount]).stdout)
     if mode.kind == "xfs":
-        return parse_xfs_report(run(["xfs_quota", "-x", "-c", "report -u -n -b -N",
-                                     mode.mount]).stdout)
+        return parse_xfs_report(run(["xfs_quota", "-x", "-c", "report -u -n -b -N", mode.mount]).stdout)
     return {}
 
 
 # ------------------------------------------------------------ the service
+
 
 def over_message(u: TenantUsage, now: float) -> str:
     """What an over-limit tenant reads.
@@ -207,8 +220,10 @@ def over_message(u: TenantUsage, now: float) -> str:
     'your home /home/ann uses 3M of its 2M limit (USER_DISK_LIMIT, measured 30s ago)'
     """
     age = max(0, int(now - (u.measured_at or now)))
-    return (f"your home {u.home} uses {format_size(u.used or 0)} of its "
-            f"{format_size(u.limit or 0)} limit (USER_DISK_LIMIT, measured {age}s ago)")
+    return (
+        f"your home {u.home} uses {format_size(u.used or 0)} of its "
+        f"{format_size(u.limit or 0)} limit (USER_DISK_LIMIT, measured {age}s ago)"
+    )
 
 
 class DiskQuotas:
@@ -277,28 +292,34 @@ class DiskQuotas:
                 results = []
                 for name, uid, home in tenants:
                     r = found.get(home, {"error": "not measured"})
-                    results.append(self._record(name, uid, home, r.get("bytes"), r.get("files"),
-                                                now, r.get("error", "")))
+                    results.append(
+                        self._record(name, uid, home, r.get("bytes"), r.get("files"), now, r.get("error", ""))
+                    )
                 return results
             usage = await asyncio.to_thread(self._real, tenants)
             now = self.host.clock.now()
-            return [self._record(name, uid, home, usage.get(uid, 0), None, now, "")
-                    for name, uid, home in tenants]
+            return [
+                self._record(name, uid, home, usage.get(uid, 0), None, now, "") for name, uid, home in tenants
+            ]
 
     def _scan(self, homes: list[str]) -> dict[str, dict[str, Any]]:
         existing = [h for h in homes if os.path.isdir(h)]
-        out: dict[str, dict[str, Any]] = {h: {"error": f"{h} does not exist"}
-                                          for h in homes if h not in existing}
+        out: dict[str, dict[str, Any]] = {
+            h: {"error": f"{h} does not exist"} for h in homes if h not in existing
+        }
         if not existing:
             return out
         try:
-            # -P and cwd /: nothing in a directory a tenant can write is ever imported.
-            r = run([sys.executable, "-P", "-m", "mtgpu.accounts.homescan", *existing],
-                    timeout=3600, cwd="/")
+            # Isolated, in /: nothing in a directory a tenant can write is ever imported.
+            r = run(
+                python_argv(sys.executable, "mtgpu.accounts.homescan", *existing),
+                env=ROOT_CHILD_ENV,
+                timeout=3600,
+                cwd="/",
+            )
         except CommandError as exc:
             log.warning("measuring homes failed: %s", exc)
-            return {h: {"error": "the measuring process failed; see the daemon's log"}
-                    for h in homes}
+            return {h: {"error": "the measuring process failed; see the daemon's log"} for h in homes}
         for line in r.stdout.splitlines():
             d = json.loads(line)
             if d.get("error"):
@@ -312,14 +333,19 @@ class DiskQuotas:
                 try:
                     set_limit(self.mode, name, self.limit)
                     self._limits_set[name] = self.limit
-                    log.info("quota of %s set to %s on %s", name,
-                             format_size(self.limit) if self.limit else "none", self.mode.mount)
+                    log.info(
+                        "quota of %s set to %s on %s",
+                        name,
+                        format_size(self.limit) if self.limit else "none",
+                        self.mode.mount,
+                    )
                 except CommandError as exc:
                     log.warning("cannot set the quota of %s: %s", name, exc)
         return read_usage(self.mode)
 
-    def _record(self, name: str, uid: int, home: str, used: int | None, files: int | None,
-                now: float, error: str) -> TenantUsage:
+    def _record(
+        self, name: str, uid: int, home: str, used: int | None, files: int | None, now: float, error: str
+    ) -> TenantUsage:
         limit = self.limit
         if used is None:
             state = "unmeasured"
@@ -327,12 +353,27 @@ class DiskQuotas:
             state = "unlimited"
         else:
             state = "over" if used >= limit else "ok"
-        u = TenantUsage(name, uid, home, used, files, limit, state, now if used is not None
-                        else None, self.mode.kind, error)
+        u = TenantUsage(
+            name,
+            uid,
+            home,
+            used,
+            files,
+            limit,
+            state,
+            now if used is not None else None,
+            self.mode.kind,
+            error,
+        )
         old = self.usage.get(name)
         if old is not None and old.state != state and "over" in (old.state, state):
-            log.info("disk usage of %s: %s (%s of %s)", name, state, format_size(used or 0),
-                     format_size(limit or 0))
+            log.info(
+                "disk usage of %s: %s (%s of %s)",
+                name,
+                state,
+                format_size(used or 0),
+                format_size(limit or 0),
+            )
         self.usage[name] = u
         return u
 
@@ -346,8 +387,9 @@ class DiskQuotas:
         limit = self.limit
         state = "unlimited" if limit is None else ("over" if u.used >= limit else "ok")
         if state != u.state or limit != u.limit:
-            u = TenantUsage(u.user, u.uid, u.home, u.used, u.files, limit, state,
-                            u.measured_at, u.mode, u.error)
+            u = TenantUsage(
+                u.user, u.uid, u.home, u.used, u.files, limit, state, u.measured_at, u.mode, u.error
+            )
         return u
 
     def notice(self, name: str) -> str | None:
@@ -355,8 +397,10 @@ class DiskQuotas:
         u = self.current(name)
         if u is None or u.state != "over":
             return None
-        return (over_message(u, self.host.clock.now()) + "; new jobs and workspaces are "
-                "refused until you free space. Running work goes on")
+        return (
+            over_message(u, self.host.clock.now()) + "; new jobs and workspaces are "
+            "refused until you free space. Running work goes on"
+        )
 
     async def check(self, name: str, what: str) -> None:
         """Refuse ``what`` (a new job or workspace) for a tenant over the limit."""
@@ -368,17 +412,27 @@ class DiskQuotas:
             u = self.current(name)
             if u is None or u.state != "over":
                 return
-        raise ApiError(f"{what} refused: {over_message(u, self.host.clock.now())}. Free some "
-                       "space (`du -sh ~/* ~/.[!.]* | sort -h` shows where it goes) and try "
-                       "again; your running jobs and workspaces go on", "over_disk_limit")
+        raise ApiError(
+            f"{what} refused: {over_message(u, self.host.clock.now())}. Free some "
+            "space (`du -sh ~/* ~/.[!.]* | sort -h` shows where it goes) and try "
+            "again; your running jobs and workspaces go on",
+            "over_disk_limit",
+        )
 
     def report(self) -> dict[str, Any]:
         """Every tenant with an account here, for ``mtgpu-admin usage``."""
         rows = []
         for name, uid, home in self.tenants():
-            u = self.current(name) or TenantUsage(name, uid, home, None, None, self.limit,
-                                                  "unmeasured", None, self.mode.kind)
+            u = self.current(name) or TenantUsage(
+                name, uid, home, None, None, self.limit, "unmeasured", None, self.mode.kind
+            )
             rows.append(u.to_dict())
-        return {"mode": self.mode.kind, "mount": self.mode.mount, "detail": self.mode.detail,
-                "limit": self.limit, "scan_interval": self.host.options.user_disk_scan_interval,
-                "last_round_seconds": round(self.last_round_seconds, 3), "tenants": rows}
+        return {
+            "mode": self.mode.kind,
+            "mount": self.mode.mount,
+            "detail": self.mode.detail,
+            "limit": self.limit,
+            "scan_interval": self.host.options.user_disk_scan_interval,
+            "last_round_seconds": round(self.last_round_seconds, 3),
+            "tenants": rows,
+        }

@@ -43,6 +43,21 @@ def key_id(openssh_line: str) -> str:
     return " ".join(parts[:2])
 
 
+#: What every refused invite code is told, whatever the reason.
+WRONG_CODE = (
+    "wrong or expired invite code; check the code and the user name, or ask the "
+    "admin who invited you for a new one"
+)
+#: Keys whose wrong codes an invite remembers; the oldest is forgotten beyond this.
+MAX_INVITE_KEYS = 1000
+
+
+def _failures(inv: dict[str, Any]) -> dict[str, int]:
+    """Wrong codes per key id (records from before this counted them in one number)."""
+    f = inv.get("failures")
+    return dict(f) if isinstance(f, dict) else {}
+
+
 class Registry(SyncObjConsumer):
     """Users, invites and UID allocation."""
 
@@ -54,6 +69,9 @@ class Registry(SyncObjConsumer):
         self.invites: dict[str, dict[str, Any]] = {}
         # Every UID ever given out, retired ones included: a UID is never reused.
         self.used_uids: set[int] = set()
+        # Clusters granted to local accounts (not registry users) by mtcode-admin:
+        # name -> cluster IDs. A name absent here has no grant decision.
+        self.local_grants: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------- reads
 
@@ -72,7 +90,17 @@ class Registry(SyncObjConsumer):
     def granted(self, name: str, cluster: str) -> bool:
         """Whether ``name`` is a user granted the cluster ``cluster``."""
         u = self.users.get(name)
-        return bool(u) and cluster in u.get("clusters", ())
+        return u is not None and cluster in u.get("clusters", ())
+
+    def local_grant(self, name: str, cluster: str) -> bool | None:
+        """Whether mtcode-admin granted (True) or revoked (False) ``cluster`` to the
+        local account ``name``; None if it never decided."""
+        grants = getattr(self, "local_grants", {}).get(name)  # absent in older snapshots
+        return None if grants is None else cluster in grants
+
+    def retired_uid(self, uid: int) -> bool:
+        """Whether ``uid`` was given to a tenant who is no longer a user."""
+        return uid in self.used_uids and self.by_uid(uid) is None
 
     def uid_conflict(self, name: str, uid: int) -> str | None:
         """Why ``uid`` cannot be ``name``'s here, or None when it can."""
@@ -88,13 +116,23 @@ class Registry(SyncObjConsumer):
 
     def has_key(self, name: str, openssh_line: str) -> bool:
         u = self.users.get(name)
-        return bool(u) and key_id(openssh_line) in {key_id(k) for k in u["keys"]}
+        return u is not None and key_id(openssh_line) in {key_id(k) for k in u.get("keys", ())}
 
-    def pending_invite(self, name: str, now: float) -> dict[str, Any] | None:
+    def pending_invite(
+        self, name: str, now: float, key: str | None = None, max_failures: int | None = None
+    ) -> dict[str, Any] | None:
+        """The open invite of ``name``; with ``key``, None if that key is barred from
+        it by ``max_failures`` wrong codes."""
         inv = self.invites.get(name)
-        if inv and inv["expires"] > now:
-            return inv
-        return None
+        if not inv or inv["expires"] <= now:
+            return None
+        if (
+            key is not None
+            and max_failures is not None
+            and _failures(inv).get(key_id(key), 0) >= max_failures
+        ):
+            return None
+        return inv
 
     # -------------------------------------------------------- internals
 
@@ -108,29 +146,54 @@ class Registry(SyncObjConsumer):
                 return uid
         return None
 
-    def _new_user(self, name: str, keys: list[str], admin: bool, now: float,
-                  skip_uids: Iterable[int], uid_range: tuple[int, int] | None = None,
-                  clusters: list[str] | None = None) -> dict[str, Any]:
+    def _new_user(
+        self,
+        name: str,
+        keys: list[str],
+        admin: bool,
+        now: float,
+        skip_uids: Iterable[int],
+        uid_range: tuple[int, int] | None = None,
+        clusters: list[str] | None = None,
+    ) -> dict[str, Any]:
         uid = self._allocate_uid(skip_uids, uid_range)
         if uid is None:
-            return {"error": "TENANT_UID_RANGE is exhausted; widen it in the configuration",
-                    "code": "uid_exhausted"}
+            return {
+                "error": "TENANT_UID_RANGE is exhausted; widen it in the configuration",
+                "code": "uid_exhausted",
+            }
         self.used_uids.add(uid)
-        self.users[name] = {"name": name, "uid": uid, "keys": list(keys), "admin": bool(admin),
-                            "clusters": list(clusters or []), "created": now, "last_login": None}
+        self.users[name] = {
+            "name": name,
+            "uid": uid,
+            "keys": list(keys),
+            "admin": bool(admin),
+            "clusters": list(clusters or []),
+            "created": now,
+            "last_login": None,
+        }
         return {"uid": uid, "name": name}
 
     # ------------------------------------------------------- replicated
 
     @replicated
-    def add_user(self, name: str, keys: list[str], admin: bool, now: float,
-                 skip_uids: list[int], actor: str = "",
-                 uid_range: tuple[int, int] | None = None,
-                 clusters: list[str] | None = None) -> dict[str, Any]:
+    def add_user(
+        self,
+        name: str,
+        keys: list[str],
+        admin: bool,
+        now: float,
+        skip_uids: list[int],
+        actor: str = "",
+        uid_range: tuple[int, int] | None = None,
+        clusters: list[str] | None = None,
+    ) -> dict[str, Any]:
         """A new user with a new UID, granted ``clusters`` (this cluster's ID)."""
         if name in self.users:
-            return {"error": f"user {name!r} already exists; use `user key add` to add a key",
-                    "code": "exists"}
+            return {
+                "error": f"user {name!r} already exists; use `user key add` to add a key",
+                "code": "exists",
+            }
         return self._new_user(name, keys, admin, now, skip_uids, uid_range, clusters)
 
     @replicated
@@ -172,35 +235,56 @@ class Registry(SyncObjConsumer):
         return {"name": name, "admin": bool(admin)}
 
     @replicated
-    def create_invite(self, name: str, code_hash: str, expires: float, admin: bool,
-                      now: float, actor: str = "") -> dict[str, Any]:
-        self.invites[name] = {"name": name, "code_hash": code_hash, "expires": expires,
-                              "admin": bool(admin), "failures": 0, "created": now}
+    def create_invite(
+        self, name: str, code_hash: str, expires: float, admin: bool, now: float, actor: str = ""
+    ) -> dict[str, Any]:
+        self.invites[name] = {
+            "name": name,
+            "code_hash": code_hash,
+            "expires": expires,
+            "admin": bool(admin),
+            "failures": {},
+            "created": now,
+        }
         return {"name": name, "expires": expires}
 
     @replicated
-    def redeem_invite(self, name: str, code_hash: str, key: str, now: float,
-                      skip_uids: list[int], max_failures: int,
-                      uid_range: tuple[int, int] | None = None,
-                      cluster: str | None = None) -> dict[str, Any]:
+    def redeem_invite(
+        self,
+        name: str,
+        code_hash: str,
+        key: str,
+        now: float,
+        skip_uids: list[int],
+        max_failures: int,
+        uid_range: tuple[int, int] | None = None,
+        cluster: str | None = None,
+    ) -> dict[str, Any]:
         """Bind ``key`` if the code is right; the user is then granted ``cluster``
-        (the invite was issued by this cluster's admin)."""
+        (the invite was issued by this cluster's admin).
+
+        Wrong codes are counted per key: ``max_failures`` of them bar that key from
+        the invite, and the invite stays open for the invitee's own key. Every
+        refusal reads the same, so a stranger learns nothing of the invite (whether
+        it exists, expired, or how often others tried).
+        """
         inv = self.invites.get(name)
+        refused = {"error": WRONG_CODE, "code": "wrong_code"}
         if inv is None:
-            return {"error": "there is no open invite for this user; ask an admin for a new one",
-                    "code": "no_invite"}
+            return refused
         if inv["expires"] <= now:
             del self.invites[name]
-            return {"error": "the invite has expired; ask an admin for a new one", "code": "expired"}
+            return refused
+        kid = key_id(key)
+        failures = _failures(inv)
+        if failures.get(kid, 0) >= max_failures:
+            return {**refused, "code": "barred"}
         if not hmac.compare_digest(inv["code_hash"], code_hash):
-            failures = inv["failures"] + 1
-            if failures >= max_failures:
-                del self.invites[name]
-                return {"error": "wrong invite code; too many wrong codes, so the invite is "
-                                 "revoked. Ask an admin for a new one", "code": "revoked"}
-            self.invites[name] = {**inv, "failures": failures}
-            return {"error": f"wrong invite code ({max_failures - failures} tries left)",
-                    "code": "wrong_code"}
+            n = failures.get(kid, 0) + 1
+            if len(failures) >= MAX_INVITE_KEYS and kid not in failures:
+                failures.pop(next(iter(failures)))
+            self.invites[name] = {**inv, "failures": {**failures, kid: n}}
+            return {**refused, "code": "barred" if n >= max_failures else "wrong_code"}
         del self.invites[name]
         u = self.users.get(name)
         grant = [cluster] if cluster else []
@@ -212,8 +296,9 @@ class Registry(SyncObjConsumer):
         return {"uid": u["uid"], "name": name}
 
     @replicated
-    def import_user(self, name: str, keys: list[str], uid: int, grant: bool, cluster: str,
-                    now: float) -> dict[str, Any]:
+    def import_user(
+        self, name: str, keys: list[str], uid: int, grant: bool, cluster: str, now: float
+    ) -> dict[str, Any]:
         """Take a user record carried from another cluster (``mtcode-admin``).
 
         The user keeps ``uid``: a UID that is another user's here (or a removed
@@ -230,16 +315,28 @@ class Registry(SyncObjConsumer):
         new = u is None
         if u is None:
             self.used_uids.add(uid)
-            u = {"name": name, "uid": uid, "keys": [], "admin": False, "clusters": [],
-                 "created": now, "last_login": None}
+            u = {
+                "name": name,
+                "uid": uid,
+                "keys": [],
+                "admin": False,
+                "clusters": [],
+                "created": now,
+                "last_login": None,
+            }
         have = {key_id(k) for k in u["keys"]}
         merged = [*u["keys"], *[k for k in keys if key_id(k) not in have]]
         clusters = list(u.get("clusters", []))
         if grant and cluster not in clusters:
             clusters.append(cluster)
         self.users[name] = {**u, "keys": merged, "clusters": clusters}
-        return {"name": name, "uid": uid, "granted": cluster in clusters, "created": new,
-                "keys_added": len(merged) - len(u["keys"])}
+        return {
+            "name": name,
+            "uid": uid,
+            "granted": cluster in clusters,
+            "created": new,
+            "keys_added": len(merged) - len(u["keys"]),
+        }
 
     @replicated
     def set_grant(self, name: str, cluster: str, grant: bool) -> dict[str, Any]:
@@ -253,6 +350,19 @@ class Registry(SyncObjConsumer):
         was = cluster in u.get("clusters", [])
         self.users[name] = {**u, "clusters": clusters}
         return {"name": name, "uid": u["uid"], "granted": grant, "changed": was != grant}
+
+    @replicated
+    def set_local_grant(self, name: str, cluster: str, grant: bool) -> dict[str, Any]:
+        """Grant or revoke ``cluster`` for the local account ``name`` (not a registry
+        user): LOCAL_ACCOUNTS then lets it in, or refuses it, on that cluster."""
+        grants = dict(getattr(self, "local_grants", {}))
+        clusters = [c for c in grants.get(name, []) if c != cluster]
+        if grant:
+            clusters.append(cluster)
+        was = cluster in grants.get(name, [])
+        grants[name] = clusters
+        self.local_grants = grants
+        return {"name": name, "granted": grant, "changed": was != grant, "local": True}
 
     @replicated
     def record_login(self, name: str, now: float) -> None:
@@ -286,6 +396,27 @@ class Registry(SyncObjConsumer):
         if u is None:
             return {"error": f"no user {name!r}", "code": "not_found"}
         was = u.get("locked")
-        self.users[name] = {**{k: v for k, v in u.items() if k not in ("locked", "lock_reason")},
-                            "last_active": now}
+        self.users[name] = {
+            **{k: v for k, v in u.items() if k not in ("locked", "lock_reason", "removal_failed")},
+            "last_active": now,
+        }
         return {"name": name, "was_locked": bool(was)}
+
+    @replicated
+    def record_removal_failure(self, name: str, now: float, reason: str, retry_at: float) -> dict[str, Any]:
+        """A removal failed: kept locked, with the reason, until ``retry_at`` (back-off)."""
+        u = self.users.get(name)
+        if u is None:
+            return {"error": f"no user {name!r}", "code": "not_found"}
+        attempts = (u.get("removal_failed") or {}).get("attempts", 0) + 1
+        self.users[name] = {
+            **u,
+            "removal_failed": {
+                "time": now,
+                "first": (u.get("removal_failed") or {}).get("first", now),
+                "reason": reason[:2000],
+                "attempts": attempts,
+                "retry_at": retry_at,
+            },
+        }
+        return {"name": name, "attempts": attempts}

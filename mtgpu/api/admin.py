@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
-from mtgpu.errors import ApiError
+from mtgpu.errors import ApiError, ValidationError
 from mtgpu.state.audit import summarize
 
 #: Lines kept in memory for ``mtgpu-admin logs``.
@@ -41,8 +41,9 @@ class RecentLog(logging.Handler):
         except Exception:  # noqa: BLE001 - a bad format string must not break logging
             message = str(record.msg)
         with self._guard:
-            self.lines.append({"time": record.created, "level": record.levelname,
-                               "logger": record.name, "message": message})
+            self.lines.append(
+                {"time": record.created, "level": record.levelname, "logger": record.name, "message": message}
+            )
 
     def tail(self, n: int, level: int = logging.NOTSET) -> list[dict[str, Any]]:
         with self._guard:
@@ -70,7 +71,7 @@ def _level(args: dict[str, Any]) -> int:
         return logging.NOTSET
     level = logging.getLevelName(name)
     if not isinstance(level, int):
-        raise ApiError(f"unknown level {name!r}; use DEBUG, INFO, WARNING or ERROR", "bad_request")
+        raise ValidationError(f"unknown level {name!r}; use DEBUG, INFO, WARNING or ERROR")
     return level
 
 
@@ -83,18 +84,33 @@ def standalone_status(host: Any) -> dict[str, Any]:
     for pub in sorted(Path(o.state_dir).glob("ssh_host_*_key.pub")):
         typ, body = pub.read_text().split()[:2]
         port = o.ssh_listen[1]
-        keys.append(f"[{o.server_name}]:{port} {typ} {body}" if port != 22
-                    else f"{o.server_name} {typ} {body}")
+        keys.append(
+            f"[{o.server_name}]:{port} {typ} {body}" if port != 22 else f"{o.server_name} {typ} {body}"
+        )
     addr = o.ssh_listen[0] if o.ssh_listen[0] not in ("0.0.0.0", "::", "") else o.server_name
-    return {"cluster_id": o.cluster_name, "mode": "standalone", "scheduler": o.server_name,
-            "term": st.get("term"), "self": o.server_name, "warning": "", "homes": None,
-            "tenant_home_root": o.tenant_home_root,
-            "members": [{"name": o.server_name, "address": f"{addr}:{o.ssh_listen[1]}",
-                         "role": "scheduler", "state": "up", "score": None,
-                         "drained": drain is not None,
-                         "drain_reason": drain["reason"] if drain else None,
-                         "homes_shared_with": None}],
-            "known_hosts": "\n  ".join(keys)}
+    return {
+        "cluster_id": o.cluster_name,
+        "mode": "standalone",
+        "scheduler": o.server_name,
+        "term": st.get("term"),
+        "self": o.server_name,
+        "warning": "",
+        "homes": None,
+        "tenant_home_root": o.tenant_home_root,
+        "members": [
+            {
+                "name": o.server_name,
+                "address": f"{addr}:{o.ssh_listen[1]}",
+                "role": "scheduler",
+                "state": "up",
+                "score": None,
+                "drained": drain is not None,
+                "drain_reason": drain["reason"] if drain else None,
+                "homes_shared_with": None,
+            }
+        ],
+        "known_hosts": "\n  ".join(keys),
+    }
 
 
 def register(d: Dispatcher, host: Any) -> None:
@@ -105,34 +121,32 @@ def register(d: Dispatcher, host: Any) -> None:
         """The audit log of admin actions (every member's), oldest first."""
         limit = arg(args, "limit", int, 100)
         if limit < 0:
-            raise ApiError("limit must be 0 (everything) or more", "bad_request")
-        return host.audit.list(limit or None, arg(args, "actor", str, None),
-                               arg(args, "action", str, None))
+            raise ValidationError("limit must be 0 (everything) or more")
+        return host.audit.list(limit or None, arg(args, "actor", str, None), arg(args, "action", str, None))
 
     async def logs(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """This daemon's recent log lines (or, with node, another member's)."""
         n = arg(args, "lines", int, 100)
         if not 0 <= n <= MAX_LINES:
-            raise ApiError(f"lines must be between 0 and {MAX_LINES}", "bad_request")
+            raise ValidationError(f"lines must be between 0 and {MAX_LINES}")
         level = _level(args)
         node = arg(args, "node", str, host.options.server_name)
         if node != host.options.server_name:
             cluster = getattr(host, "cluster", None)
             if cluster is None:
-                raise ApiError(f"no member {node!r}; this standalone host is "
-                               f"{host.options.server_name}", "not_found")
+                raise ApiError(
+                    f"no member {node!r}; this standalone host is {host.options.server_name}", "not_found"
+                )
             names = {m["name"] for m in cluster.members.all()}
             if node not in names:
-                raise ApiError(f"no member {node!r}; members: {', '.join(sorted(names))}",
-                               "not_found")
-            return await cluster.peers.call(node, "logs", lines=n, level=args.get("level"),
-                                            timeout=15)
-        return {"node": host.options.server_name, "lines": recent.tail(n, level),
-                "now": time.time()}
+                raise ApiError(f"no member {node!r}; members: {', '.join(sorted(names))}", "not_found")
+            return await cluster.peers.call(node, "logs", lines=n, level=args.get("level"), timeout=15)
+        return {"node": host.options.server_name, "lines": recent.tail(n, level), "now": time.time()}
 
     d.register("audit", audit, admin=True)
     d.register("logs", logs, admin=True)
     if getattr(host, "cluster", None) is None:
+
         def status(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
             """This standalone host, as a cluster of one."""
             return standalone_status(host)
@@ -140,10 +154,17 @@ def register(d: Dispatcher, host: Any) -> None:
         d.register("cluster.status", status, admin=True)
 
 
-async def write_audit(host: Any, caller: Caller, op: str, args: dict[str, Any],
-                      error: str | None) -> None:
+async def write_audit(host: Any, caller: Caller, op: str, args: dict[str, Any], error: str | None) -> None:
     """One audit entry for an admin action (the dispatcher's auditor)."""
-    entry = {"time": time.time(), "actor": caller.name, "uid": caller.uid, "via": caller.via,
-             "member": host.options.server_name, "action": op, "args": summarize(args),
-             "ok": error is None, "error": error}
+    entry = {
+        "time": time.time(),
+        "actor": caller.name,
+        "uid": caller.uid,
+        "via": caller.via,
+        "member": host.options.server_name,
+        "action": op,
+        "args": summarize(args),
+        "ok": error is None,
+        "error": error,
+    }
     await host.replicate(host.audit.record, entry, timeout=5)

@@ -8,9 +8,25 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from typing import Any
 
-from mtgpu.errors import ApiError
+from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, ApiError
+
+#: How long a retryable answer (``"retryable": true``: nothing was done, such as
+#: ``no_leader`` during an election or ``not_caught_up``) is retried for (seconds).
+RETRY_FOR = 30.0
+#: Answers after which a submission may have been made or not (a timeout, a dropped
+#: connection, a leader change, a relay or commit that did not answer in time): sent
+#: again with the same key, which returns the first outcome if there was one.
+IN_DOUBT = RESEND_CODES
+#: Answers that say nothing was done (no scheduler reachable from this member, a
+#: replica behind, a daemon starting, busy) when the answer does not say
+#: ``"retryable"`` itself: sent again as they are.
+NOT_DONE = RETRYABLE_CODES
+#: Refusals of the moment (the submit limits, a daemon restarting): after an attempt
+#: in doubt, that first attempt may still be committed, so they are sent again too.
+OF_THE_MOMENT = ("rate_limited", "queue_full", "not_running")
 
 
 class ApiClient:
@@ -32,32 +48,66 @@ class ApiClient:
                 s.connect(self.path)
             except FileNotFoundError as exc:
                 s.close()
-                raise ApiError(f"MTGPU is not running here ({self.path} does not exist); "
-                               "start it with `mtgpu-setup install --yes` or check "
-                               "`mtgpu-setup status`", "not_running") from exc
+                raise ApiError(
+                    f"MTGPU is not running here ({self.path} does not exist); "
+                    "start it with `mtgpu-setup install --yes` or check "
+                    "`mtgpu-setup status`",
+                    "not_running",
+                ) from exc
             except (ConnectionRefusedError, PermissionError) as exc:
                 s.close()
-                raise ApiError(f"cannot reach the MTGPU daemon at {self.path}: {exc.strerror}; "
-                               "check `mtgpu-setup status`", "not_running") from exc
+                raise ApiError(
+                    f"cannot reach the MTGPU daemon at {self.path}: {exc.strerror}; "
+                    "check `mtgpu-setup status`",
+                    "not_running",
+                ) from exc
             self._sock = s
         return self._sock
 
+    #: How long a request answered ``starting`` (the daemon is loading its state) is
+    #: retried before the refusal is shown.
+    STARTING_RETRY = 120.0
+
     def call(self, op: str, **args: Any) -> Any:
-        """Send one request and return its result; raise ApiError on refusal."""
+        """Send one request and return its result; raise ApiError on refusal.
+
+        While the daemon answers that it is still starting, the request is sent
+        again every half second (for ``STARTING_RETRY`` seconds at most); any other
+        retryable answer (nothing was done) is retried for ``RETRY_FOR`` seconds."""
+        starting_until = time.monotonic() + self.STARTING_RETRY
+        retry_until = time.monotonic() + RETRY_FOR
+        while True:
+            try:
+                return self._call(op, args)
+            except ApiError as exc:
+                now = time.monotonic()
+                if exc.code == "starting" and now < starting_until:
+                    time.sleep(0.5)
+                elif exc.retryable and exc.code != "starting" and now < retry_until:
+                    time.sleep(0.2)
+                else:
+                    raise
+
+    def call_once(self, op: str, **args: Any) -> Any:
+        """Send one request once and return its result; raise ApiError on refusal (for
+        a caller that decides its own retries, as a submission with its key does)."""
+        return self._call(op, args)
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
         s = self._connect()
         self._next += 1
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": self._next}
         try:
             s.sendall(json.dumps(req).encode() + b"\n")
             answer = self._read_line(s)
-        except (socket.timeout, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             self.close()
             raise ApiError(f"the MTGPU daemon did not answer: {exc}", "no_answer") from exc
         except ApiError:
             self.close()
             raise
         if not answer.get("ok"):
-            raise ApiError(answer.get("error", "request refused"), answer.get("code", "error"))
+            raise ApiError.from_answer(answer)
         if answer.get("notice") and not self._noticed:
             # Once per command, on stderr, so --json output stays clean.
             self._noticed = True

@@ -2,7 +2,14 @@
 
 A request is a JSON object ``{"op": NAME, "args": {...}, "id": ANY}``; the answer is
 ``{"id": ANY, "ok": true, "result": ...}`` or ``{"id": ANY, "ok": false, "error":
-TEXT, "code": WORD}``. Every handler gets an authenticated :class:`Caller`, never a
+TEXT, "code": WORD, "retryable": BOOL}`` (:func:`mtgpu.errors.refusal`).
+
+Errors: a :class:`~mtgpu.errors.ValidationError` (a malformed request) is answered
+``bad_request`` with its message; any other :class:`~mtgpu.errors.MtgpuError` with its
+own code and message. Anything else a handler lets out is a bug in the server, not
+the caller's mistake: it is logged once with its traceback under a short id, and
+the caller is answered ``internal`` with that id, which the admin finds in the log.
+Every handler gets an authenticated :class:`Caller`, never a
 claimed one: the transports establish it (SO_PEERCRED, the SSH login) before any
 request is read.
 """
@@ -11,15 +18,21 @@ from __future__ import annotations
 
 import inspect
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.errors import ApiError, MtgpuError, ValidationError, refusal
 
 log = logging.getLogger("mtgpu.api")
 
-MAX_REQUEST_BYTES = 1 << 20
+#: The longest request line, on the Unix socket and the mtgpu-api subsystem alike: room
+#: for a JOB_SCRIPT_MAX script (2 MiB at most) with JSON's escapes. A longer line is
+#: refused whole, with one answer.
+MAX_REQUEST_BYTES = 4 << 20
+#: The deepest nesting of arrays and objects in a request (no operation takes more than 3).
+MAX_JSON_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,11 @@ class Dispatcher:
         #: A warning for the caller added to every successful answer (``notice``),
         #: such as being over USER_DISK_LIMIT; None for nothing to say.
         self.notice: Callable[[Caller], str | None] | None = None
+        #: True while the daemon starts: its socket may already answer (peers need it
+        #: to form the cluster) before every operation is registered, and an operation
+        #: not registered yet is answered ``starting`` (the tools retry) rather than
+        #: ``unknown_op``.
+        self.starting = False
 
     def guard(self, name: str, fn: Guard) -> None:
         """Run ``fn`` before the handler of ``name`` (kept when the handler is replaced)."""
@@ -80,35 +98,39 @@ class Dispatcher:
         rid = request.get("id") if isinstance(request, dict) else None
         try:
             if not isinstance(request, dict):
-                raise ApiError("a request must be a JSON object with an \"op\" field", "bad_request")
+                raise ValidationError('a request must be a JSON object with an "op" field')
             name = request.get("op")
             args = request.get("args", {})
             if not isinstance(name, str) or not isinstance(args, dict):
-                raise ApiError("a request needs \"op\" (a string) and \"args\" (an object)",
-                               "bad_request")
+                raise ValidationError('a request needs "op" (a string) and "args" (an object)')
             op = self._ops.get(name)
+            if op is None and self.starting:
+                raise ApiError(
+                    "the MTGPU daemon is starting (loading its state); retry in a few seconds", "starting"
+                )
             if op is None:
-                raise ApiError(f"unknown operation {name!r}; known: {', '.join(self.ops(caller))}",
-                               "unknown_op")
+                raise ApiError(
+                    f"unknown operation {name!r}; known: {', '.join(self.ops(caller))}", "unknown_op"
+                )
             if op.admin and not caller.admin:
-                raise ApiError(f"{name} needs an admin; ask an admin of this cluster",
-                               "forbidden")
+                raise ApiError(f"{name} needs an admin; ask an admin of this cluster", "forbidden")
         except ApiError as exc:
-            return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
+            return refusal(exc, rid)
         answer = await self._run(name, op, caller, args, rid, request)
         # Actions are audited where the admin asked (a relayed request was audited on
         # the member that relayed it).
-        if op.audit and caller.admin and caller.via not in ("peer", "forwarded") \
-                and self.auditor is not None:
+        if op.audit and caller.admin and caller.via not in ("peer", "forwarded") and self.auditor is not None:
             try:
-                await self.auditor(caller, name, args,
-                                   None if answer["ok"] else answer.get("error", "refused"))
+                await self.auditor(
+                    caller, name, args, None if answer["ok"] else answer.get("error", "refused")
+                )
             except Exception:  # noqa: BLE001 - the action stands even if its entry failed
                 log.exception("could not write the audit entry of %s by %s", name, caller.name)
         return answer
 
-    async def _run(self, name: str, op: _Op, caller: Caller, args: dict[str, Any], rid: Any,
-                   request: dict[str, Any]) -> dict[str, Any]:
+    async def _run(
+        self, name: str, op: _Op, caller: Caller, args: dict[str, Any], rid: Any, request: dict[str, Any]
+    ) -> dict[str, Any]:
         try:
             for check in self._guards.get(name, ()):
                 checked = check(caller, args)
@@ -122,31 +144,42 @@ class Dispatcher:
             if note:
                 answer["notice"] = note
             return answer
-        except ApiError as exc:
-            return {"id": rid, "ok": False, "error": str(exc), "code": exc.code}
         except MtgpuError as exc:
-            return {"id": rid, "ok": False, "error": str(exc), "code": "error"}
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("request %r failed", request, exc_info=True)
-            return {"id": rid, "ok": False, "error": f"bad arguments: {exc}", "code": "bad_request"}
-        except Exception:  # noqa: BLE001 - one bad request must not take the daemon down
-            log.exception("API handler failed for %r", request)
-            return {"id": rid, "ok": False, "error": "internal error; see `mtgpu-admin logs`",
-                    "code": "internal"}
+            return refusal(exc, rid)
+        except Exception:  # noqa: BLE001 - one bug must not take the daemon down
+            return internal_error(name, caller, rid)
+
+
+def internal_error(name: str, caller: Caller, rid: Any = None) -> dict[str, Any]:
+    """Log the exception being handled once, with its traceback, under a new short id,
+    and return the ``internal`` answer naming that id (call from an ``except`` block).
+
+    The request's arguments are not logged: they may hold a tenant's script."""
+    incident = secrets.token_hex(4)
+    log.exception(  # noqa: LOG004 - called only from except blocks (see above)
+        "internal error (id %s) in %s for %s (via %s)", incident, name, caller.name, caller.via
+    )
+    return {
+        "id": rid,
+        "ok": False,
+        "code": "internal",
+        "retryable": False,
+        "error": f"internal error (id {incident}): the administrator can find it in the server log",
+    }
 
 
 def arg(args: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    """Fetch ``args[name]`` checking its type; raise ApiError naming it if wrong.
+    """Fetch ``args[name]`` checking its type; raise ValidationError naming it if wrong.
 
     >>> arg({"n": 3}, "n", int)
     3
     """
     if name not in args or args[name] is None:
         if default is ...:
-            raise ApiError(f"missing argument {name!r}", "bad_request")
+            raise ValidationError(f"missing argument {name!r}")
         return default
     v = args[name]
     if not isinstance(v, kind) or (isinstance(v, bool) and kind is int):
         want = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ApiError(f"argument {name!r} must be {want}", "bad_request")
+        raise ValidationError(f"argument {name!r} must be {want}")
     return v

@@ -16,7 +16,7 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError
-from mtgpu.schedd.jobtable import RUNNING
+from mtgpu.schedd.jobtable import RUNNING, attempt_of
 
 
 def known_nodes(host: Any) -> set[str]:
@@ -35,8 +35,9 @@ def running_on(host: Any, node: str) -> list[str]:
     """Ids of the jobs with a part on ``node`` that are running now."""
     out = []
     for j in host.jobs.running():
-        if j["state"] == RUNNING and any(m["node"] == node for m in
-                                         (j.get("placement") or {}).get("members", [])):
+        if j["state"] == RUNNING and any(
+            m["node"] == node for m in (j.get("placement") or {}).get("members", [])
+        ):
             out.append(j["job_id"])
     return sorted(out)
 
@@ -61,8 +62,10 @@ def register(d: Dispatcher, host: Any) -> None:
                 j = host.jobs.get(jid)
                 if j is None:
                     continue
-                if j["spec"].get("requeue"):
-                    await host.replicate(host.jobs.requeue, jid, f"requeued: {why}", time.time())
+                if j["spec"].get("requeue") and not j.get("cancel_requested"):
+                    await host.replicate(
+                        host.jobs.requeue, jid, f"requeued: {why}", time.time(), attempt_of(j)
+                    )
                     requeued.append(jid)
                 else:
                     await host.replicate(host.jobs.cancel, [jid], caller.name, time.time(), why)
@@ -70,8 +73,14 @@ def register(d: Dispatcher, host: Any) -> None:
         if host.scheduler is not None:
             host.scheduler.kick()
         running = [j for j in running_on(host, node) if j not in cancelled]
-        return {**r, "drained": True, "running": running, "now": now,
-                "requeued": requeued, "cancelled": cancelled}
+        return {
+            **r,
+            "drained": True,
+            "running": running,
+            "now": now,
+            "requeued": requeued,
+            "cancelled": cancelled,
+        }
 
     async def undrain(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Let a drained member take new work again."""
@@ -79,8 +88,7 @@ def register(d: Dispatcher, host: Any) -> None:
         if host.drains.get(node) is None:
             known = known_nodes(host)
             if node not in known:
-                raise ApiError(f"no member {node!r}; members: {', '.join(sorted(known))}",
-                               "not_found")
+                raise ApiError(f"no member {node!r}; members: {', '.join(sorted(known))}", "not_found")
             return {"node": node, "drained": False, "was": None}
         was = await host.replicate(host.drains.undrain, node)
         if host.scheduler is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -10,15 +12,93 @@ from typing import Any, Protocol
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.api.limits import SubmitLimits
 from mtgpu.config import Options
-from mtgpu.errors import ApiError, JobError
+from mtgpu.config.options import MAX_JOB_SCRIPT
+from mtgpu.errors import ApiError, JobError, ValidationError
+from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
 from mtgpu.schedd.jobenv import JobUser
-from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file
-from mtgpu.schedd.jobtable import FINAL_STATES, PENDING, JobTable, spec_to_dict
+from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file, script_text_error
+from mtgpu.schedd.jobtable import FINAL_STATES, PENDING, JobTable, attempt_of, spec_to_dict
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import KNOWN_BRANDS
+from mtgpu.state.store import CommitTimeout
+from mtgpu.text import natural_key
 
-MAX_SCRIPT_BYTES = 1 << 20
+#: Job files parsed at once, off the event loop (which also serves logins): parsing a
+#: tenant's file is bounded (directive lines and values have limits) but not free.
+#: Two threads: parses wait their turn there rather than all running at once.
+_PARSERS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="jobfile")
+
+
+async def parse_off_loop(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """Run ``fn`` (a parser of tenant input) in a bounded pool of threads."""
+    return await asyncio.get_running_loop().run_in_executor(_PARSERS, functools.partial(fn, *args, **kw))
+
+
+def script_bytes(script: str) -> int:
+    """The size of a job script as stored (UTF-8); refuse a script that is not text."""
+    try:
+        return len(script.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ApiError(script_text_error(script) or "the job file is not UTF-8 text", "rejected") from None
+
+
+def submitted_session(args: dict[str, Any], export: str | None, propagate: frozenset[str]) -> dict[str, Any]:
+    """What the submitting shell hands the job (its environment as ``--export`` says,
+    its umask, the resource limits PROPAGATE_RESOURCE_LIMITS names), checked; raises
+    JobError for what is not well formed."""
+    from mtgpu.schedd import submitenv
+
+    out: dict[str, Any] = {}
+    umask = submitenv.check_umask(args.get("umask"))
+    if umask is not None:
+        out["umask"] = umask
+    limits = submitenv.check_rlimits(args.get("rlimits"), propagate)
+    if limits:
+        out["rlimits"] = limits
+    sent = submitenv.check_env(args.get("env"))
+    try:
+        env = submitenv.exported(sent, export)
+    except ValueError as exc:
+        raise JobError(f"--export: {exc}") from exc
+    if env:
+        out["env"] = env
+    return out
+
+
+def job_gates(spec: Any, own: Callable[[str], list[dict[str, Any]]]) -> dict[str, Any]:
+    """The record's gates from ``--hold``, ``--begin`` and ``--dependency``: a job
+    named in a dependency must be one of the submitter's own (``own(ID)``: their
+    records for an id); another tenant's is refused as one that does not exist."""
+    from mtgpu.schedd.depend import parse_begin, parse_dependency
+
+    out: dict[str, Any] = {}
+    if spec.hold:
+        out["held"] = True
+    if spec.begin:
+        try:
+            out["begin_time"] = parse_begin(spec.begin, time.time())
+        except ValueError as exc:
+            raise ApiError(f"--begin: {exc}", "rejected") from exc
+    if spec.dependency:
+        for jid in parse_dependency(spec.dependency).job_ids():
+            if not own(jid):
+                raise ApiError(
+                    f"--dependency={spec.dependency[:60]}: no job {jid} of yours; "
+                    "`mt-job list --all` shows your jobs",
+                    "rejected",
+                )
+    return out
+
+
+def check_script_size(size: int, limit: int) -> None:
+    """Refuse a job script larger than JOB_SCRIPT_MAX, naming both sizes."""
+    if size > limit:
+        raise ApiError(
+            f"the job script is {size} bytes and JOB_SCRIPT_MAX is {limit}; keep data "
+            "in files beside the script and read them from it",
+            "too_large",
+        )
 
 
 class JobHost(Protocol):
@@ -35,20 +115,26 @@ class JobHost(Protocol):
     async def job_image(self, user: str, uid: int, ref: str) -> dict[str, Any]: ...
 
 
-_SOURCE_KEYS = {"ref": str, "image": str, "id": (str, type(None)), "origin": str,
-                "archive": (str, type(None))}
+_SOURCE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "ref": str,
+    "image": str,
+    "id": (str, type(None)),
+    "origin": str,
+    "archive": (str, type(None)),
+}
 
 
 def container_source(args: dict[str, Any]) -> dict[str, Any]:
     """The image a member that relayed a submission found for it, checked."""
     src = arg(args, "container_source", dict)
     if set(src) != set(_SOURCE_KEYS) or not all(isinstance(src[k], t) for k, t in _SOURCE_KEYS.items()):
-        raise ApiError("container_source must have ref, image, id, origin and archive", "bad_request")
+        raise ValidationError("container_source must have ref, image, id, origin and archive")
     return src
 
 
-async def submitted_image(host: JobHost, caller: Caller, args: dict[str, Any],
-                          ref: str | None) -> dict[str, Any] | None:
+async def submitted_image(
+    host: JobHost, caller: Caller, args: dict[str, Any], ref: str | None
+) -> dict[str, Any] | None:
     """For a containerized job (``ref``: its ``container=``): its image, checked and
     looked up where the tenant submits it (relayed submissions carry what the first
     member found)."""
@@ -64,14 +150,43 @@ async def submitted_image(host: JobHost, caller: Caller, args: dict[str, Any],
         raise ApiError(f"container={ref}: {exc}", "rejected") from exc
 
 
-def directive_container(script: str, overrides: dict[str, Any]) -> str | None:
+def submit_options(args: dict[str, Any]) -> list[str]:
+    """The sbatch options given on the submitting command line, bounded."""
+    options = arg(args, "options", list, [])
+    if len(options) > 256 or not all(isinstance(o, str) and len(o) <= 4096 for o in options):
+        raise ValidationError("options must be at most 256 strings of at most 4096 characters")
+    return options
+
+
+def default_job_name(args: dict[str, Any]) -> str:
+    """The job's name when it gives none: the job file's name, as sbatch names it
+    (``sbatch`` for a script read from standard input)."""
+    from mtgpu.schedd.jobfile import MAX_JOB_NAME
+
+    name = arg(args, "file_name", str, "").rsplit("/", 1)[-1][:MAX_JOB_NAME]
+    if not name or name == "-" or not name.isprintable():
+        return "sbatch"
+    return name
+
+
+async def directive_container(
+    script: str, overrides: dict[str, Any], options: list[str] | None = None
+) -> str | None:
     """The ``container`` a job file (and its overrides) names, if any; a job file that
-    does not parse is left to the submission to refuse."""
+    does not parse (or is too large) is left to the submission to refuse."""
+    if len(script) > MAX_JOB_SCRIPT:
+        return None
     try:
-        return parse_job_file(script, {str(k): str(v) for k, v in overrides.items()},
-                              default_workdir="/").container
+        spec = await parse_off_loop(
+            parse_job_file,
+            script,
+            {str(k): str(v) for k, v in overrides.items()},
+            default_workdir="/",
+            options=options,
+        )
     except JobError:
         return None
+    return spec.container
 
 
 #: Views by job: a record is replaced whole when its job changes, so a view made from
@@ -92,7 +207,8 @@ def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[
         view = dict(view)
     if j["state"] == PENDING and sched is not None:
         info = sched.pending_info.get(j["job_id"]) or (
-            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None)
+            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None
+        )
         if info is not None:
             view["position"] = info.position
             view["reason"] = info.reason
@@ -108,41 +224,130 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
     p = j.get("placement") or {}
     members = p.get("members", [])
     view = {
-        "job_id": j["job_id"], "array_id": j.get("array_id"), "array_task": j.get("array_task"),
-        "name": j["name"], "user": j["user"], "state": j["state"],
+        "job_id": j["job_id"],
+        "array_id": j.get("array_id"),
+        "array_task": j.get("array_task"),
+        "name": j["name"],
+        "user": j["user"],
+        "state": j["state"],
         "nodes": [m["node"] for m in members],
         "gpus": [{"node": m["node"], "index": i} for m in members for i in m["gpu_indices"]],
-        "cpus": j["spec"]["request"]["cpus"], "ram": j["spec"]["request"]["ram"],
-        "exit_code": j.get("exit_code"), "reason": j.get("reason") or "",
-        "submit_time": j["submit_time"], "start_time": j.get("start_time"),
-        "end_time": j.get("end_time"), "workdir": j["workdir"],
-        "stdout": stdout, "stderr": stderr, "priority": j["spec"]["priority"],
-        "time_limit": j["spec"].get("time_limit"), "warnings": list(j["spec"].get("warnings", ())),
+        "cpus": j["spec"]["request"]["cpus"],
+        "ram": j["spec"]["request"]["ram"],
+        "exit_code": j.get("exit_code"),
+        "reason": j.get("reason") or "",
+        "submit_time": j["submit_time"],
+        "start_time": j.get("start_time"),
+        "end_time": j.get("end_time"),
+        "workdir": j["workdir"],
+        "stdout": stdout,
+        "stderr": stderr,
+        "priority": j["spec"]["priority"],
+        "time_limit": j["spec"].get("time_limit"),
+        "warnings": list(j["spec"].get("warnings", ())),
         "container": (j.get("container") or {}).get("ref"),
         "image_id": (j.get("container") or {}).get("id"),
         "progress": dict(j.get("progress") or {}),
-        "requeues": j.get("requeues", 0), "requeue_reason": j.get("requeue_reason"),
+        "requeues": j.get("requeues", 0),
+        "requeue_reason": j.get("requeue_reason"),
+        # Which start this is (0 first; each requeue adds one), as Slurm's restart count.
+        "attempt": attempt_of(j),
+        "cancel_requested": bool(j.get("cancel_requested")),
     }
+    view.update(accounting_view(j))
     return view
 
+
+def accounting_view(j: dict[str, Any]) -> dict[str, Any]:
+    """A job's accounting fields (Slurm's ``sacct``): what it was given, where, and
+    what it used; the ``gpus`` list with each GPU's UUID and type."""
+    p = j.get("placement") or {}
+    members = p.get("members", [])
+    info = j.get("gpu_info") or {}
+    used = j.get("usage") or {}
+    rows = []
+    for m in members:
+        known = {g["index"]: g for g in info.get(m["node"]) or ()}
+        gpus = [
+            {
+                "node": m["node"],
+                "index": i,
+                "uuid": (known.get(i) or {}).get("uuid") or None,
+                "type": (known.get(i) or {}).get("type") or None,
+            }
+            for i in m["gpu_indices"]
+        ]
+        rows.append({"node": m["node"], "rank": m["rank"], "cpus": m["cpus"], "ram": m["ram"], "gpus": gpus})
+    parts = [used.get(m["node"]) or {} for m in members]
+    signals = [u["signal"] for u in parts if u.get("signal")]
+    sig = signals[0] if signals else None
+    code = j.get("exit_code")
+    start, end = j.get("start_time"), j.get("end_time")
+
+    def total(name: str) -> float | None:
+        vals = [u[name] for u in parts if u.get(name) is not None]
+        return round(sum(vals), 3) if vals else None
+
+    def peak(name: str) -> int | None:
+        vals = [u[name] for u in parts if u.get(name) is not None]
+        return max(vals) if vals else None
+
+    user_s, sys_s = total("cpu_user"), total("cpu_system")
+    return {
+        "gpus": [g for r in rows for g in r["gpus"]],
+        "members": rows,
+        "alloc_cpus": sum(r["cpus"] for r in rows),
+        "alloc_ram": sum(r["ram"] for r in rows),
+        "alloc_gpus": sum(len(r["gpus"]) for r in rows),
+        "elapsed": round(end - start, 3) if start is not None and end is not None else None,
+        # A job a signal ended has status 0 and the signal, as in Slurm's ExitCode 0:11.
+        "exit_code": 0 if code is None and sig else code,
+        "signal": sig,
+        # Slurm's ExitCode, "status:signal"; a signal's end has status 0, as there.
+        "exit": None if code is None and sig is None else f"{code or 0}:{sig or 0}",
+        "max_rss": peak("max_rss"),
+        "memory_peak": peak("memory_peak"),
+        "cpu_user": user_s,
+        "cpu_system": sys_s,
+        "total_cpu": round((user_s or 0) + (sys_s or 0), 3)
+        if user_s is not None or sys_s is not None
+        else None,
+        "restarts": attempt_of(j),
+    }
+
+
+#: The most jobs one ``job.cancel`` may name, and the longest it waits for running
+#: ones to end (below the 30 s a relayed request is given).
+MAX_CANCEL_IDS = 10_000
+MAX_CANCEL_WAIT = 20
 
 #: The most job parts one ``job.dispatch`` request may carry.
 MAX_DISPATCH_BATCH = 256
 
 
-def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitable[None]]
-                ) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
+def dispatch_op(
+    table: JobTable, start: Callable[[dict[str, Any], int, int], Awaitable[None]]
+) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
     """``job.dispatch``, a member's side: for each of ``jobs`` (job ids; the scheduler
     sends the starts waiting for this member together), once this member's replica has
-    the job placed with the scheduler's term (10 s at most), ``start`` its part. The
-    answer says, per job, what went wrong (``errors``)."""
+    the job placed with the scheduler's term and the attempt in ``attempts`` (10 s at
+    most), ``start`` its part; a start of an attempt since requeued is stale. The
+    answer says, per job, what went wrong (``errors``). ``ports``: the rendezvous
+    port of multi-member jobs, by job id, as their rank-0 member picked it."""
 
-    async def one(job_id: str, term: int) -> None:
-        j = await table.wait_for(job_id, lambda j: bool(j.get("placement")) and j.get("term") == term,
-                                 10.0)
-        if j is None:
-            raise ApiError(f"job {job_id} is not placed here with term {term}", "stale")
-        await start(j, term)
+    async def one(job_id: str, term: int, attempt: int | None, port: int) -> None:
+        def placed(j: dict[str, Any]) -> bool:
+            return (
+                bool(j.get("placement"))
+                and j.get("term") == term
+                and (attempt is None or attempt_of(j) >= attempt)
+            )
+
+        j = await table.wait_for(job_id, placed, 10.0)
+        if j is None or (attempt is not None and attempt_of(j) != attempt):
+            # Not placed yet with this term, or requeued since: this start is stale.
+            raise ApiError(f"job {job_id} is not placed here with term {term}, attempt {attempt}", "stale")
+        await start(j, term, port)
 
     async def dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Start this member's part of jobs the scheduler placed (peers only)."""
@@ -151,8 +356,18 @@ def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitabl
         term = arg(args, "term", int)
         ids = arg(args, "jobs", list)
         if not 0 < len(ids) <= MAX_DISPATCH_BATCH or not all(isinstance(i, str) for i in ids):
-            raise ApiError(f"jobs must be a list of 1 to {MAX_DISPATCH_BATCH} job ids", "bad_request")
-        results = await asyncio.gather(*(one(i, term) for i in ids), return_exceptions=True)
+            raise ValidationError(f"jobs must be a list of 1 to {MAX_DISPATCH_BATCH} job ids")
+        ports = args.get("ports") or {}
+        if not isinstance(ports, dict) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports.values()
+        ):
+            raise ValidationError("ports must map job ids to port numbers")
+        attempts = arg(args, "attempts", dict, {})  # absent from older schedulers
+        if not all(isinstance(v, int) for v in attempts.values()):
+            raise ValidationError("attempts must map job ids to attempt numbers")
+        results = await asyncio.gather(
+            *(one(i, term, attempts.get(i), ports.get(i, 0)) for i in ids), return_exceptions=True
+        )
         errors = {}
         for i, r in zip(ids, results, strict=True):
             if isinstance(r, asyncio.CancelledError):
@@ -164,6 +379,55 @@ def dispatch_op(table: JobTable, start: Callable[[dict[str, Any], int], Awaitabl
     return dispatch
 
 
+def rendezvous_op(pick: Callable[[], int]) -> Callable[[Caller, dict[str, Any]], dict[str, Any]]:
+    """``job.rendezvous`` (peers only): a rendezvous port for a multi-member job whose
+    rank 0 this member runs, picked here, where the job will listen."""
+
+    def rendezvous(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        if caller.via != "peer":
+            raise ApiError("only the scheduler may ask for a rendezvous port", "forbidden")
+        return {"port": pick()}
+
+    return rendezvous
+
+
+def submission_key(caller: Caller, key: str | None) -> tuple[str, str] | None:
+    """The submission key as the job table keeps it, with the tenant scope it is kept
+    in (the caller's account), checked as the hostile input it may be: a key seen in
+    another tenant's submission neither names that tenant's job nor lets a submission
+    past the submit limits as a "retry".
+
+    >>> submission_key(Caller("ann", 20001, False, "socket"), "abc")
+    ('20001:ann', 'abc')
+    """
+    if not key:
+        return None
+    why = submitkeys.key_error(key)
+    if why is not None:
+        raise ValidationError(why)
+    return submitkeys.scope_of(caller.name, caller.uid), key
+
+
+def cut_off_text(since: float) -> str:
+    """What a tenant is told on a member cut off from its cluster's majority since
+    ``since`` (a wall-clock time, shown in this host's time zone)."""
+    at = time.strftime("%H:%M:%S %Z", time.localtime(since)).strip()
+    return (
+        f"this member cannot reach its cluster's scheduler since {at}; nothing was "
+        "done here: retry in a few seconds, or from another member"
+    )
+
+
+#: The answer to a submission whose log entry was not committed in time: it may still
+#: be (the scheduler lost its majority, or a new one takes over), so the client sends
+#: it again with the same key, which returns the first outcome if there was one.
+IN_DOUBT = (
+    "the submission was not committed within {t:g}s (the scheduler may be cut off "
+    "from its majority or changing); it may still be: send it again with the same key, "
+    "or check `mt-job list`"
+)
+
+
 def register(d: Dispatcher, host: JobHost) -> None:
     """Register the job operations on ``d``."""
 
@@ -172,46 +436,124 @@ def register(d: Dispatcher, host: JobHost) -> None:
 
     limits = SubmitLimits(None, None, None)
 
-    def check_limits(caller: Caller, tasks: int) -> None:
+    def set_limits() -> None:
         o = host.options  # read each time: SIGHUP may have changed them
-        limits.rate, limits.burst, limits.max_queued = (o.user_submit_rate, o.user_submit_burst,
-                                                        o.user_max_queued_jobs)
-        limits.check(caller.name, tasks, host.jobs.pending_by_user.get(caller.name, 0))
+        limits.rate, limits.burst, limits.max_queued = (
+            o.user_submit_rate,
+            o.user_submit_burst,
+            o.user_max_queued_jobs,
+        )
+
+    def known(keyed: tuple[str, str] | None) -> dict[str, Any] | None:
+        """The answer to a retry of a submission this replica has applied (so it is
+        committed): its first outcome, with nothing parsed, charged or added again."""
+        seen = host.jobs.outcome(*keyed, time.time()) if keyed else None
+        if seen is None:
+            return None
+        if "error" in seen:
+            raise ApiError(seen["error"], "rejected")
+        tasks = seen["tasks"]
+        j = host.jobs.get(tasks[0]) if tasks else None
+        return {
+            "job_id": seen["job_id"],
+            "tasks": len(tasks) or 1,
+            "warnings": list(j["spec"].get("warnings", ())) if j else [],
+            "duplicate": True,
+        }
 
     async def submit(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Submit a job file."""
         if caller.uid == 0:
-            raise ApiError("root cannot submit jobs; submit as the tenant who should run them",
-                           "forbidden")
+            raise ApiError("root cannot submit jobs; submit as the tenant who should run them", "forbidden")
+        o = host.options
+        keyed = submission_key(caller, arg(args, "token", str, None))
+        first = known(keyed)
+        if first is not None:
+            return first
+        # Every submission counts against the rate, refused or not: a refusal costs
+        # the daemon reading and parsing too.
+        set_limits()
+        limits.take(caller.name)
         script = arg(args, "script", str)
-        if len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise ApiError("the job file is larger than 1 MiB; keep data out of the script",
-                           "too_large")
+        size = script_bytes(script)
+        check_script_size(size, o.job_script_max)
         overrides = arg(args, "overrides", dict, {})
+        if len(overrides) > 64:
+            raise ValidationError("overrides has more than 64 keys; there are fewer directives")
         home = host.home_of(caller) or "/"
         workdir = arg(args, "workdir", str, "") or home
-        if not workdir.startswith("/"):
-            raise ApiError("workdir must be an absolute path", "bad_request")
-        brands = set(KNOWN_BRANDS) | {p.brand for p in host.options.gpu_probes}
+        if not workdir.startswith("/") or len(workdir) > 4096 or "\0" in workdir:
+            raise ValidationError("workdir must be an absolute path of at most 4096 characters")
+        brands = set(KNOWN_BRANDS) | {p.brand for p in o.gpu_probes}
+        options = submit_options(args)
         try:
-            spec = parse_job_file(script, {str(k): str(v) for k, v in overrides.items()},
-                                  default_workdir=workdir, brands=brands)
+            spec = await parse_off_loop(
+                parse_job_file,
+                script,
+                {str(k): str(v) for k, v in overrides.items()},
+                default_workdir=workdir,
+                default_name=default_job_name(args),
+                brands=brands,
+                options=options,
+            )
             check_priority(spec.priority, is_admin=caller.admin)
+            submitted = submitted_session(args, spec.export, o.propagate_resource_limits)
+            # Decided on a complete inventory: members that have not reported yet are
+            # waited for (briefly) before a request that does not fit the others is refused.
+            await host.scheduler.settle(spec.request)
             host.scheduler.check_submit(spec.request)
         except JobError as exc:
             raise ApiError(str(exc), "rejected") from exc
+        gates = job_gates(spec, lambda i: [j for j in host.jobs.tasks_of(i) if j["user"] == caller.name])
+        if spec.test_only:
+            said = host.scheduler.trial(
+                {"user": caller.name, "name": spec.name, "spec": spec_to_dict(spec), **gates}, time.time()
+            )
+            return {"job_id": None, "tasks": 0, "warnings": list(spec.warnings), "test_only": said}
         tasks = expand_array(spec) if spec.array else None
-        token = arg(args, "token", str, None)
-        if not (token and token in host.jobs.tokens):  # a retry of an accepted one passes
-            check_limits(caller, len(tasks) if tasks else 1)
-        record = {"user": caller.name, "uid": caller.uid, "name": spec.name,
-                  "spec": spec_to_dict(spec), "workdir": spec.workdir}
+        # The exported environment is kept in the job's record, counted with its script.
+        size += sum(len(k) + len(v) + 2 for k, v in submitted.get("env", {}).items())
+        first = known(keyed)  # committed while this one was parsed
+        if first is not None:
+            return first
+        set_limits()
+        limits.check_queue(
+            caller.name,
+            len(tasks) if tasks else 1,
+            host.jobs.pending_by_user.get(caller.name, 0),
+            size,
+            host.jobs.pending_script_bytes.get(caller.name, 0),
+            o.user_max_queued_script_bytes,
+        )
+        record = {
+            "user": caller.name,
+            "uid": caller.uid,
+            "name": spec.name,
+            "spec": spec_to_dict(spec),
+            "workdir": spec.workdir,
+            "script_bytes": size,
+            "log_cluster": host.options.cluster_name,
+        }
+        if submitted:
+            record["submit"] = submitted
+        record.update(gates)
         if spec.container:
             record["container"] = await submitted_image(host, caller, args, spec.container)
-        r = await host.replicate(host.jobs.submit, record, tasks, time.time(), token)
+        scope, key = keyed or (None, None)
+        try:
+            r = await host.replicate(host.jobs.submit, record, tasks, time.time(), key, scope)
+        except CommitTimeout as exc:
+            raise ApiError(IN_DOUBT.format(t=exc.timeout), "in_doubt") from exc
+        if "error" in r:
+            raise ApiError(r["error"], "rejected")
         host.scheduler.accepted(r["tasks"])
-        return {"job_id": r["job_id"], "tasks": len(r["tasks"]), "warnings": list(spec.warnings),
-                "duplicate": r.get("duplicate", False)}
+        return {
+            "job_id": r["job_id"],
+            "tasks": len(r["tasks"]),
+            "warnings": list(spec.warnings),
+            "duplicate": r.get("duplicate", False),
+            "wait": spec.wait,
+        }
 
     def list_(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """Jobs: your active ones, or with all=true your finished ones too (admins: everyone's)."""
@@ -219,7 +561,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
         user = arg(args, "user", str, None)
         out = []
         users: dict[tuple[str, int], JobUser] = {}
-        for j in (host.jobs.all() if show_all else host.jobs.active()):
+        for j in host.jobs.all() if show_all else host.jobs.active():
             if not _own(caller, j) or (user and j["user"] != user):
                 continue
             if not show_all and j["state"] in FINAL_STATES:
@@ -227,8 +569,11 @@ def register(d: Dispatcher, host: JobHost) -> None:
             who = (j["user"], j["uid"])
             if who not in users:
                 users[who] = host.job_user(*who)
-            out.append(job_view(j, host.scheduler, users[who]))
-        out.sort(key=lambda v: (v["submit_time"], v["job_id"]))
+            view = job_view(j, host.scheduler, users[who])
+            view["cluster"] = host.options.cluster_name
+            out.append(view)
+        # Ids in natural order within a submission: task 113_2 before 113_10.
+        out.sort(key=lambda v: (v["submit_time"], natural_key(v["job_id"])))
         return out
 
     def show(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
@@ -236,21 +581,47 @@ def register(d: Dispatcher, host: JobHost) -> None:
         jid = str(arg(args, "job_id", (str, int)))
         tasks = [j for j in host.jobs.tasks_of(jid) if _own(caller, j)]
         if not tasks:
-            raise ApiError(f"no job {jid} of yours; `mt-job list --all` shows your jobs",
-                           "not_found")
+            raise ApiError(f"no job {jid} of yours; `mt-job list --all` shows your jobs", "not_found")
+        steps = getattr(host, "steps", None)
+        cluster = host.options.cluster_name
+
+        def view(t: dict[str, Any]) -> dict[str, Any]:
+            v = {**job_view(t, host.scheduler, host.job_user(t["user"], t["uid"])), "cluster": cluster}
+            return {**v, "steps": steps.of(t["job_id"])} if steps is not None else v
+
         if len(tasks) == 1 and tasks[0]["job_id"] == jid:
-            return job_view(tasks[0], host.scheduler, host.job_user(tasks[0]['user'], tasks[0]['uid']))
-        views = [job_view(t, host.scheduler, host.job_user(t['user'], t['uid'])) for t in sorted(tasks, key=lambda t: t["array_task"])]
+            return view(tasks[0])
+        views = [view(t) for t in sorted(tasks, key=lambda t: t["array_task"])]
         states = sorted({v["state"] for v in views})
-        return {"job_id": jid, "array": True, "state": states[0] if len(states) == 1 else "MIXED",
-                "user": tasks[0]["user"], "name": tasks[0]["name"], "tasks": views,
-                "nodes": sorted({n for v in views for n in v["nodes"]}),
-                "gpus": [g for v in views for g in v["gpus"]], "exit_code": None, "reason": ""}
+        return {
+            "job_id": jid,
+            "array": True,
+            "state": states[0] if len(states) == 1 else "MIXED",
+            "user": tasks[0]["user"],
+            "name": tasks[0]["name"],
+            "tasks": views,
+            "nodes": sorted({n for v in views for n in v["nodes"]}),
+            "gpus": [g for v in views for g in v["gpus"]],
+            "exit_code": None,
+            "reason": "",
+        }
 
     async def cancel(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-        """Cancel jobs (an array's id cancels every task), with an optional reason."""
+        """Cancel jobs (an array's id cancels every task), with an optional reason.
+
+        Pending jobs end at once (``cancelled``); running ones are stopped by their
+        members (``stopping``). With ``wait`` (seconds, at most MAX_CANCEL_WAIT) the
+        answer comes once those have ended too (then they are in ``cancelled`` as
+        well), or the wait is over. Jobs that had already ended are in ``ended``
+        with their state, in ``ended_states``.
+        """
         ids = arg(args, "job_ids", list)
+        if not 0 < len(ids) <= MAX_CANCEL_IDS:
+            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs to cancel")
         why = " ".join(arg(args, "reason", str, "").split())[:200]
+        wait = arg(args, "wait", (int, float), 0)
+        if not 0 <= wait <= MAX_CANCEL_WAIT:
+            raise ValidationError(f"wait must be 0 to {MAX_CANCEL_WAIT} seconds")
         targets, missing = [], []
         for raw in ids:
             jid = str(raw)
@@ -262,7 +633,22 @@ def register(d: Dispatcher, host: JobHost) -> None:
             raise ApiError(f"no job {', '.join(missing)} of yours to cancel", "not_found")
         r = await host.replicate(host.jobs.cancel, targets, caller.name, time.time(), why)
         host.scheduler.forget(r["cancelled"])
-        return {**r, "not_found": missing}
+        r = {**r, "ended": list(r.get("ended", ())), "not_found": missing}
+        if wait and r["stopping"]:
+            deadline = time.monotonic() + wait
+            ends = await asyncio.gather(
+                *(
+                    host.jobs.wait_for(
+                        jid, lambda j: j["state"] in FINAL_STATES, max(0.0, deadline - time.monotonic())
+                    )
+                    for jid in r["stopping"]
+                )
+            )
+            done = [jid for jid, j in zip(r["stopping"], ends, strict=True) if j is not None]
+            r["cancelled"] = r["cancelled"] + done
+            r["stopping"] = [jid for jid in r["stopping"] if jid not in done]
+        r["ended_states"] = {jid: (host.jobs.get(jid) or {}).get("state") for jid in r["ended"]}
+        return r
 
     def nodes(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU."""
@@ -279,11 +665,93 @@ def register(d: Dispatcher, host: JobHost) -> None:
             drain = drains.get(name) if drains is not None else None
             d["drain_reason"] = drain["reason"] if drain else None
             out.append(d)
-        return out
+        for name in host.scheduler.silent_members():
+            # Listed but silent since this scheduler started: shown, never left out.
+            drain = drains.get(name) if drains is not None else None
+            out.append(
+                {
+                    "name": name,
+                    "state": str(host.scheduler.state_of(name))
+                    if host.scheduler.lease_over(name)
+                    else "unknown",
+                    "gpus": [],
+                    "drain_reason": drain["reason"] if drain else None,
+                }
+            )
+        return sorted(out, key=lambda d: d["name"])
+
+    def usage_(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Usage sums (GPU-hours, CPU-hours, jobs) over days ``start``..``end`` (default
+        this month, UTC), grouped ``by`` user, member, gpu_type and/or day: the caller's
+        own, or with ``all`` (admins) everyone's, or one ``user``'s (admins)."""
+        from mtgpu.schedd import usage
+
+        first, last = usage.this_month(time.time())
+        try:
+            start = usage.parse_day(arg(args, "start", str, first), "start")
+            end = usage.parse_day(arg(args, "end", str, last), "end")
+        except ValueError as exc:
+            raise ApiError(str(exc), "bad_request") from None
+        if end < start:
+            raise ApiError(f"the period ends ({end}) before it starts ({start})", "bad_request")
+        by = arg(args, "by", list, ["user"])
+        if (
+            len(by) > len(usage.GROUPS)
+            or not all(isinstance(b, str) and b in usage.GROUPS for b in by)
+            or len(set(by)) != len(by)
+        ):
+            raise ApiError(f"by: group by some of {', '.join(usage.GROUPS)}, each once", "bad_request")
+        user = arg(args, "user", str, None)
+        everyone = arg(args, "all", bool, False)
+        if not caller.admin and (everyone or (user is not None and user != caller.name)):
+            raise ApiError("you may see only your own usage; admins see everyone's", "forbidden")
+        users = None if everyone and user is None else [user or caller.name]
+        try:
+            rows = usage.summarize(host.jobs.usage, start, end, tuple(by), users)
+        except ValueError as exc:
+            raise ApiError(f"{exc}; ask for `member` alone (admins), or `user`", "bad_request") from None
+        total = usage.summarize(host.jobs.usage, start, end, (), users)
+        return {
+            "cluster": host.options.cluster_name,
+            "start": start,
+            "end": end,
+            "by": by,
+            "rows": rows,
+            "total": total[0] if total else usage.zero(),
+            # Months kept as one row each (older than DAILY_DAYS) that the period cuts:
+            # left out, as a month is summed whole or not at all.
+            "cut_months": usage.cut_months(host.jobs.usage, start, end),
+        }
+
+    async def set_held(caller: Caller, args: dict[str, Any], held: bool) -> dict[str, Any]:
+        ids = arg(args, "job_ids", list)
+        if not 0 < len(ids) <= MAX_CANCEL_IDS:
+            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs")
+        targets, missing = [], []
+        for raw in ids:
+            tasks = [j for j in host.jobs.tasks_of(str(raw)) if _own(caller, j)]
+            if not tasks:
+                missing.append(str(raw))
+            targets += [t["job_id"] for t in tasks]
+        if not targets:
+            raise ApiError(f"no job {', '.join(missing)} of yours", "not_found")
+        r = await host.replicate(host.jobs.set_held, targets, held)
+        host.scheduler.kick()
+        return {**r, "not_found": missing}
+
+    async def hold(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Hold pending jobs (an array's id holds every pending task)."""
+        return await set_held(caller, args, True)
+
+    async def release(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Release held jobs, so that the queue considers them."""
+        return await set_held(caller, args, False)
 
     d.register("job.submit", submit)
+    d.register("job.usage", usage_)
+    d.register("job.hold", hold)
+    d.register("job.release", release)
     d.register("job.list", list_)
     d.register("job.show", show)
     d.register("job.cancel", cancel, audit=True)  # audited when an admin cancels
     d.register("nodes", nodes)
-

@@ -16,12 +16,18 @@ def register(d: Dispatcher, host: Any) -> None:
         cluster = getattr(host, "cluster", None)
         if cluster is None:
             listen, port = o.ssh_listen
-            return {"server": o.server_name, "cluster_id": None,
-                    "members": [{"name": o.server_name, "address": f"{listen}:{port}"}]}
+            return {
+                "server": o.server_name,
+                "cluster_id": None,
+                "members": [{"name": o.server_name, "address": f"{listen}:{port}"}],
+            }
         out = [{"name": m["name"], "address": m["address"]} for m in cluster.members.all()]
         if not any(m["name"] == cluster.name for m in out):
             out.append({"name": cluster.name, "address": cluster.address})
-        return {"server": o.server_name, "cluster_id": o.cluster_id,
-                "members": sorted(out, key=lambda m: m["name"])}
+        return {
+            "server": o.server_name,
+            "cluster_id": o.cluster_id,
+            "members": sorted(out, key=lambda m: m["name"]),
+        }
 
     d.register("cluster.members", members)

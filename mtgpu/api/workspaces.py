@@ -12,7 +12,7 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.config.units import parse_size
-from mtgpu.errors import ApiError
+from mtgpu.errors import ApiError, ValidationError
 from mtgpu.workspaces.service import Workspaces
 from mtgpu.workspaces.types import PolicyRefusal, WorkspaceError
 
@@ -44,9 +44,9 @@ def _overrides(args: dict[str, Any]) -> dict[str, Any]:
     for k in ("gpus", "cpus"):
         v = arg(args, k, int, None)
         if v is not None:
-            if v < (0 if k == "gpus" else 1):
-                raise ApiError(f"{k} must be {'0 or more' if k == 'gpus' else 'at least 1'}",
-                               "bad_request")
+            low, high = (0, 1024) if k == "gpus" else (1, 1 << 20)
+            if not low <= v <= high:
+                raise ValidationError(f"{k} must be a whole number from {low} to {high}")
             out[k] = v
     for k in ("ram", "vram"):
         v = arg(args, k, (str, int), None)
@@ -54,14 +54,14 @@ def _overrides(args: dict[str, Any]) -> dict[str, Any]:
             try:
                 out[k] = parse_size(v)
             except ValueError as exc:
-                raise ApiError(f"{k}: {exc}", "bad_request") from exc
+                raise ValidationError(f"{k}: {exc}") from exc
     gt = arg(args, "gpu_type", str, None)
     if gt:
         out["gpu_type"] = gt.lower()
     ports = arg(args, "ports", list, [])
     for p in ports:
         if not isinstance(p, int) or isinstance(p, bool) or not 1 <= p <= 65535:
-            raise ApiError(f"port {p!r} is not a number from 1 to 65535", "bad_request")
+            raise ValidationError(f"port {p!r} is not a number from 1 to 65535")
     out["ports"] = ports
     env = arg(args, "env", dict, {})
     out["env"] = {str(k): str(v) for k, v in env.items()}
@@ -75,12 +75,16 @@ def register(d: Dispatcher, ws: Workspaces) -> None:
     async def create(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Create a workspace from a template, an image, a saved image or a devcontainer.json."""
         user, uid = _tenant(caller)
-        req = {"name": arg(args, "name", str),
-               "template": arg(args, "template", str, None), "image": arg(args, "image", str, None),
-               "saved": arg(args, "saved", str, None),
-               "devcontainer": arg(args, "devcontainer", dict, None),
-               "queue": arg(args, "queue", bool, True), "wait": arg(args, "wait", (int, float), 20),
-               **_overrides(args)}
+        req = {
+            "name": arg(args, "name", str),
+            "template": arg(args, "template", str, None),
+            "image": arg(args, "image", str, None),
+            "saved": arg(args, "saved", str, None),
+            "devcontainer": arg(args, "devcontainer", dict, None),
+            "queue": arg(args, "queue", bool, True),
+            "wait": arg(args, "wait", (int, float), 20),
+            **_overrides(args),
+        }
         return await ws.create(user, uid, req)
 
     @_wrap
@@ -96,14 +100,14 @@ def register(d: Dispatcher, ws: Workspaces) -> None:
     @_wrap
     async def start(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Start a stopped workspace (reserving again if its reservation was released)."""
-        return await ws.start_ws(*_tenant(caller), arg(args, "name", str),
-                                 arg(args, "wait", (int, float), 20))
+        return await ws.start_ws(
+            *_tenant(caller), arg(args, "name", str), arg(args, "wait", (int, float), 20)
+        )
 
     @_wrap
     async def stop(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Stop a workspace; release=true also gives its reservation back."""
-        return await ws.stop_ws(*_tenant(caller), arg(args, "name", str),
-                                arg(args, "release", bool, False))
+        return await ws.stop_ws(*_tenant(caller), arg(args, "name", str), arg(args, "release", bool, False))
 
     @_wrap
     async def rm(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +141,10 @@ def register(d: Dispatcher, ws: Workspaces) -> None:
 
     def templates(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """The admin's workspace templates."""
-        return [{"name": n, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in t.items()}}
-                for n, t in sorted(ws.options.containers.templates.items())]
+        return [
+            {"name": n, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in t.items()}}
+            for n, t in sorted(ws.options.containers.templates.items())
+        ]
 
     @_wrap
     async def prepull(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:

@@ -40,7 +40,8 @@ from typing import Any
 import yaml
 
 from mtgpu.cli.common import add_common, base_parser, emit, run_cli, table
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.cmdline import with_examples
+from mtgpu.errors import ApiError, MtgpuError, ValidationError
 
 SSH_CONNECT_TIMEOUT = 10
 
@@ -70,16 +71,19 @@ class ClusterList:
             except (OSError, yaml.YAMLError) as exc:
                 raise ClusterListError(f"{path}: cannot be read: {exc}; fix or remove it") from exc
             if not isinstance(loaded, dict) or not isinstance(loaded.get("clusters", {}), dict):
-                raise ClusterListError(f"{path}: expected a mapping with `clusters:` (NAME: "
-                                       "{members: [HOST:PORT, ...]}); fix or remove it")
+                raise ClusterListError(
+                    f"{path}: expected a mapping with `clusters:` (NAME: "
+                    "{members: [HOST:PORT, ...]}); fix or remove it"
+                )
             loaded.setdefault("clusters", {})
             self.data = loaded
             for name, c in self.clusters.items():
-                if not isinstance(c, dict) or not isinstance(c.get("members"), list) \
-                        or not c["members"]:
-                    raise ClusterListError(f"{path}: cluster {name!r} needs `members:`, a list "
-                                           "of HOST[:PORT]; fix it or run `mtcode-admin cluster "
-                                           f"add {name} HOST[:PORT]` again")
+                if not isinstance(c, dict) or not isinstance(c.get("members"), list) or not c["members"]:
+                    raise ClusterListError(
+                        f"{path}: cluster {name!r} needs `members:`, a list "
+                        "of HOST[:PORT]; fix it or run `mtcode-admin cluster "
+                        f"add {name} HOST[:PORT]` again"
+                    )
 
     @property
     def clusters(self) -> dict[str, dict[str, Any]]:
@@ -92,22 +96,27 @@ class ClusterList:
         c = self.clusters.get(name)
         if c is None:
             known = ", ".join(self.names()) or "none yet"
-            raise ClusterListError(f"no cluster {name!r} in {self.path} (known: {known}); add it "
-                                   f"with `mtcode-admin cluster add {name} HOST[:PORT]`")
+            raise ClusterListError(
+                f"no cluster {name!r} in {self.path} (known: {known}); add it "
+                f"with `mtcode-admin cluster add {name} HOST[:PORT]`"
+            )
         return c
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("# mtcode-admin's clusters (see `mtcode-admin --help`)\n"
-                       + yaml.safe_dump(self.data, sort_keys=True))
+        tmp.write_text(
+            "# mtcode-admin's clusters (see `mtcode-admin --help`)\n"
+            + yaml.safe_dump(self.data, sort_keys=True)
+        )
         os.replace(tmp, self.path)
 
     def link(self, name: str) -> ClusterLink:
         c = self.get(name)
         cfg = self.data.get("ssh_config")
-        return ClusterLink(name, [str(m) for m in c["members"]], c.get("user"),
-                           str(Path(cfg).expanduser()) if cfg else None)
+        return ClusterLink(
+            name, [str(m) for m in c["members"]], c.get("user"), str(Path(cfg).expanduser()) if cfg else None
+        )
 
 
 def split_address(address: str) -> tuple[str, int | None]:
@@ -130,8 +139,7 @@ def split_address(address: str) -> tuple[str, int | None]:
 class ClusterLink:
     """The ``mtgpu-api`` subsystem of one member of a cluster, through OpenSSH's ssh."""
 
-    def __init__(self, cluster: str, members: list[str], user: str | None,
-                 ssh_config: str | None) -> None:
+    def __init__(self, cluster: str, members: list[str], user: str | None, ssh_config: str | None) -> None:
         self.cluster = cluster
         self.members = members
         self.user = user
@@ -145,8 +153,17 @@ class ClusterLink:
         argv = ["ssh"]
         if self.ssh_config:
             argv += ["-F", self.ssh_config]
-        argv += ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}",
-                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=2"]
+        argv += [
+            "-T",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={SSH_CONNECT_TIMEOUT}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=2",
+        ]
         if port is not None:
             argv += ["-p", str(port)]
         if self.user:
@@ -158,8 +175,9 @@ class ClusterLink:
             return self._proc
         failures = []
         for address in self.members:
-            proc = subprocess.Popen(self._argv(address), stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                self._argv(address), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
             self._proc, self.member = proc, address
             try:
                 self._exchange("version", {})  # proves the channel answers
@@ -167,15 +185,13 @@ class ClusterLink:
             except ApiError as exc:
                 failures.append(f"{address}: {exc}")
                 self.close()
-        raise ApiError(f"cannot reach cluster {self.cluster}: " + "; ".join(failures),
-                       "unreachable")
+        raise ApiError(f"cannot reach cluster {self.cluster}: " + "; ".join(failures), "unreachable")
 
     def _exchange(self, op: str, args: dict[str, Any]) -> Any:
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         self._next += 1
-        req = {"op": op, "args": {k: v for k, v in args.items() if v is not None},
-               "id": self._next}
+        req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": self._next}
         try:
             proc.stdin.write(json.dumps(req).encode() + b"\n")
             proc.stdin.flush()
@@ -186,7 +202,7 @@ class ClusterLink:
             raise ApiError(self._why_closed(), "unreachable")
         answer = json.loads(line)
         if not answer.get("ok"):
-            raise ApiError(answer.get("error", "refused"), answer.get("code", "error"))
+            raise ApiError.from_answer(answer)
         return answer.get("result")
 
     def _why_closed(self) -> str:
@@ -208,8 +224,7 @@ class ClusterLink:
         except ApiError as exc:
             if exc.code == "unreachable":
                 self.close()
-                raise ApiError(f"cluster {self.cluster} ({self.member}): {exc}",
-                               "unreachable") from exc
+                raise ApiError(f"cluster {self.cluster} ({self.member}): {exc}", "unreachable") from exc
             text = str(exc)
             if f"cluster {self.cluster}" not in text:
                 text = f"cluster {self.cluster}: {text}"
@@ -232,11 +247,15 @@ class ClusterLink:
 
 # ------------------------------------------------------------------ commands
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = base_parser("mtcode-admin", "Manage several MTGPU clusters and which users may use each.")
-    p.add_argument("--clusters", default=argparse.SUPPRESS, metavar="FILE",
-                   help="the list of clusters (default $MTCODE_CLUSTERS, then "
-                        "~/.config/mtcode/clusters.yaml)")
+    p.add_argument(
+        "--clusters",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="the list of clusters (default $MTCODE_CLUSTERS, then ~/.config/mtcode/clusters.yaml)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     cl = sub.add_parser("cluster", help="the clusters you administer")
@@ -248,8 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = cls.add_parser("add", help="add a cluster, reached at any of its members")
     add_common(add)
     add.add_argument("name", help="the cluster's CLUSTER_ID (a standalone host's SERVER_NAME)")
-    add.add_argument("members", nargs="+", metavar="HOST[:PORT]",
-                     help="members to reach it at, tried in this order")
+    add.add_argument(
+        "members", nargs="+", metavar="HOST[:PORT]", help="members to reach it at, tried in this order"
+    )
     add.add_argument("--user", help="your admin account there (default: ssh's own choice)")
     rm = cls.add_parser("remove", help="forget a cluster (nothing changes on it)")
     add_common(rm)
@@ -259,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(gr)
     gr.add_argument("user")
     gr.add_argument("cluster")
-    gr.add_argument("--key", action="append",
-                    help="an OpenSSH public key line: creates the user if no cluster has them")
+    gr.add_argument(
+        "--key", action="append", help="an OpenSSH public key line: creates the user if no cluster has them"
+    )
     rv = sub.add_parser("revoke", help="take a cluster's grant away (the record and UID stay)")
     add_common(rv)
     rv.add_argument("user")
@@ -272,7 +293,22 @@ def build_parser() -> argparse.ArgumentParser:
     show = uss.add_parser("show", help="the user's record and grant on each cluster")
     add_common(show)
     show.add_argument("user")
-    return p
+    return with_examples(p, EXAMPLES)
+
+
+#: The examples at the end of each command's --help (and manual page).
+EXAMPLES = {
+    "": "mtcode-admin cluster list\nmtcode-admin grant alice alpha",
+    "cluster": "mtcode-admin cluster list",
+    "cluster list": "mtcode-admin cluster list\nmtcode-admin cluster list --offline",
+    "cluster add": "mtcode-admin cluster add alpha gpu01.example.org:2222 gpu02.example.org:2222",
+    "cluster remove": "mtcode-admin cluster remove gamma",
+    "grant": "mtcode-admin grant alice beta\n"
+    'mtcode-admin grant alice alpha --key "ssh-ed25519 AAAAC3Nza... alice@laptop"',
+    "revoke": "mtcode-admin revoke alice alpha",
+    "user": "mtcode-admin user show alice",
+    "user show": "mtcode-admin user show alice --json",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    path = Path(args.clusters).expanduser() if getattr(args, "clusters", None) \
-        else default_clusters_file()
+    path = Path(args.clusters).expanduser() if getattr(args, "clusters", None) else default_clusters_file()
     cl = ClusterList(path)
     if args.cmd == "cluster" and args.ccmd == "list":
         return _cluster_list(args, cl)
@@ -292,8 +327,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         cl.get(args.name)
         del cl.clusters[args.name]
         cl.save()
-        emit(args, {"removed": args.name, "file": str(cl.path)},
-             f"forgot cluster {args.name} (nothing changed on it)")
+        emit(
+            args,
+            {"removed": args.name, "file": str(cl.path)},
+            f"forgot cluster {args.name} (nothing changed on it)",
+        )
         return 0
     if args.cmd == "grant":
         return _grant(args, cl)
@@ -303,9 +341,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             r = link.call("user.revoke", name=args.user)
         finally:
             link.close()
-        emit(args, r, f"revoked {args.user}'s grant on {args.cluster} (UID {r['uid']} stays "
-                      "reserved there)" if r["changed"]
-             else f"{args.user} was not granted {args.cluster}")
+        if r.get("local"):
+            text = f"revoked the local account {args.user}'s grant on {args.cluster}"
+        elif r["changed"]:
+            text = f"revoked {args.user}'s grant on {args.cluster} (UID {r['uid']} stays reserved there)"
+        else:
+            text = f"{args.user} was not granted {args.cluster}"
+        emit(args, r, text)
         return 0
     if args.cmd == "user":
         return _user_show(args, cl)
@@ -317,30 +359,41 @@ def _cluster_add(args: argparse.Namespace, cl: ClusterList) -> int:
         for m in args.members:
             split_address(m)
     except ValueError as exc:
-        raise ApiError(str(exc), "bad_request") from exc
-    link = ClusterLink(args.name, args.members, args.user,
-                       str(Path(cl.data["ssh_config"]).expanduser())
-                       if cl.data.get("ssh_config") else None)
+        raise ValidationError(str(exc)) from exc
+    link = ClusterLink(
+        args.name,
+        args.members,
+        args.user,
+        str(Path(cl.data["ssh_config"]).expanduser()) if cl.data.get("ssh_config") else None,
+    )
     try:
         who = link.call("whoami")
     finally:
         link.close()
     if who["cluster_id"] != args.name:
-        raise ApiError(f"{link.member} is a member of cluster {who['cluster_id']!r}, not "
-                       f"{args.name!r}; run `mtcode-admin cluster add {who['cluster_id']} "
-                       f"{' '.join(args.members)}`", "wrong_cluster")
+        raise ApiError(
+            f"{link.member} is a member of cluster {who['cluster_id']!r}, not "
+            f"{args.name!r}; run `mtcode-admin cluster add {who['cluster_id']} "
+            f"{' '.join(args.members)}`",
+            "wrong_cluster",
+        )
     if not who["admin"]:
-        raise ApiError(f"{who['name']} is not an admin of cluster {args.name}; an admin there "
-                       f"can run `mtgpu-admin user add {who['name']} --admin --key ...`",
-                       "forbidden")
+        raise ApiError(
+            f"{who['name']} is not an admin of cluster {args.name}; an admin there "
+            f"can run `mtgpu-admin user add {who['name']} --admin --key ...`",
+            "forbidden",
+        )
     entry: dict[str, Any] = {"members": list(args.members)}
     if args.user:
         entry["user"] = args.user
     cl.clusters[args.name] = entry
     cl.save()
-    emit(args, {"cluster": args.name, **entry, "admin_as": who["name"], "file": str(cl.path)},
-         f"added cluster {args.name} (reached at {', '.join(args.members)}; admin as "
-         f"{who['name']}) to {cl.path}")
+    emit(
+        args,
+        {"cluster": args.name, **entry, "admin_as": who["name"], "file": str(cl.path)},
+        f"added cluster {args.name} (reached at {', '.join(args.members)}; admin as "
+        f"{who['name']}) to {cl.path}",
+    )
     return 0
 
 
@@ -348,16 +401,24 @@ def _cluster_list(args: argparse.Namespace, cl: ClusterList) -> int:
     rows = []
     for name in cl.names():
         c = cl.clusters[name]
-        row: dict[str, Any] = {"name": name, "members": list(c["members"]),
-                               "user": c.get("user"), "reachable": None}
+        row: dict[str, Any] = {
+            "name": name,
+            "members": list(c["members"]),
+            "user": c.get("user"),
+            "reachable": None,
+        }
         if not args.offline:
             link = cl.link(name)
             try:
                 who = link.call("whoami")
                 st = link.call("cluster.status")
-                row.update(reachable=True, via=link.member, admin_as=who["name"],
-                           scheduler=st.get("scheduler"),
-                           member_count=len(st.get("members", [])))
+                row.update(
+                    reachable=True,
+                    via=link.member,
+                    admin_as=who["name"],
+                    scheduler=st.get("scheduler"),
+                    member_count=len(st.get("members", [])),
+                )
             except ApiError as exc:
                 row.update(reachable=False, error=str(exc))
             finally:
@@ -365,18 +426,32 @@ def _cluster_list(args: argparse.Namespace, cl: ClusterList) -> int:
         rows.append(row)
 
     def text(rows: list[dict[str, Any]]) -> str:
-        return table([[r["name"], ", ".join(r["members"]),
-                       "" if r["reachable"] is None else
-                       (f"ok via {r['via']}, admin as {r['admin_as']}, {r['member_count']} "
-                        f"member(s)" if r["reachable"] else f"failed: {r['error']}"[:120])]
-                      for r in rows], ["CLUSTER", "REACHED AT", "STATE"]) \
+        return (
+            table(
+                [
+                    [
+                        r["name"],
+                        ", ".join(r["members"]),
+                        ""
+                        if r["reachable"] is None
+                        else (
+                            f"ok via {r['via']}, admin as {r['admin_as']}, {r['member_count']} member(s)"
+                            if r["reachable"]
+                            else f"failed: {r['error']}"[:120]
+                        ),
+                    ]
+                    for r in rows
+                ],
+                ["CLUSTER", "REACHED AT", "STATE"],
+            )
             + f"\n(from {cl.path})"
+        )
+
     emit(args, rows, text)
     return 0 if all(r["reachable"] is not False for r in rows) else 1
 
 
-def _records(cl: ClusterList, user: str) -> tuple[dict[str, dict[str, Any] | None],
-                                                   dict[str, str]]:
+def _records(cl: ClusterList, user: str) -> tuple[dict[str, dict[str, Any] | None], dict[str, str]]:
     """The user's record on each cluster (None: no record there), and the clusters
     that could not be asked, with why."""
     records: dict[str, dict[str, Any] | None] = {}
@@ -401,13 +476,39 @@ def _grant(args: argparse.Namespace, cl: ClusterList) -> int:
     records, errors = _records(cl, user)
     if target in errors:
         raise ApiError(errors[target], "unreachable")
-    found = {c: r for c, r in records.items() if r is not None}
+    here = records.get(target)
+    if here is not None and here.get("local"):
+        # A local account of that cluster's hosts: only the grant is recorded there,
+        # nothing is carried (its UID and keys are the hosts' own).
+        link = cl.link(target)
+        try:
+            link.call("user.import", name=user, keys=[], uid=here["uid"], grant=True)
+        finally:
+            link.close()
+        emit(
+            args,
+            {
+                "user": user,
+                "cluster": target,
+                "uid": here["uid"],
+                "granted": True,
+                "local": True,
+                "carried_to": [],
+                "warnings": [],
+            },
+            f"granted the local account {user} (UID {here['uid']}) cluster {target}",
+        )
+        return 0
+    found = {c: r for c, r in records.items() if r is not None and not r.get("local")}
     uids = {r["uid"] for r in found.values()}
     if len(uids) > 1:
         where = ", ".join(f"{c}: {r['uid']}" for c, r in sorted(found.items()))
-        raise ApiError(f"{user} has different UIDs on your clusters ({where}); a user keeps one "
-                       "UID everywhere. Remove the user from all but one cluster (`mtgpu-admin "
-                       "user remove`) and grant again", "uid_conflict")
+        raise ApiError(
+            f"{user} has different UIDs on your clusters ({where}); a user keeps one "
+            "UID everywhere. Remove the user from all but one cluster (`mtgpu-admin "
+            "user remove`) and grant again",
+            "uid_conflict",
+        )
     keys: list[str] = []
     for r in found.values():
         keys += [k for k in r["keys"] if k not in keys]
@@ -416,9 +517,12 @@ def _grant(args: argparse.Namespace, cl: ClusterList) -> int:
     try:
         if not found:
             if not args.key:
-                raise ApiError(f"no user {user!r} on any of your clusters "
-                               f"({', '.join(cl.names())}); give their public key with --key to "
-                               "create them", "not_found")
+                raise ApiError(
+                    f"no user {user!r} on any of your clusters "
+                    f"({', '.join(cl.names())}); give their public key with --key to "
+                    "create them",
+                    "not_found",
+                )
             r = link.call("user.add", name=user, keys=keys)
             uid = r["uid"]
         else:
@@ -445,26 +549,48 @@ def _grant(args: argparse.Namespace, cl: ClusterList) -> int:
             link.close()
     for w in warnings:
         print(f"mtcode-admin: warning: {w}", file=sys.stderr)
-    emit(args, {"user": user, "cluster": target, "uid": uid, "granted": True,
-                "carried_to": carried, "warnings": warnings},
-         f"granted {user} (UID {uid}) cluster {target}")
+    emit(
+        args,
+        {
+            "user": user,
+            "cluster": target,
+            "uid": uid,
+            "granted": True,
+            "carried_to": carried,
+            "warnings": warnings,
+        },
+        f"granted {user} (UID {uid}) cluster {target}",
+    )
     return 0
 
 
 def _user_show(args: argparse.Namespace, cl: ClusterList) -> int:
     records, errors = _records(cl, args.user)
     uids = sorted({r["uid"] for r in records.values() if r is not None})
-    data = {"name": args.user, "uid": uids[0] if len(uids) == 1 else None,
-            "uids_differ": len(uids) > 1,
-            "granted": sorted(c for c, r in records.items() if r and r["granted"]),
-            "clusters": {c: (None if r is None else
-                             {"uid": r["uid"], "granted": r["granted"], "admin": r["admin"],
-                              "keys": r["keys"], "last_login": r["last_login"]})
-                         for c, r in records.items()},
-            "errors": errors}
+    data = {
+        "name": args.user,
+        "uid": uids[0] if len(uids) == 1 else None,
+        "uids_differ": len(uids) > 1,
+        "granted": sorted(c for c, r in records.items() if r and r["granted"]),
+        "clusters": {
+            c: (
+                None
+                if r is None
+                else {
+                    "uid": r["uid"],
+                    "granted": r["granted"],
+                    "admin": r["admin"],
+                    "keys": r["keys"],
+                    "last_login": r["last_login"],
+                }
+            )
+            for c, r in records.items()
+        },
+        "errors": errors,
+    }
 
     def text(d: dict[str, Any]) -> str:
-        rows = []
+        rows: list[list[Any]] = []
         for c in cl.names():
             r = d["clusters"].get(c)
             if c in errors:
@@ -472,16 +598,30 @@ def _user_show(args: argparse.Namespace, cl: ClusterList) -> int:
             elif r is None:
                 rows.append([c, "", "no", "", "(no record)"])
             else:
-                rows.append([c, r["uid"], "yes" if r["granted"] else "no",
-                             "yes" if r["admin"] else "", len(r["keys"])])
-        out = [f"user {d['name']}: granted {', '.join(d['granted']) or 'no cluster'}",
-               table(rows, ["CLUSTER", "UID", "GRANTED", "ADMIN", "KEYS"])]
+                rows.append(
+                    [
+                        c,
+                        r["uid"],
+                        "yes" if r["granted"] else "no",
+                        "yes" if r["admin"] else "",
+                        len(r["keys"]),
+                    ]
+                )
+        out = [
+            f"user {d['name']}: granted {', '.join(d['granted']) or 'no cluster'}",
+            table(rows, ["CLUSTER", "UID", "GRANTED", "ADMIN", "KEYS"]),
+        ]
         if d["uids_differ"]:
-            out.append(f"warning: {d['name']} has different UIDs on your clusters ({', '.join(map(str, uids))})")
+            out.append(
+                f"warning: {d['name']} has different UIDs on your clusters ({', '.join(map(str, uids))})"
+            )
         return "\n".join(out)
+
     if not any(records.values()) and not errors:
-        raise ApiError(f"no user {args.user!r} on any of your clusters "
-                       f"({', '.join(cl.names()) or 'none yet'})", "not_found")
+        raise ApiError(
+            f"no user {args.user!r} on any of your clusters ({', '.join(cl.names()) or 'none yet'})",
+            "not_found",
+        )
     emit(args, data, text)
     return 0
 

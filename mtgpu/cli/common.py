@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtgpu.errors import ApiError, ConfigError, MtgpuError
+from mtgpu.text import printable
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -19,11 +20,14 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=argparse.SUPPRESS,
-                   help="configuration of the daemon to talk to (default $MTGPU_CONFIG, "
-                        "then /etc/mtgpu/mtgpu.yaml)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print machine-readable JSON")
+    p.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="configuration of the daemon to talk to (default $MTGPU_CONFIG, then /etc/mtgpu/mtgpu.yaml)",
+    )
+    p.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
+    )
 
 
 def client(args: argparse.Namespace) -> Any:
@@ -61,8 +65,35 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
 
 
+class _Printable:
+    """A text stream that writes :func:`printable` text to ``stream``; ``buffer`` (raw
+    bytes, such as a job's own log that ``mt-job logs`` copies) passes unchanged."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def run_cli(prog: str, fn: Callable[[], int | None]) -> int:
-    """Run a CLI body, turning MTGPU errors into one clear line and an exit status."""
+    """Run a CLI body, turning MTGPU errors into one clear line and an exit status.
+
+    Everything it prints as text goes through :func:`printable` (JSON escapes control
+    characters already)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    try:
+        return _run_cli(prog, fn)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run_cli(prog: str, fn: Callable[[], int | None]) -> int:
     try:
         return fn() or 0
     except ConfigError as exc:
@@ -78,3 +109,29 @@ def run_cli(prog: str, fn: Callable[[], int | None]) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+#: How long ``mt-job cancel`` and ``mtgpu-admin cancel`` wait for running jobs to end
+#: (the daemon's MAX_CANCEL_WAIT at most): the job's SIGTERM grace and a margin.
+CANCEL_WAIT = 15
+
+
+def cancel_report(r: dict[str, Any]) -> tuple[list[str], list[str], int]:
+    """What a cancel's answer (``job.cancel`` with ``wait``) says: lines for standard
+    output, lines for standard error, and the exit status (1 when it ended nothing:
+    every job named had already ended, or none was found)."""
+    out, err = [], []
+    if r["cancelled"]:
+        out.append(f"Cancelled job{'s' if len(r['cancelled']) > 1 else ''} {', '.join(r['cancelled'])}")
+    for jid in r["stopping"]:
+        out.append(
+            f"Cancelling job {jid}: it is still stopping after {CANCEL_WAIT} s "
+            f"(`mt-job show {jid}` follows it)"
+        )
+    states = r.get("ended_states") or {}
+    for jid in r.get("ended", []):
+        err.append(f"job {jid} had already ended ({states.get(jid) or 'final'}); nothing to cancel")
+    for jid in r.get("not_found", []):
+        err.append(f"no job {jid} of yours")
+    acted = bool(r["cancelled"] or r["stopping"])
+    return out, err, 0 if acted and not r.get("not_found") else 1

@@ -17,11 +17,10 @@ import sys
 from typing import Any
 
 from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
-from mtgpu.cli.podman import podman_env
+from mtgpu.cmdline import with_examples
+from mtgpu.workspaces.tenant_podman import podman_env
 
 PROG = "mt-container"
-
-
 
 
 def _size(n: int | None) -> str:
@@ -31,18 +30,24 @@ def _size(n: int | None) -> str:
 
 
 def _ports(v: dict[str, Any]) -> str:
-    live = [f"{p['container_port']}->{p.get('host_ip') or '0.0.0.0'}:{p['host_port']}"
-            for p in v.get("ports") or []]
+    live = [
+        f"{p['container_port']}->{p.get('host_ip') or '0.0.0.0'}:{p['host_port']}"
+        for p in v.get("ports") or []
+    ]
     return ", ".join(live) or ", ".join(str(p) for p in v.get("requested_ports") or []) or "-"
 
 
 def _describe(v: dict[str, Any]) -> str:
     gpus = ",".join(str(g) for g in v.get("gpus") or []) or "-"
-    lines = [f"workspace {v['name']}: {v['state']}",
-             f"  image:       {v.get('image')}  ({v.get('source')})",
-             (f"  reservation: job {v.get('reservation') or '-'} on {v.get('node')}; GPUs {gpus}, "
-              f"{v.get('cpus')} CPUs, {_size(v.get('ram'))} RAM"),
-             f"  ports:       {_ports(v)}"]
+    lines = [
+        f"workspace {v['name']}: {v['state']}",
+        f"  image:       {v.get('image')}  ({v.get('source')})",
+        (
+            f"  reservation: job {v.get('reservation') or '-'} on {v.get('node')}; GPUs {gpus}, "
+            f"{v.get('cpus')} CPUs, {_size(v.get('ram'))} RAM"
+        ),
+        f"  ports:       {_ports(v)}",
+    ]
     if v.get("state") == "PENDING":
         lines.append(f"  queued:      position {v.get('position')}; {v.get('reason') or 'waiting'}")
     elif v.get("reason"):
@@ -82,11 +87,21 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def cmd_create(args: argparse.Namespace, api: Any) -> int:
-    req: dict[str, Any] = {"name": args.name, "template": args.template, "image": args.image,
-                           "saved": args.saved, "gpus": args.gpus, "cpus": args.cpus,
-                           "ram": args.ram, "vram": args.vram, "gpu_type": args.gpu_type,
-                           "ports": args.port or None, "env": _env_pairs(args.env) or None,
-                           "queue": not args.no_queue, "wait": args.wait}
+    req: dict[str, Any] = {
+        "name": args.name,
+        "template": args.template,
+        "image": args.image,
+        "saved": args.saved,
+        "gpus": args.gpus,
+        "cpus": args.cpus,
+        "ram": args.ram,
+        "vram": args.vram,
+        "gpu_type": args.gpu_type,
+        "ports": args.port or None,
+        "env": _env_pairs(args.env) or None,
+        "queue": not args.no_queue,
+        "wait": args.wait,
+    }
     if args.devcontainer:
         req["devcontainer"] = _read_devcontainer(args.devcontainer)
     v = api.call("workspace.create", **req)
@@ -94,8 +109,10 @@ def cmd_create(args: argparse.Namespace, api: Any) -> int:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
     emit(args, v, _describe)
     if v["state"] == "PENDING" and not args.json:
-        print(f"The host is busy: the workspace waits in the queue and starts when its "
-              f"resources free up. `{PROG} list` shows it; `{PROG} rm {args.name}` gives up.")
+        print(
+            f"The host is busy: the workspace waits in the queue and starts when its "
+            f"resources free up. `{PROG} list` shows it; `{PROG} rm {args.name}` gives up."
+        )
     return 1 if v["state"] == "FAILED" else 0
 
 
@@ -103,10 +120,20 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
     rows = api.call("workspace.list")
 
     def text(vs: list[dict[str, Any]]) -> str:
-        return table([[v["name"], v["state"], (v.get("image") or "")[:40],
-                       ",".join(str(g) for g in v.get("gpus") or []) or "-", _ports(v),
-                       v.get("reservation") or "-"] for v in vs],
-                     ["NAME", "STATE", "IMAGE", "GPUS", "PORTS", "RESERVATION"])
+        return table(
+            [
+                [
+                    v["name"],
+                    v["state"],
+                    (v.get("image") or "")[:40],
+                    ",".join(str(g) for g in v.get("gpus") or []) or "-",
+                    _ports(v),
+                    v.get("reservation") or "-",
+                ]
+                for v in vs
+            ],
+            ["NAME", "STATE", "IMAGE", "GPUS", "PORTS", "RESERVATION"],
+        )
 
     emit(args, rows, text)
     return 0
@@ -130,15 +157,20 @@ def cmd_stop(args: argparse.Namespace, api: Any) -> int:
 
 def cmd_rm(args: argparse.Namespace, api: Any) -> int:
     out = [api.call("workspace.rm", name=n) for n in args.names]
-    emit(args, out if len(out) > 1 else out[0],
-         lambda _: "\n".join(f"removed {r['name']}" for r in out))
+    emit(args, out if len(out) > 1 else out[0], lambda _: "\n".join(f"removed {r['name']}" for r in out))
     return 0
 
 
 def cmd_save(args: argparse.Namespace, api: Any) -> int:
     r = api.call("workspace.save", name=args.workspace, image=args.image)
-    emit(args, r, lambda r: f"saved {r['workspace']} as {r['image']}; "
-                            f"`{PROG} create NEW --saved {r['saved']}` starts it again")
+    emit(
+        args,
+        r,
+        lambda r: (
+            f"saved {r['workspace']} as {r['image']}; "
+            f"`{PROG} create NEW --saved {r['saved']}` starts it again"
+        ),
+    )
     return 0
 
 
@@ -169,8 +201,10 @@ def ssh_hint(r: dict[str, Any], port: dict[str, Any], ssh_connection: str = "") 
     if ip in ("0.0.0.0", "::", ""):
         ip = "127.0.0.1"
     local = port["container_port"]
-    return (f"ssh -N -L {local}:{ip}:{port['host_port']} -p {sport} {r['user']}@{host}"
-            f"   then open http://localhost:{local}/")
+    return (
+        f"ssh -N -L {local}:{ip}:{port['host_port']} -p {sport} {r['user']}@{host}"
+        f"   then open http://localhost:{local}/"
+    )
 
 
 def cmd_ports(args: argparse.Namespace, api: Any) -> int:
@@ -179,14 +213,17 @@ def cmd_ports(args: argparse.Namespace, api: Any) -> int:
     def text(r: dict[str, Any]) -> str:
         if not r["ports"]:
             asked = ", ".join(str(p) for p in r["requested_ports"]) or "none"
-            return (f"{r['name']} publishes no ports now (state {r['state']}; asked for: {asked}; "
-                    f"CONTAINERS.port_publishing is {r['port_publishing']})")
+            return (
+                f"{r['name']} publishes no ports now (state {r['state']}; asked for: {asked}; "
+                f"CONTAINERS.port_publishing is {r['port_publishing']})"
+            )
         lines = []
         for p in r["ports"]:
-            lines.append(f"{p['container_port']}/{p.get('protocol', 'tcp')} -> "
-                         f"{p.get('host_ip') or '0.0.0.0'}:{p['host_port']}")
-            lines.append(f"    from your laptop: "
-                         f"{ssh_hint(r, p, os.environ.get('SSH_CONNECTION', ''))}")
+            lines.append(
+                f"{p['container_port']}/{p.get('protocol', 'tcp')} -> "
+                f"{p.get('host_ip') or '0.0.0.0'}:{p['host_port']}"
+            )
+            lines.append(f"    from your laptop: {ssh_hint(r, p, os.environ.get('SSH_CONNECTION', ''))}")
         return "\n".join(lines)
 
     emit(args, r, text)
@@ -195,23 +232,29 @@ def cmd_ports(args: argparse.Namespace, api: Any) -> int:
 
 def cmd_templates(args: argparse.Namespace, api: Any) -> int:
     rows = api.call("workspace.templates")
-    emit(args, rows, lambda ts: table([[t["name"], t["image"], t["gpus"], t["cpus"], _size(t["ram"]),
-                                        ",".join(str(p) for p in t["ports"]) or "-",
-                                        t.get("description", "")] for t in ts],
-                                      ["NAME", "IMAGE", "GPUS", "CPUS", "RAM", "PORTS", "DESCRIPTION"]))
+    emit(
+        args,
+        rows,
+        lambda ts: table(
+            [
+                [
+                    t["name"],
+                    t["image"],
+                    t["gpus"],
+                    t["cpus"],
+                    _size(t["ram"]),
+                    ",".join(str(p) for p in t["ports"]) or "-",
+                    t.get("description", ""),
+                ]
+                for t in ts
+            ],
+            ["NAME", "IMAGE", "GPUS", "CPUS", "RAM", "PORTS", "DESCRIPTION"],
+        ),
+    )
     return 0
 
 
 # ---------------------------------------------------------------- shell
-
-def _inside_tmux() -> bool:
-    from mtgpu.tmux import sessions as ts
-
-    path = os.environ.get("TMUX", "").split(",", 1)[0]
-    try:
-        return bool(path) and os.path.samefile(path, os.path.join(ts.socket_dir(), ts.SOCKET_NAME))
-    except OSError:
-        return False
 
 
 def exec_argv(info: dict[str, Any], cmd: list[str], tty: bool) -> list[str]:
@@ -240,8 +283,15 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     argv = exec_argv(info, cmd, tty)
     if args.json:  # what would run, for scripts and editors; nothing is started
-        emit(args, {**info, "argv": exec_argv(info, cmd, True), "tmux_session": f"ws-{args.name}",
-                    "tmux_socket": "mtgpu"})
+        emit(
+            args,
+            {
+                **info,
+                "argv": exec_argv(info, cmd, True),
+                "tmux_session": f"ws-{args.name}",
+                "tmux_socket": "mtgpu",
+            },
+        )
         return 0
     if not tty or args.no_tmux:
         os.execve(argv[0], argv, env)
@@ -250,39 +300,34 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
         print(f"{PROG}: tmux is not installed here; running without it", file=sys.stderr)
         os.execve(argv[0], argv, env)
     # The pane starts from the tmux server's environment: podman's variables go with it.
-    pane = shlex.join(["env", *(f"{k}={env[k]}" for k in ("XDG_RUNTIME_DIR", "CONTAINERS_STORAGE_CONF")
-                                if k in env), *argv])
-    session = f"ws-{args.name}"
-    from mtgpu.tmux import sessions as ts
-
-    server = ts.tenant_server()
-    os.environ.pop("TMUX_TMPDIR", None)
-    if _inside_tmux():
-        ts._cmd(server, "new-window", "-n", args.name, "-c", info["home"], pane)
-        return 0
-    started = False
-    if not server.is_alive():
-        ts.start_server(server)
-        started = True
-    exists = server.cmd("has-session", "-t", f"={session}").returncode == 0
-    if not exists:
-        ts._cmd(server, "new-session", "-d", "-s", session, "-n", args.name, "-c", info["home"], pane)
-    elif cmd:
-        ts._cmd(server, "new-window", "-t", f"={session}:", "-n", args.name, "-c", info["home"], pane)
-    if started:
-        ts._cmd(server, "set-option", "-g", "exit-empty", "on")
-    from mtgpu.tmux.terminal import tmux_attach_argv
-
-    attach = tmux_attach_argv(session)
-    os.execvpe(attach[0], attach, env)
+    pane = shlex.join(
+        ["env", *(f"{k}={env[k]}" for k in ("XDG_RUNTIME_DIR", "CONTAINERS_STORAGE_CONF") if k in env), *argv]
+    )
+    # The tenant's tmux is mtgpu.tmux's to drive: it opens the window and attaches.
+    window = [
+        sys.executable,
+        "-P",
+        "-m",
+        "mtgpu.tmux.window",
+        *(["--new-window"] if cmd else []),
+        "--",
+        f"ws-{args.name}",
+        args.name,
+        info["home"],
+        pane,
+    ]
+    os.execve(window[0], window, env)
     return 0
 
 
 # ---------------------------------------------------------------- parser
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Interactive container workspaces "
-                                "(rootless podman, as you), reserved like jobs.")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Interactive container workspaces (rootless podman, as you), reserved like jobs.",
+    )
     p.add_argument("--config", default=argparse.SUPPRESS, help="the daemon's configuration")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -297,8 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--template", "-t", help="an admin's template (`templates` lists them)")
     src.add_argument("--image", help="a pre-pulled image, or any image where the host allows")
     src.add_argument("--saved", help="an image you saved with `save WORKSPACE NAME`")
-    src.add_argument("--devcontainer", metavar="PATH",
-                     help="a devcontainer.json, or a folder with .devcontainer/devcontainer.json")
+    src.add_argument(
+        "--devcontainer",
+        metavar="PATH",
+        help="a devcontainer.json, or a folder with .devcontainer/devcontainer.json",
+    )
     c.add_argument("--gpus", type=int, help="GPUs to reserve (default: the template's, else 0)")
     c.add_argument("--gpu-type", help="a GPU brand or type, such as nvidia or rtx4090")
     c.add_argument("--vram", help="VRAM per GPU (shared GPUs), such as 20G")
@@ -306,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ram", help="RAM to reserve, such as 16G")
     c.add_argument("--port", "-p", type=int, action="append", help="a container port to publish")
     c.add_argument("--env", "-e", action="append", default=[], help="KEY=VALUE in the container")
-    c.add_argument("--no-queue", action="store_true",
-                   help="refuse if the host cannot hold it now, instead of queueing")
+    c.add_argument(
+        "--no-queue", action="store_true", help="refuse if the host cannot hold it now, instead of queueing"
+    )
     c.add_argument("--wait", type=float, default=30, help="seconds to wait for it to start")
     verb("list", "your workspaces and their state")
     s = verb("show", "one workspace")
@@ -334,12 +383,40 @@ def build_parser() -> argparse.ArgumentParser:
     pt = verb("ports", "published ports and the ssh -L command that reaches each")
     pt.add_argument("name")
     verb("templates", "the admin's workspace templates")
-    return p
+    return with_examples(p, EXAMPLES)
 
 
-COMMANDS = {"create": cmd_create, "list": cmd_list, "show": cmd_show, "shell": cmd_shell,
-            "start": cmd_start, "stop": cmd_stop, "rm": cmd_rm, "save": cmd_save,
-            "logs": cmd_logs, "ports": cmd_ports, "templates": cmd_templates}
+COMMANDS = {
+    "create": cmd_create,
+    "list": cmd_list,
+    "show": cmd_show,
+    "shell": cmd_shell,
+    "start": cmd_start,
+    "stop": cmd_stop,
+    "rm": cmd_rm,
+    "save": cmd_save,
+    "logs": cmd_logs,
+    "ports": cmd_ports,
+    "templates": cmd_templates,
+}
+
+
+#: The examples at the end of each command's --help (and manual page).
+EXAMPLES = {
+    "": "mt-container create nb --template jupyter\nmt-container shell nb\nmt-container rm nb",
+    "create": "mt-container create nb --template jupyter\n"
+    "mt-container create scratch --image docker.io/library/python:3.12 --gpus 1 --ram 16G",
+    "list": "mt-container list",
+    "show": "mt-container show nb --json",
+    "shell": "mt-container shell nb\nmt-container shell nb -- nvidia-smi",
+    "start": "mt-container start nb",
+    "stop": "mt-container stop nb\nmt-container stop nb --release",
+    "rm": "mt-container rm nb scratch",
+    "save": "mt-container save nb my-env\nmt-container create nb2 --saved my-env",
+    "logs": "mt-container logs -n 50 nb\nmt-container logs -f nb",
+    "ports": "mt-container ports nb",
+    "templates": "mt-container templates",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,9 @@
  *   warnings     "mt-job: warning: TEXT" on standard error (and the answer's
  *                "notice", such as being over USER_DISK_LIMIT, as "mtgpu: warning: TEXT")
  *   refusal      "mt-job: TEXT" on standard error, exit status 1
+ *   unknown      "mt-job: unknown: ... check `mt-job list`", exit status 75, when no
+ *                answer came for a submission that may have been made (the same key
+ *                was sent again for MTGPU_SUBMIT_RETRY seconds, 60 by default)
  *
  * `list --json` prints the answer's result as the Python mt-job does (indent 2, keys
  * sorted), and hands any failure to the Python mt-job, which retries and explains.
@@ -29,8 +32,16 @@
  *   {"op": "job.submit", "args": {"script": S, "overrides": {}, "workdir": W,
  *    "token": HEX}, "id": 1}
  * answered by {"id": 1, "ok": true, "result": {"job_id": "7", "tasks": 1,
- * "warnings": [], ...}} or {"id": 1, "ok": false, "error": TEXT, "code": WORD}.
- * The caller's identity is taken by the daemon from the socket (SO_PEERCRED).
+ * "warnings": [], ...}} or {"id": 1, "ok": false, "error": TEXT, "code": WORD,
+ * "retryable": BOOL}. The caller's identity is taken by the daemon from the socket
+ * (SO_PEERCRED).
+ *
+ * Retries, as the Python mt-job's (mtgpu/api/client.py, mtgpu/cli/job.py), decided on
+ * codes only (outcome_kind): "starting" for STARTING_RETRY_S; for SUBMIT_RETRY_S, a
+ * refusal that says "retryable": true (nothing was done: an election's "no_leader",
+ * say), or whose code is in RESEND_CODES (the outcome is unknown: the same key makes
+ * a second send of a committed submission return the same job). An outcome still
+ * unknown at the end exits EXIT_UNKNOWN, as the Python client does.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,10 +53,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MTGPU_PY_MTJOB
@@ -53,6 +66,25 @@
 #endif
 
 #define TIMEOUT_S 60 /* as the Python client */
+#define STARTING_RETRY_S 120 /* ApiClient.STARTING_RETRY */
+#define SUBMIT_RETRY_S 60 /* mt-job's SUBMIT_RETRY (MTGPU_SUBMIT_RETRY overrides it) */
+#define MAX_JOB_SCRIPT (2 << 20) /* the largest JOB_SCRIPT_MAX (mtgpu.config.options) */
+#define EXIT_UNKNOWN 75 /* mt-job's EXIT_UNKNOWN: the submission's outcome is unknown */
+
+/* mtgpu.errors.RETRYABLE_CODES: for an answer without "retryable". */
+static const char *const RETRYABLE_CODES[] = {"starting", "not_caught_up", "no_leader", "busy",
+                                              NULL};
+/* mtgpu.errors.RESEND_CODES (the outcome is unknown): "no_answer" and "closed" are
+ * this client's own. */
+static const char *const RESEND_CODES[] = {"in_doubt", "leader_changed", "unreachable", "no_answer",
+                                           "closed", NULL};
+
+static int code_in(const char *code, const char *const *codes) {
+    for (; *codes; codes++)
+        if (strcmp(code, *codes) == 0)
+            return 1;
+    return 0;
+}
 
 static char **g_argv;
 
@@ -162,8 +194,9 @@ static void universal_newlines(buf_t *b) {
     b->p[w] = '\0';
 }
 
-/* Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. */
-static int valid_utf8(const unsigned char *s, size_t n) {
+/* Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. The offset
+ * of the first byte that is not, or n for valid text. */
+static size_t utf8_error(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         unsigned char c = s[i];
@@ -183,19 +216,19 @@ static int valid_utf8(const unsigned char *s, size_t n) {
             k = 3;
             cp = c & 0x07;
         } else {
-            return 0;
+            return i;
         }
         for (size_t j = 1; j <= k; j++) {
             if (i + j >= n || (s[i + j] & 0xC0) != 0x80)
-                return 0;
+                return i;
             cp = (cp << 6) | (s[i + j] & 0x3F);
         }
         if ((k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) || cp > 0x10FFFF ||
             (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
+            return i;
         i += k + 1;
     }
-    return 1;
+    return n;
 }
 
 /* ------------------------------------------------------------- JSON output */
@@ -441,11 +474,15 @@ static int value(scan_t *s, int depth) {
 typedef struct {
     int ok;          /* -1 unknown, 0 false, 1 true */
     buf_t error;     /* "error" */
+    buf_t code;      /* "code": the refusal's kind */
+    int retryable;   /* "retryable": -1 absent, 0 false, 1 true */
     buf_t job_id;    /* result.job_id (a string, or a number's text) */
     long tasks;      /* result.tasks */
     buf_t warnings;  /* result.warnings, each followed by '\0' */
     int n_warnings;
     buf_t notice;    /* "notice": a warning for the caller (over USER_DISK_LIMIT, say) */
+    buf_t test_only; /* result.test_only: when and where a --test-only job would start */
+    int wait;        /* result.wait: #SBATCH --wait (the Python mt-job waits) */
     int keep_result; /* list: keep the text of "result" instead of reading it */
     const char *result, *result_end;
 } answer_t;
@@ -460,6 +497,12 @@ static int result_member(scan_t *s, const char *key, void *ctx) {
             return 0;
         buf_add(&a->job_id, start, (size_t)(s->p - start));
         return 1;
+    }
+    if (strcmp(key, "test_only") == 0 && s->p < s->end && *s->p == '"')
+        return str(s, &a->test_only);
+    if (strcmp(key, "wait") == 0) {
+        a->wait = lit(s, "true");
+        return a->wait || value(s, 2);
     }
     if (strcmp(key, "tasks") == 0) {
         const char *start = s->p;
@@ -513,6 +556,17 @@ static int answer_member(scan_t *s, const char *key, void *ctx) {
     }
     if (strcmp(key, "error") == 0 && s->p < s->end && *s->p == '"')
         return str(s, &a->error);
+    if (strcmp(key, "code") == 0 && s->p < s->end && *s->p == '"')
+        return str(s, &a->code);
+    if (strcmp(key, "retryable") == 0) {
+        if (lit(s, "true"))
+            a->retryable = 1;
+        else if (lit(s, "false"))
+            a->retryable = 0;
+        else
+            return value(s, 1);
+        return 1;
+    }
     if (strcmp(key, "notice") == 0 && s->p < s->end && *s->p == '"')
         return str(s, &a->notice);
     if (strcmp(key, "result") == 0 && a->keep_result) {
@@ -645,6 +699,92 @@ static void random_hex(char out[33]) {
     out[32] = '\0';
 }
 
+/* ------------------------------------------------ what the shell hands its job */
+
+/* mtgpu.schedd.submitenv.MAX_SENT_ENV_BYTES: the most environment a submission carries. */
+#define MAX_SENT_ENV_BYTES (1 << 20)
+
+extern char **environ;
+
+/* The submitting shell's umask, resource limits and environment, as the Python mt-job
+ * sends them (submitting_session): "umask": N, "rlimits": {"nofile": [soft, hard]}
+ * (-1 unlimited), "env": {NAME: VALUE} without the variables that are not UTF-8. */
+static void add_session(buf_t *req) {
+    static const struct {
+        const char *name;
+        int res;
+    } limits[] = {{"as", RLIMIT_AS},         {"core", RLIMIT_CORE},       {"cpu", RLIMIT_CPU},
+                  {"data", RLIMIT_DATA},     {"fsize", RLIMIT_FSIZE},     {"memlock", RLIMIT_MEMLOCK},
+                  {"nofile", RLIMIT_NOFILE}, {"nproc", RLIMIT_NPROC},     {"rss", RLIMIT_RSS},
+                  {"stack", RLIMIT_STACK}};
+    char num[64];
+    mode_t mask = umask(022);
+    umask(mask);
+    snprintf(num, sizeof num, ", \"umask\": %u, \"rlimits\": {", (unsigned)mask);
+    buf_adds(req, num);
+    for (size_t k = 0; k < sizeof limits / sizeof limits[0]; k++) {
+        struct rlimit r;
+        if (getrlimit(limits[k].res, &r) < 0)
+            continue;
+        snprintf(num, sizeof num, "%s\"%s\": [%lld, %lld]", k ? ", " : "", limits[k].name,
+                 r.rlim_cur == RLIM_INFINITY ? -1LL : (long long)r.rlim_cur,
+                 r.rlim_max == RLIM_INFINITY ? -1LL : (long long)r.rlim_max);
+        buf_adds(req, num);
+    }
+    buf_adds(req, "}, \"env\": {");
+    size_t total = 0;
+    int first = 1;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t len = strlen(*e);
+        if (eq == NULL || eq == *e || utf8_error((const unsigned char *)*e, len) < len)
+            continue;
+        total += len + 1;
+        if (total > MAX_SENT_ENV_BYTES)
+            fail("your environment is over the %d bytes a submission carries; unset what the "
+                 "job does not need (or submit with env -i)", MAX_SENT_ENV_BYTES);
+        if (!first)
+            buf_adds(req, ", ");
+        first = 0;
+        json_string(req, *e, (size_t)(eq - *e));
+        buf_adds(req, ": ");
+        json_string(req, eq + 1, len - (size_t)(eq - *e) - 1);
+    }
+    buf_addc(req, '}');
+}
+
+/* ------------------------------------------------- retries of one submission */
+
+/* What an answer says about its submission, as mt-job's submit_once reads it: 0
+ * decided (made, or refused), 1 nothing was done (no scheduler reachable from this
+ * member, a replica behind, a daemon starting; after an attempt in doubt, the submit
+ * limits too), 2 in doubt (it may have been made). 1 and 2 are sent again with the
+ * same key, which returns the first outcome if there was one. */
+static int outcome_kind(const char *code, int retryable, int doubt) {
+    if (code == NULL)
+        return 0;
+    if (code_in(code, RESEND_CODES))
+        return 2;
+    if (retryable == 1 || (retryable < 0 && code_in(code, RETRYABLE_CODES)))
+        return 1;
+    return doubt && (strcmp(code, "rate_limited") == 0 || strcmp(code, "queue_full") == 0 ||
+                     strcmp(code, "not_running") == 0);
+}
+
+/* MTGPU_SUBMIT_RETRY (seconds, 0 to 3600), or SUBMIT_RETRY_S. */
+static double submit_retry_s(void) {
+    const char *v = getenv("MTGPU_SUBMIT_RETRY");
+    char *end;
+    double d = v && *v ? strtod(v, &end) : -1;
+    return v && *v && *end == '\0' && d >= 0 && d <= 3600 ? d : SUBMIT_RETRY_S;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
 /* ------------------------------------------------------------ JSON output */
 
 static void indent(buf_t *b, int depth) {
@@ -770,9 +910,19 @@ int main(int argc, char **argv) {
         if (!getcwd(cwd, sizeof cwd))
             fail("cannot tell the current directory: %s", strerror(errno));
     }
-    if (!valid_utf8((const unsigned char *)script.p, script.len))
-        fail("the job file is not valid UTF-8 text");
-    if (!valid_utf8((const unsigned char *)cwd, strlen(cwd)))
+    size_t bad = utf8_error((const unsigned char *)script.p, script.len);
+    if (bad < script.len) {
+        size_t line = 1;
+        for (size_t i = 0; i < bad; i++)
+            line += script.p[i] == '\n';
+        fail("%s is not UTF-8 text: byte 0x%02x at offset %zu (line %zu); save it as UTF-8 "
+             "(iconv -t UTF-8)", strcmp(file, "-") == 0 ? "the job file" : file,
+             (unsigned char)script.p[bad], bad, line);
+    }
+    if (script.len > MAX_JOB_SCRIPT)
+        fail("the job script is %zu bytes, over the largest JOB_SCRIPT_MAX (%d); keep data in "
+             "files beside the script and read them from it", script.len, MAX_JOB_SCRIPT);
+    if (utf8_error((const unsigned char *)cwd, strlen(cwd)) < strlen(cwd))
         fail("the current directory's name is not valid UTF-8; submit from another directory");
 
     char token[33];
@@ -783,26 +933,78 @@ int main(int argc, char **argv) {
     json_string(&req, script.p, script.len);
     buf_adds(&req, ", \"overrides\": {}, \"workdir\": ");
     json_string(&req, cwd, strlen(cwd));
+    const char *base = strrchr(file, '/');
+    buf_adds(&req, ", \"file_name\": ");
+    base = base ? base + 1 : file;
+    if (utf8_error((const unsigned char *)base, strlen(base)) < strlen(base))
+        base = ""; /* the daemon names the job as sbatch names a nameless one */
+    json_string(&req, base, strlen(base));
+    add_session(&req);
     buf_adds(&req, ", \"token\": \"");
     buf_adds(&req, token);
     buf_adds(&req, "\"}, \"id\": 1}\n");
 
-    buf_t ans = {0};
-    char *nl = NULL;
-    int rc = exchange(connect_api(sock), &req, &ans, &nl);
-    if (rc == -2)
-        fail("the MTGPU daemon closed the connection");
-    if (rc < 0)
-        fail("the MTGPU daemon did not answer: %s",
-             errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : strerror(errno));
-
-    answer_t a = {.ok = -1, .tasks = 1};
-    scan_t s = {ans.p, nl};
-    ws(&s);
-    if (!object(&s, 0, answer_member, &a))
-        fail("the MTGPU daemon sent an answer that is not JSON");
+    /* Sent again with the same request (the same key) while nothing was done (a daemon
+     * still loading its state, an election, a member cut off from its scheduler) or
+     * its outcome is in doubt (no answer, a relay or commit that timed out), as the
+     * Python mt-job does: a retry of a submission that was made returns its job. */
+    answer_t a;
+    double begun = now_s(), limit = submit_retry_s();
+    int doubt = 0, told = 0;
+    char why[512] = "", doubted[512] = "";
+    for (;;) {
+        buf_t ans = {0};
+        char *nl = NULL;
+        /* After an attempt in doubt, a daemon that is gone for a moment is no verdict. */
+        int fd = doubt ? open_api(sock) : connect_api(sock);
+        int rc = fd < 0 ? -3 : exchange(fd, &req, &ans, &nl);
+        int kind, starting = 0;
+        a = (answer_t){.ok = -1, .tasks = 1, .retryable = -1};
+        if (rc == -3) {
+            kind = 1;
+            snprintf(why, sizeof why, "cannot reach the MTGPU daemon: %s", strerror(errno));
+        } else if (rc < 0) {
+            kind = 2;
+            snprintf(why, sizeof why, "the MTGPU daemon %s", rc == -2 ? "closed the connection" :
+                     errno == EAGAIN || errno == EWOULDBLOCK ? "did not answer: timed out" :
+                     strerror(errno));
+        } else {
+            scan_t s = {ans.p, nl};
+            ws(&s);
+            if (!object(&s, 0, answer_member, &a))
+                fail("the MTGPU daemon sent an answer that is not JSON");
+            kind = a.ok == 1 ? 0 : outcome_kind(a.code.p, a.retryable, doubt);
+            starting = a.code.p && strcmp(a.code.p, "starting") == 0;
+            snprintf(why, sizeof why, "%s", a.error.p ? a.error.p : "request refused");
+        }
+        if (kind == 0)
+            break;
+        if (kind == 2) {
+            doubt = 1;
+            memcpy(doubted, why, sizeof why);
+        }
+        if (now_s() - begun > (starting && limit < STARTING_RETRY_S ? STARTING_RETRY_S : limit)) {
+            if (doubt) {
+                fprintf(stderr, "mt-job: unknown: the submission may or may not have been made "
+                        "(%s); check `mt-job list`\n", doubted);
+                return EXIT_UNKNOWN;
+            }
+            fail("not submitted: %s", why);
+        }
+        if (!told && !starting) {
+            fprintf(stderr, "mt-job: %s; retrying\n", why);
+            told = 1;
+        }
+        usleep(500000);
+    }
     if (a.ok != 1)
         fail("%s", a.error.p ? a.error.p : "request refused");
+    if (a.test_only.p) { /* #SBATCH --test-only: nothing was submitted */
+        for (const char *w = a.warnings.p; w && w < a.warnings.p + a.warnings.len; w += strlen(w) + 1)
+            fprintf(stderr, "mt-job: warning: %s\n", w);
+        fprintf(stderr, "mt-job: %s\n", a.test_only.p);
+        return 0;
+    }
     if (!a.job_id.p)
         fail("the MTGPU daemon's answer has no job id");
     if (a.notice.p)
@@ -818,5 +1020,13 @@ int main(int argc, char **argv) {
         printf("Submitted job %s (%ld array tasks)\n", a.job_id.p, a.tasks);
     else
         printf("Submitted job %s\n", a.job_id.p);
-    return fflush(stdout) == 0 ? 0 : 1;
+    if (fflush(stdout) != 0)
+        return 1;
+    if (a.wait) { /* #SBATCH --wait: the Python mt-job waits for the job and exits as it did */
+        static char *wait_argv[4];
+        wait_argv[0] = g_argv[0], wait_argv[1] = "wait", wait_argv[2] = a.job_id.p, wait_argv[3] = NULL;
+        g_argv = wait_argv;
+        exec_python();
+    }
+    return 0;
 }

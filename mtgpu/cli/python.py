@@ -15,10 +15,9 @@ import sys
 from typing import Any
 
 from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
+from mtgpu.cmdline import with_examples
 
 PROG = "mt-python"
-
-
 
 
 def interpreters(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -28,15 +27,19 @@ def interpreters(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def pick(found: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
     if not found:
-        raise SystemExit(f"{PROG}: no Python interpreters are published on this host; an admin "
-                         "lists them in PYTHON_INTERPRETERS")
+        raise SystemExit(
+            f"{PROG}: no Python interpreters are published on this host; an admin "
+            "lists them in PYTHON_INTERPRETERS"
+        )
     if name is None:
         return found[0]
     for i in found:
         if i["name"] == name:
             return i
-    raise SystemExit(f"{PROG}: no published interpreter is named {name!r}; choose one of "
-                     f"{', '.join(i['name'] for i in found)} (see `mt-python list`)")
+    raise SystemExit(
+        f"{PROG}: no published interpreter is named {name!r}; choose one of "
+        f"{', '.join(i['name'] for i in found)} (see `mt-python list`)"
+    )
 
 
 def inside_home(path: str) -> str:
@@ -44,15 +47,16 @@ def inside_home(path: str) -> str:
     home = os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir)
     target = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
     if not target.startswith(home.rstrip("/") + "/"):
-        raise SystemExit(f"{PROG}: {path} is outside your home {home}; make the venv inside "
-                         "your home, for example ~/venvs/NAME")
+        raise SystemExit(
+            f"{PROG}: {path} is outside your home {home}; make the venv inside "
+            "your home, for example ~/venvs/NAME"
+        )
     return target
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     found = interpreters(args)
-    rows = [[i["name"], i["version"], i["path"], "yes" if i["pip"] else "no (--without-pip)"]
-            for i in found]
+    rows = [[i["name"], i["version"], i["path"], "yes" if i["pip"] else "no (--without-pip)"] for i in found]
     emit(args, found, lambda _: table(rows, ["NAME", "VERSION", "PATH", "PIP IN VENVS"]))
     return 0
 
@@ -60,8 +64,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_venv(args: argparse.Namespace) -> int:
     interp = pick(interpreters(args), args.interpreter)
     target = inside_home(args.path)
-    if (os.path.isdir(target) and os.listdir(target)
-            and not os.path.exists(os.path.join(target, "pyvenv.cfg"))):
+    if (
+        os.path.isdir(target)
+        and os.listdir(target)
+        and not os.path.exists(os.path.join(target, "pyvenv.cfg"))
+    ):
         raise SystemExit(f"{PROG}: {target} already exists and is not a venv; choose a new path")
     if os.path.lexists(target) and not os.path.isdir(target):
         raise SystemExit(f"{PROG}: {target} already exists and is not a directory; choose a new path")
@@ -74,14 +81,26 @@ def cmd_venv(args: argparse.Namespace) -> int:
     rc = subprocess.call([*argv, target], stdout=sys.stderr if getattr(args, "json", False) else None)
     if rc != 0:
         raise SystemExit(f"{PROG}: `{' '.join([*argv, target])}` failed (exit status {rc})")
-    result = {"path": target, "python": os.path.join(target, "bin", "python"),
-              "interpreter": interp["name"], "version": interp["version"],
-              "base": interp["path"], "pip": not without_pip}
-    note = ("" if not without_pip or args.without_pip else
-            f"\n(no pip: {interp['name']} has no ensurepip here; the admin can install it)")
-    emit(args, result, f"made the venv {target} from {interp['name']} (Python {interp['version']}, "
-                       f"{interp['path']}); run {result['python']}, or "
-                       f"`source {target}/bin/activate`{note}")
+    result = {
+        "path": target,
+        "python": os.path.join(target, "bin", "python"),
+        "interpreter": interp["name"],
+        "version": interp["version"],
+        "base": interp["path"],
+        "pip": not without_pip,
+    }
+    note = (
+        ""
+        if not without_pip or args.without_pip
+        else f"\n(no pip: {interp['name']} has no ensurepip here; the admin can install it)"
+    )
+    emit(
+        args,
+        result,
+        f"made the venv {target} from {interp['name']} (Python {interp['version']}, "
+        f"{interp['path']}); run {result['python']}, or "
+        f"`source {target}/bin/activate`{note}",
+    )
     return 0
 
 
@@ -96,8 +115,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Use the Python interpreters this host "
-                                "publishes: list them, make venvs in your home, run them.")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Use the Python interpreters this host "
+        "publishes: list them, make venvs in your home, run them.",
+    )
     add_common(p)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     ls = sub.add_parser("list", help="the published interpreters: name, version and path")
@@ -106,19 +128,34 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("venv", help="make a venv in your home from a published interpreter")
     add_common(v)
     v.add_argument("path", metavar="PATH", help="where the venv goes (inside your home)")
-    v.add_argument("--interpreter", "-i", metavar="NAME",
-                   help="which interpreter (a NAME from `mt-python list`; default the first)")
-    v.add_argument("--system-site-packages", action="store_true",
-                   help="let the venv see the interpreter's own packages")
+    v.add_argument(
+        "--interpreter",
+        "-i",
+        metavar="NAME",
+        help="which interpreter (a NAME from `mt-python list`; default the first)",
+    )
+    v.add_argument(
+        "--system-site-packages", action="store_true", help="let the venv see the interpreter's own packages"
+    )
     v.add_argument("--without-pip", action="store_true", help="do not install pip into the venv")
     v.set_defaults(fn=cmd_venv)
     r = sub.add_parser("run", help="run a published interpreter: mt-python run NAME -- ARGS")
     add_common(r)
     r.add_argument("name", metavar="NAME", help="a NAME from `mt-python list`")
-    r.add_argument("args", nargs=argparse.REMAINDER, metavar="-- ARGS",
-                   help="arguments for the interpreter, after --")
+    r.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="-- ARGS", help="arguments for the interpreter, after --"
+    )
     r.set_defaults(fn=cmd_run)
-    return p
+    return with_examples(p, EXAMPLES)
+
+
+#: The examples at the end of each command's --help (and manual page).
+EXAMPLES = {
+    "": "mt-python list\nmt-python venv ~/venvs/train --interpreter py312",
+    "list": "mt-python list\nmt-python list --json",
+    "venv": "mt-python venv /tmp/scratch\nmt-python venv ~/venvs/train --interpreter py312",
+    "run": "mt-python run python3.11 -- -c 'import sys; print(sys.version_info[:2])'",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

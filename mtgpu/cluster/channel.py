@@ -21,11 +21,26 @@ Closer = Callable[[], Any]
 class Channel:
     """One channel to a peer, outbound or inbound, from handshake to close."""
 
-    __slots__ = ("peer", "node", "readonly", "outbound", "reader", "writer", "closer",
-                 "frames", "last_tx", "up", "closed", "reason", "task", "since")
+    __slots__ = (
+        "peer",
+        "node",
+        "readonly",
+        "outbound",
+        "reader",
+        "writer",
+        "closer",
+        "frames",
+        "last_tx",
+        "up",
+        "closed",
+        "reason",
+        "task",
+        "since",
+    )
 
-    def __init__(self, peer: str, reader: Any, writer: Any, closer: Closer | None,
-                 outbound: bool, max_frame: int) -> None:
+    def __init__(
+        self, peer: str, reader: Any, writer: Any, closer: Closer | None, outbound: bool, max_frame: int
+    ) -> None:
         self.peer = peer
         self.node: Node | None = None
         self.readonly = False

@@ -37,6 +37,7 @@ from mtgpu.cluster.members import Members, voter_count
 from mtgpu.cluster.peers import PeerClient
 from mtgpu.cluster.voters import MemberState, VoterChange, plan
 from mtgpu.errors import ApiError, StateError
+from mtgpu.state import syncobj
 
 log = logging.getLogger("mtgpu.cluster")
 
@@ -62,16 +63,18 @@ class LocalView:
         os.replace(tmp, self.path)
 
 
-async def discover(peers: PeerClient, seeds: list[str], me: dict[str, Any],
-                   *, wait: float = 30.0) -> dict[str, Any]:
+async def discover(
+    peers: PeerClient, seeds: list[str], me: dict[str, Any], *, wait: float = 30.0
+) -> dict[str, Any]:
     """Find out how to start: ``{"found": True}`` or ``{"role", "voters", "leader"}``."""
     deadline = time.monotonic() + wait
     while True:
         answers = []
         for seed in seeds:
             try:
-                answers.append(await peers.call(f"seed:{seed}", "cluster.hello", dial_address=seed,
-                                                timeout=5, **me))
+                answers.append(
+                    await peers.call(f"seed:{seed}", "cluster.hello", dial_address=seed, timeout=5, **me)
+                )
             except ApiError as exc:
                 log.info("seed %s: %s", seed, exc)
         formed = [a for a in answers if a.get("formed")]
@@ -82,8 +85,12 @@ async def discover(peers: PeerClient, seeds: list[str], me: dict[str, Any],
                 continue
             try:
                 r = await peers.call(leader, "cluster.join", dial_address=addr, timeout=10, **me)
-                return {"role": r["role"], "voters": r["voters"], "leader": leader,
-                        "addresses": r.get("addresses", {})}
+                return {
+                    "role": r["role"],
+                    "voters": r["voters"],
+                    "leader": leader,
+                    "addresses": r.get("addresses", {}),
+                }
             except ApiError as exc:
                 log.info("joining through %s: %s", leader, exc)
         if not formed:
@@ -95,8 +102,10 @@ async def discover(peers: PeerClient, seeds: list[str], me: dict[str, Any],
             if names[0] == me["name"] and (everyone or time.monotonic() > deadline):
                 return {"found": True}
             if time.monotonic() > deadline and not answers:
-                raise StateError("no seed in CLUSTER_PEERS answered and this member is not the "
-                                 "first; check CLUSTER_PEERS, CLUSTER_ID and CLUSTER_KEY")
+                raise StateError(
+                    "no seed in CLUSTER_PEERS answered and this member is not the "
+                    "first; check CLUSTER_PEERS, CLUSTER_ID and CLUSTER_KEY"
+                )
         await asyncio.sleep(1.0)
 
 
@@ -106,9 +115,18 @@ AskRole = Callable[[str, str, list[str]], Awaitable[Any]]
 class Coordinator:
     """The leader's duties: admit members, keep K voters, hand the scheduler role on."""
 
-    def __init__(self, name: str, sync: Any, members: Members, replicate: Callable[..., Any],
-                 score: Callable[[], float], *, grace: float = 60.0,
-                 ask_role: AskRole | None = None, report_window: float = 15.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        sync: Any,
+        members: Members,
+        replicate: Callable[..., Any],
+        score: Callable[[], float],
+        *,
+        grace: float = 60.0,
+        ask_role: AskRole | None = None,
+        report_window: float = 15.0,
+    ) -> None:
         self.name = name
         self.sync = sync
         self.members = members
@@ -134,10 +152,10 @@ class Coordinator:
         self._nodes: dict[str, Any] = {}
 
     def is_leader(self) -> bool:
-        return bool(self.sync is not None and self.sync._isLeader())
+        return self.sync is not None and syncobj.is_leader(self.sync)
 
     def leader(self) -> str | None:
-        leader = self.sync._getLeader() if self.sync is not None else None
+        leader = syncobj.leader(self.sync) if self.sync is not None else None
         return getattr(leader, "id", None)
 
     def configured_voters(self) -> list[str]:
@@ -147,8 +165,9 @@ class Coordinator:
             others.add(self.sync.selfNode.id)
         return sorted(others)
 
-    async def join(self, name: str, address: str, score: float,
-                   reachable: Callable[[], Any] | None = None) -> dict[str, Any]:
+    async def join(
+        self, name: str, address: str, score: float, reachable: Callable[[], Any] | None = None
+    ) -> dict[str, Any]:
         """Admit ``name`` (on the leader): decide its role and schedule the Raft add.
 
         A member the leader cannot dial back (behind NAT, or a one-way firewall) joins
@@ -159,8 +178,9 @@ class Coordinator:
         async with self._joining:
             return await self._join(name, address, score, reachable)
 
-    async def _join(self, name: str, address: str, score: float,
-                    reachable: Callable[[], Any] | None) -> dict[str, Any]:
+    async def _join(
+        self, name: str, address: str, score: float, reachable: Callable[[], Any] | None
+    ) -> dict[str, Any]:
         if not self.is_leader():
             raise ApiError(f"not the leader; ask {self.leader()}", "not_leader")
         existing = self.members.get(name)
@@ -251,7 +271,7 @@ class Coordinator:
 
     def _fully_applied(self) -> bool:
         s = self.sync
-        return bool(s.raftLastApplied >= s._SyncObj__getCurrentLogIndex())
+        return bool(s.raftLastApplied >= syncobj.current_log_index(s))
 
     async def _reconcile(self) -> None:
         """Bring the Raft configuration in line with the member list's roles.
@@ -266,13 +286,11 @@ class Coordinator:
         wanted = set(self.members.voters()) | {self.name}
         for name in sorted(wanted - config - self._busy):
             if name not in self._adds:
-                log.info("%s is a voter in the member list but not in the configuration: adding it",
-                         name)
+                log.info("%s is a voter in the member list but not in the configuration: adding it", name)
                 self._adds.append(name)
         await self._admit()
         for name in sorted(config - wanted - self._busy - {self.name}):
-            log.info("%s is in the configuration but not a voter in the member list: removing it",
-                     name)
+            log.info("%s is in the configuration but not a voter in the member list: removing it", name)
             await self._membership(self.sync.removeNodeFromCluster, name)
 
     def observe(self, now: float) -> list[MemberState]:
@@ -299,10 +317,18 @@ class Coordinator:
             else:
                 self._up_since.pop(name, None)
                 self._down_since.setdefault(name, now)
-            out.append(MemberState(name, m["role"], float(m["score"]), up,
-                                   self._up_since.get(name), self._down_since.get(name),
-                                   dialable=self._undialable.get(name, float("-inf")) <= now,
-                                   changed=self._changed.get(name)))
+            out.append(
+                MemberState(
+                    name,
+                    m["role"],
+                    float(m["score"]),
+                    up,
+                    self._up_since.get(name),
+                    self._down_since.get(name),
+                    dialable=self._undialable.get(name, float("-inf")) <= now,
+                    changed=self._changed.get(name),
+                )
+            )
         return out
 
     async def _keep_voters(self) -> bool:
@@ -365,8 +391,7 @@ class Coordinator:
         m = self.members.get(name)
         if m is None:
             return False
-        await self.replicate(self.members.upsert, name, m["address"], m["score"], "readonly",
-                             time.time())
+        await self.replicate(self.members.upsert, name, m["address"], m["score"], "readonly", time.time())
         try:
             await self.remove_voter(name)
         except ApiError as exc:
@@ -383,9 +408,15 @@ class Coordinator:
     def _maybe_transfer(self) -> None:
         mine = self.score()
         config = set(self.configured_voters())
-        best = max((m for m in self.members.all() if m["role"] == "voter" and m["name"] != self.name
-                    and m["name"] in config),
-                   key=lambda m: (m["score"], m["name"]), default=None)
+        best = max(
+            (
+                m
+                for m in self.members.all()
+                if m["role"] == "voter" and m["name"] != self.name and m["name"] in config
+            ),
+            key=lambda m: (m["score"], m["name"]),
+            default=None,
+        )
         if best is not None and best["score"] > mine * TRANSFER_MARGIN:
             from pysyncobj.node import Node
 

@@ -16,8 +16,9 @@ from mtgpu.cluster.identity import ClusterIdentity, peer_username
 PEER_KEEPALIVE = 15
 
 
-async def connect_peer(address: str, identity: ClusterIdentity, my_name: str, state_dir: str,
-                       *, connect_timeout: float = 5.0) -> asyncssh.SSHClientConnection:
+async def connect_peer(
+    address: str, identity: ClusterIdentity, my_name: str, state_dir: str, *, connect_timeout: float = 5.0
+) -> asyncssh.SSHClientConnection:
     """Log in to the member at ``HOST:PORT`` as this member.
 
     The client presents its host key with a user certificate naming it, and accepts
@@ -27,7 +28,14 @@ async def connect_peer(address: str, identity: ClusterIdentity, my_name: str, st
     key = asyncssh.read_private_key(str(Path(state_dir) / "ssh_host_ed25519_key"))
     cert = identity.peer_certificate(key, my_name)
     return await asyncssh.connect(
-        host.strip("[]"), int(port), username=peer_username(my_name),
-        client_keys=[(key, cert)], known_hosts=identity.known_hosts(), agent_path=None,
-        config=[], connect_timeout=connect_timeout, keepalive_interval=PEER_KEEPALIVE,
-        keepalive_count_max=3)
+        host.strip("[]"),
+        int(port),
+        username=peer_username(my_name),
+        client_keys=[(key, cert)],
+        known_hosts=identity.known_hosts(),
+        agent_path=None,
+        config=[],
+        connect_timeout=connect_timeout,
+        keepalive_interval=PEER_KEEPALIVE,
+        keepalive_count_max=3,
+    )

@@ -106,7 +106,7 @@ class FrameReader:
                 end = pos + 4 + n
                 if len(buf) >= end:
                     self._pos = end
-                    return bytes(buf[pos + 4:end])
+                    return bytes(buf[pos + 4 : end])
             data = await self._reader.read(self._chunk)
             if not data:
                 return None

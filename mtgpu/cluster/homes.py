@@ -54,8 +54,7 @@ def write_marker(root: str, name: str, token: str) -> bool:
         os.replace(tmp, path)
         return True
     except OSError as exc:
-        log.warning("cannot write %s (%s): this member's homes layout stays unknown",
-                    path, exc.strerror)
+        log.warning("cannot write %s (%s): this member's homes layout stays unknown", path, exc.strerror)
         try:
             tmp.unlink()
         except OSError:
@@ -96,8 +95,9 @@ def layout(members: Members) -> dict[str, Any]:
     # Each member's own list as a set: the cost is the markers recorded, not the
     # square of the members (a thousand members start jobs with this).
     seen = {n: set((recs.get(n) or {}).get("shares", ())) for n in names}
-    shares: dict[str, list[str]] = {a: sorted(b for b in seen[a] if b != a and a in seen.get(b, ()))
-                                    for a in names}
+    shares: dict[str, list[str]] = {
+        a: sorted(b for b in seen[a] if b != a and a in seen.get(b, ())) for a in names
+    }
     if any(not (recs.get(n) or {}).get("token") for n in names):
         kind = "unknown"
     elif all(len(s) == len(names) - 1 for s in shares.values()):
@@ -115,26 +115,34 @@ def workdir_help(members: Members, node: str, root: str, workdir: str) -> str:
     if not others:
         return ""
     recs = members.homes
-    shared = {b for b in (recs.get(node) or {}).get("shares", ())
-              if b != node and b in members.members and node in (recs.get(b) or {}).get("shares", ())}
-    inside = os.path.normpath(workdir) == os.path.normpath(root) or \
-        os.path.normpath(workdir).startswith(os.path.normpath(root).rstrip("/") + "/")
+    shared = {
+        b
+        for b in (recs.get(node) or {}).get("shares", ())
+        if b != node and b in members.members and node in (recs.get(b) or {}).get("shares", ())
+    }
+    inside = os.path.normpath(workdir) == os.path.normpath(root) or os.path.normpath(workdir).startswith(
+        os.path.normpath(root).rstrip("/") + "/"
+    )
     if shared != set(others):
-        where = (f"{node} does not share TENANT_HOME_ROOT with "
-                 f"{', '.join(n for n in others if n not in shared)}")
+        where = (
+            f"{node} does not share TENANT_HOME_ROOT with {', '.join(n for n in others if n not in shared)}"
+        )
     elif inside:
         return ""  # the homes are shared: the directory is missing everywhere
     else:
         where = f"{workdir} is outside TENANT_HOME_ROOT ({root}), on {node}'s own disk"
-    return (f"{where}: copy the directory to {node}, keep it on storage every member "
-            f"shares, or pin the job with server= to a member that has it")
+    return (
+        f"{where}: copy the directory to {node}, keep it on storage every member "
+        f"shares, or pin the job with server= to a member that has it"
+    )
 
 
 class HomesProbe:
     """This member's side: write the marker, look for the others', record changes."""
 
-    def __init__(self, root: str, name: str, members: Members,
-                 replicate: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(
+        self, root: str, name: str, members: Members, replicate: Callable[..., Awaitable[Any]]
+    ) -> None:
         self.root = root
         self.name = name
         self.members = members
@@ -173,8 +181,10 @@ class HomesProbe:
 
     def _signature(self) -> tuple[Any, ...]:
         """What, when it changes, calls for quick looks: the members and their tokens."""
-        return (tuple(sorted(self.members.members)),
-                tuple(sorted((n, r.get("token") or "") for n, r in self.members.homes.items())))
+        return (
+            tuple(sorted(self.members.members)),
+            tuple(sorted((n, r.get("token") or "") for n, r in self.members.homes.items())),
+        )
 
     async def run(self) -> None:
         seen_sig: tuple[Any, ...] | None = None

@@ -40,8 +40,8 @@ def derive_key(label: str, cluster_id: str, secret: str) -> asyncssh.SSHKey:
     """
     seed = hashlib.sha256(f"mtgpu:{label}:{cluster_id}:{secret}".encode()).digest()
     pem = Ed25519PrivateKey.from_private_bytes(seed).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
     return asyncssh.import_private_key(pem)
 
 
@@ -51,7 +51,7 @@ def peer_username(name: str) -> str:
 
 def peer_name(username: str) -> str | None:
     """The member name a peer user name stands for, or None for any other user."""
-    return username[len(PEER_PREFIX):] if username.startswith(PEER_PREFIX) else None
+    return username[len(PEER_PREFIX) :] if username.startswith(PEER_PREFIX) else None
 
 
 @dataclass
@@ -64,20 +64,29 @@ class ClusterIdentity:
 
     @classmethod
     def derive(cls, cluster_id: str, secret: str) -> ClusterIdentity:
-        return cls(cluster_id, derive_key("host-ca", cluster_id, secret),
-                   derive_key("user-ca", cluster_id, secret))
+        return cls(
+            cluster_id, derive_key("host-ca", cluster_id, secret), derive_key("user-ca", cluster_id, secret)
+        )
 
     def host_certificate(self, host_key: asyncssh.SSHKey, principals: list[str]) -> asyncssh.SSHCertificate:
         """A host certificate for this member's host key (valid 30 days; renewed at start)."""
         return self.host_ca.generate_host_certificate(
-            host_key, key_id=principals[0], principals=principals,
-            valid_after="-5m", valid_before=f"+{CERT_VALIDITY}s")
+            host_key,
+            key_id=principals[0],
+            principals=principals,
+            valid_after="-5m",
+            valid_before=f"+{CERT_VALIDITY}s",
+        )
 
     def peer_certificate(self, key: asyncssh.SSHKey, name: str) -> asyncssh.SSHCertificate:
         """A user certificate naming this member, for logging in to the others."""
         return self.user_ca.generate_user_certificate(
-            key, key_id=peer_username(name), principals=[peer_username(name)],
-            valid_after="-5m", valid_before=f"+{CERT_VALIDITY}s")
+            key,
+            key_id=peer_username(name),
+            principals=[peer_username(name)],
+            valid_after="-5m",
+            valid_before=f"+{CERT_VALIDITY}s",
+        )
 
     def is_user_ca(self, key: asyncssh.SSHKey) -> bool:
         return key.public_data == self.user_ca.public_data

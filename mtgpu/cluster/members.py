@@ -61,8 +61,13 @@ class Members(SyncObjConsumer):
     @replicated
     def upsert(self, name: str, address: str, score: float, role: str, now: float) -> dict[str, Any]:
         old = self.members.get(name, {})
-        self.members[name] = {"name": name, "address": address, "score": score, "role": role,
-                              "joined": old.get("joined", now)}
+        self.members[name] = {
+            "name": name,
+            "address": address,
+            "score": score,
+            "role": role,
+            "joined": old.get("joined", now),
+        }
         self.removed.pop(name, None)
         return self.members[name]
 

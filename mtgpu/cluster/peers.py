@@ -47,8 +47,9 @@ class _Link:
 class PeerClient:
     """Requests to other members by name; addresses come from ``address_of``."""
 
-    def __init__(self, identity: ClusterIdentity, my_name: str, state_dir: str,
-                 address_of: Callable[[str], str | None]) -> None:
+    def __init__(
+        self, identity: ClusterIdentity, my_name: str, state_dir: str, address_of: Callable[[str], str | None]
+    ) -> None:
         self.identity = identity
         self.my_name = my_name
         self.state_dir = state_dir
@@ -80,12 +81,17 @@ class PeerClient:
                     conn = await connect_peer(addr, self.identity, self.my_name, self.state_dir)
                     proc = await conn.create_process(subsystem="mtgpu-peer", encoding=None)
             except asyncssh.HostKeyNotVerifiable as exc:
-                log.warning("member %s at %s is not of this cluster: its host certificate is not "
-                            "signed by this cluster's CA (another CLUSTER_ID or CLUSTER_KEY)",
-                            target, addr)
-                raise ApiError(f"member {target} at {addr} is not of this cluster (its host "
-                               "certificate is from another CLUSTER_ID or CLUSTER_KEY)",
-                               "wrong_cluster") from exc
+                log.warning(
+                    "member %s at %s is not of this cluster: its host certificate is not "
+                    "signed by this cluster's CA (another CLUSTER_ID or CLUSTER_KEY)",
+                    target,
+                    addr,
+                )
+                raise ApiError(
+                    f"member {target} at {addr} is not of this cluster (its host "
+                    "certificate is from another CLUSTER_ID or CLUSTER_KEY)",
+                    "wrong_cluster",
+                ) from exc
             except (OSError, asyncssh.Error) as exc:
                 raise ApiError(f"member {target} at {addr} is unreachable: {exc}", "unreachable") from exc
             link = _Link(conn, proc)
@@ -113,8 +119,9 @@ class PeerClient:
                 del self._links[target]
             link.close()
 
-    async def call(self, target: str, op: str, /, *, dial_address: str | None = None,
-                   timeout: float = 10.0, **args: Any) -> Any:
+    async def call(
+        self, target: str, op: str, /, *, dial_address: str | None = None, timeout: float = 10.0, **args: Any
+    ) -> Any:
         """Run ``op`` on member ``target`` and return its result; ApiError if refused.
 
         ``dial_address`` reaches a member whose name is not known yet (a seed).
@@ -126,12 +133,13 @@ class PeerClient:
         link.proc.stdin.write(json.dumps({"op": op, "args": args, "id": rid}).encode() + b"\n")
         try:
             ans = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             link.waiting.pop(rid, None)
-            raise ApiError(f"member {target} did not answer {op} within {timeout:.0f}s",
-                           "unreachable") from exc
+            raise ApiError(
+                f"member {target} did not answer {op} within {timeout:.0f}s", "unreachable"
+            ) from exc
         if not ans.get("ok"):
-            raise ApiError(ans.get("error", "refused"), ans.get("code", "error"))
+            raise ApiError.from_answer(ans)
         return ans.get("result")
 
     async def open_raft(self, target: str) -> tuple[Any, Any, Callable[[], None]]:

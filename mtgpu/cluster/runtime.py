@@ -14,24 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.cluster.coordinator import Coordinator, LocalView, discover
 from mtgpu.cluster.homes import HomesProbe, layout, workdir_help
 from mtgpu.cluster.identity import ClusterIdentity
+from mtgpu.cluster.lease import MemberLease, lease_seconds
+from mtgpu.cluster.lease import now as lease_now
 from mtgpu.cluster.members import Members, capability_score
 from mtgpu.cluster.peers import PeerClient
 from mtgpu.cluster.transport import SshRaftTransport
 from mtgpu.config import Options
 from mtgpu.errors import ApiError
 from mtgpu.gpuinfo.types import NodeInventory, ReportReader
+from mtgpu.state import syncobj
 from mtgpu.state.store import StateStore, forget_term, strip_dump_nodes
 
 log = logging.getLogger("mtgpu.cluster")
+
+#: How long a member waits to catch up with the scheduler's log before it answers a
+#: read of replicated state (seconds); past it, the answer is a retryable error.
+CATCH_UP_TIMEOUT = 5.0
 
 
 def advertised_address(options: Options) -> str:
@@ -55,12 +62,12 @@ def advertised_address(options: Options) -> str:
 class ClusterRuntime:
     """Everything a member does because it is in a cluster."""
 
-    def __init__(self, options: Options, identity: ClusterIdentity, dispatcher: Dispatcher,
-                 inventory: Callable[[], NodeInventory | None]) -> None:
+    def __init__(
+        self, options: Options, identity: ClusterIdentity, inventory: Callable[[], NodeInventory | None]
+    ) -> None:
         self.options = options
         self.name = options.server_name
         self.identity = identity
-        self.dispatcher = dispatcher
         self.inventory = inventory
         self.members = Members()
         self.address = advertised_address(options)
@@ -73,7 +80,20 @@ class ClusterRuntime:
         self.coordinator: Coordinator | None = None
         self.on_leader: Callable[[bool], Awaitable[None]] | None = None
         self.on_report: Callable[[NodeInventory], None] | None = None
-        self._reports = ReportReader()
+        #: This member's lease from the scheduler (see :mod:`mtgpu.cluster.lease`).
+        from pathlib import Path
+
+        self.lease = MemberLease(Path(options.state_dir) / "jobs", options.cluster_fence_grace)
+        self.lease_seconds = lease_seconds(options.cluster_lost_after, options.cluster_fence_grace)
+        #: A digest of this member's replica of the job table (set by the daemon), so
+        #: that an admin can see that the replicas agree.
+        self.replica_digest: Callable[[], str] | None = None
+        #: On the scheduler: the lease for a member that just reported (None: none).
+        self.grant: Callable[[str], float | None] | None = None
+        #: The members the scheduler has not heard from (set by the daemon).
+        self.unreported: Callable[[], list[str]] | None = None
+        self._pulls: set[str] = set()
+        self.reports = ReportReader()
         #: Called with the new store after a role change (the daemon keeps a reference).
         self.on_store: Callable[[StateStore], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -87,6 +107,9 @@ class ClusterRuntime:
         #: The replicated drains (:class:`mtgpu.schedd.drains.Drains`), for the status.
         self.drains: Any = None
         self.homes: HomesProbe | None = None
+        #: The next read-index round (see :meth:`leader_index`) and the task running them.
+        self._next_round: asyncio.Future[int] | None = None
+        self._rounds_task: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------- startup
 
@@ -99,13 +122,20 @@ class ClusterRuntime:
         o = self.options
         view = self.view.load()
         if view is not None and view.get("cluster_id") not in (None, o.cluster_id):
-            raise ApiError(f"STATE_DIR belongs to cluster {view['cluster_id']!r}, not "
-                           f"{o.cluster_id!r}; use another STATE_DIR", "wrong_cluster")
+            raise ApiError(
+                f"STATE_DIR belongs to cluster {view['cluster_id']!r}, not "
+                f"{o.cluster_id!r}; use another STATE_DIR",
+                "wrong_cluster",
+            )
         for name, addr in (view or {}).get("addresses", {}).items():
             self.addresses.setdefault(name, addr)
         if view is None:
-            me = {"name": self.name, "address": self.address, "score": self.score(),
-                  "cluster_id": o.cluster_id}
+            me = {
+                "name": self.name,
+                "address": self.address,
+                "score": self.score(),
+                "cluster_id": o.cluster_id,
+            }
             found = await discover(self.peers, list(o.cluster_peers), me)
             if found.get("found"):
                 role, voters = "voter", [self.name]
@@ -129,8 +159,13 @@ class ClusterRuntime:
         loop = asyncio.get_running_loop()
         self.transport = SshRaftTransport(loop, self.name, self._dial, readonly=role == "readonly")
         peers = [v for v in voters if v != self.name]
-        return StateStore(self.name if role == "voter" else None, consumers, self.options.state_dir,
-                          peers=peers, transport_factory=self.transport.attach)
+        return StateStore(
+            self.name if role == "voter" else None,
+            consumers,
+            self.options.state_dir,
+            peers=peers,
+            transport_factory=self.transport.attach,
+        )
 
     async def switch_role(self, role: str, voters: list[str]) -> bool:
         """Reopen the replica as a ``role`` member with ``voters``; False if it already is."""
@@ -139,8 +174,11 @@ class ClusterRuntime:
                 return False
             old, old_transport = self.store, self.transport
             assert old is not None and old_transport is not None
-            log.warning("switching this member's replica to %s (voters: %s)",
-                        "voter" if role == "voter" else "read-only", ", ".join(sorted(voters)))
+            log.warning(
+                "switching this member's replica to %s (voters: %s)",
+                "voter" if role == "voter" else "read-only",
+                ", ".join(sorted(voters)),
+            )
             self._save(role, voters)
             current = await asyncio.to_thread(old.snapshot)
             # Closed and reopened without yielding to the loop: nothing may call a
@@ -185,14 +223,23 @@ class ClusterRuntime:
         assert self.store is not None
         self.replicate = replicate
         o = self.options
-        self.coordinator = Coordinator(self.name, self.store.sync, self.members, replicate, self.score,
-                                       grace=o.cluster_voter_grace, ask_role=self._ask_role,
-                                       report_window=3 * o.usage_sample_interval + 5)
-        self._register()
+        self.coordinator = Coordinator(
+            self.name,
+            self.store.sync,
+            self.members,
+            replicate,
+            self.score,
+            grace=o.cluster_voter_grace,
+            ask_role=self._ask_role,
+            report_window=3 * o.usage_sample_interval + 5,
+        )
         loop = asyncio.get_running_loop()
         self.homes = HomesProbe(o.tenant_home_root, self.name, self.members, replicate)
-        self._tasks += [loop.create_task(self._watch()), loop.create_task(self._report_loop()),
-                        loop.create_task(self.homes.run())]
+        self._tasks += [
+            loop.create_task(self._watch()),
+            loop.create_task(self._report_loop()),
+            loop.create_task(self.homes.run()),
+        ]
         self.coordinator.start()
 
     async def stop(self) -> None:
@@ -212,6 +259,74 @@ class ClusterRuntime:
     def leader(self) -> str | None:
         return self.coordinator.leader() if self.coordinator else None
 
+    # ------------------------------------------------------- read-your-writes
+
+    def last_index(self) -> int:
+        """The last entry in this member's log (PySyncObj 0.3.17 internals)."""
+        assert self.store is not None
+        return syncobj.current_log_index(self.store.sync)
+
+    async def catch_up(self, timeout: float = CATCH_UP_TIMEOUT) -> None:
+        """Raft's read-index: wait until this replica has applied every entry the
+        scheduler held when asked (asked after this call began), so that a change
+        acknowledged on any member is seen here. ApiError ``not_caught_up`` (retryable)
+        if that cannot be done within ``timeout``.
+
+        The scheduler's last log index, not its commit index, is the target: a member
+        that has just become the scheduler holds every committed entry but learns the
+        commit index only when an entry of its own term commits.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            target = await asyncio.wait_for(self.leader_index(), timeout)
+        except TimeoutError:
+            target = None
+        except ApiError as exc:
+            raise ApiError(
+                f"this member cannot tell whether its copy of the cluster state is "
+                f"current ({exc}); retry in a few seconds",
+                "not_caught_up",
+            ) from exc
+        while target is None or self.store is None or self.store.sync.raftLastApplied < target:
+            if loop.time() > deadline:
+                raise ApiError(
+                    f"this member's copy of the cluster state is behind the scheduler's "
+                    f"and did not catch up within {timeout:g}s; retry in a few seconds",
+                    "not_caught_up",
+                )
+            await asyncio.sleep(0.005)
+
+    async def leader_index(self) -> int:
+        """The scheduler's last log index, from a round begun after this call (callers
+        arriving together share one round: one question to the scheduler per round trip,
+        however many logins ask)."""
+        loop = asyncio.get_running_loop()
+        fut = self._next_round
+        if fut is None:
+            fut = self._next_round = loop.create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if self._rounds_task is None or self._rounds_task.done():
+                self._rounds_task = loop.create_task(self._rounds())
+        return await asyncio.shield(fut)
+
+    async def _rounds(self) -> None:
+        while self._next_round is not None:
+            fut, self._next_round = self._next_round, None
+            try:
+                fut.set_result(await self._ask_index())
+            except Exception as exc:  # noqa: BLE001 - handed to the waiters
+                fut.set_exception(exc)
+
+    async def _ask_index(self) -> int:
+        if self.is_leader():
+            return self.last_index()
+        leader = self.leader()
+        if leader is None:
+            raise ApiError("no scheduler is elected right now", "no_leader")
+        r = await self.peers.call(leader, "cluster.log_index", timeout=CATCH_UP_TIMEOUT)
+        return int(r["index"])
+
     async def _watch(self) -> None:
         """Follow leadership changes and keep the address book and local view fresh."""
         while True:
@@ -221,8 +336,9 @@ class ClusterRuntime:
             leader = self.is_leader()
             if leader and self.members.get(self.name) is None:
                 try:
-                    await self.replicate(self.members.upsert, self.name, self.address, self.score(),
-                                         self.role, time.time())
+                    await self.replicate(
+                        self.members.upsert, self.name, self.address, self.score(), self.role, time.time()
+                    )
                 except Exception:  # noqa: BLE001
                     pass
             if leader != self._was_leader:
@@ -230,6 +346,8 @@ class ClusterRuntime:
                 log.info("%s the scheduler", "now" if leader else "no longer")
                 if self.on_leader is not None:
                     await self.on_leader(leader)
+                if leader:
+                    self._grant_self(lease_now())
             voters = self.members.voters()
             if voters and self.role == "voter" and self.name in voters:
                 view = self.view.load() or {}
@@ -251,8 +369,11 @@ class ClusterRuntime:
         if self._leaderless_since is None:
             self._leaderless_since = now
         settled = now - self._switched_at >= 10.0
-        if (now - self._leaderless_since >= 5.0 and settled
-                and (self._role_check is None or self._role_check.done())):
+        if (
+            now - self._leaderless_since >= 5.0
+            and settled
+            and (self._role_check is None or self._role_check.done())
+        ):
             self._leaderless_since = now  # at most one round every 5 s
             self._role_check = asyncio.get_running_loop().create_task(self._check_role())
 
@@ -264,15 +385,20 @@ class ClusterRuntime:
             if self.name not in view.get("members", [self.name]):
                 if not self._removed_logged:
                     self._removed_logged = True
-                    log.warning("the scheduler %s no longer lists this member: it was removed "
-                                "from the cluster; stop it, or clear STATE_DIR to join again",
-                                view["name"])
+                    log.warning(
+                        "the scheduler %s no longer lists this member: it was removed "
+                        "from the cluster; stop it, or clear STATE_DIR to join again",
+                        view["name"],
+                    )
                 return
             voters = list(view.get("voters") or [])
             want = "voter" if self.name in voters else "readonly"
             if want != self.role:
-                log.warning("the scheduler %s counts this member as %s: switching", view["name"],
-                            "a voter" if want == "voter" else "read-only")
+                log.warning(
+                    "the scheduler %s counts this member as %s: switching",
+                    view["name"],
+                    "a voter" if want == "voter" else "read-only",
+                )
                 await self.switch_role(want, voters)
         except Exception:  # noqa: BLE001 - retried on the next round
             log.exception("checking this member's role failed")
@@ -281,15 +407,24 @@ class ClusterRuntime:
         """``cluster.hello`` as the leader answers it, asked through any member that answers."""
         me = {"cluster_id": self.options.cluster_id}
         targets = [(n, a) for n, a in sorted(self.addresses.items()) if n != self.name]
-        targets += [(f"seed:{s}", s) for s in self.options.cluster_peers
-                    if s not in self.addresses.values() and s != self.address]
+        targets += [
+            (f"seed:{s}", s)
+            for s in self.options.cluster_peers
+            if s not in self.addresses.values() and s != self.address
+        ]
         for name, addr in targets:
             try:
                 a = await self.peers.call(name, "cluster.hello", dial_address=addr, timeout=3, **me)
-                if a.get("formed") and a.get("leader") and a["leader"] != a.get("name") \
-                        and a["leader"] != self.name and a.get("leader_address"):
-                    a = await self.peers.call(a["leader"], "cluster.hello",
-                                              dial_address=a["leader_address"], timeout=3, **me)
+                if (
+                    a.get("formed")
+                    and a.get("leader")
+                    and a["leader"] != a.get("name")
+                    and a["leader"] != self.name
+                    and a.get("leader_address")
+                ):
+                    a = await self.peers.call(
+                        a["leader"], "cluster.hello", dial_address=a["leader_address"], timeout=3, **me
+                    )
             except ApiError as exc:
                 log.debug("asking %s about the cluster: %s", name, exc)
                 continue
@@ -304,126 +439,70 @@ class ClusterRuntime:
         """Tell ``member`` to run its replica as ``role`` (from the leader)."""
         return await self.peers.call(member, "cluster.role", role=role, voters=voters, timeout=30)
 
+    def _grant_self(self, sent: float) -> None:
+        """The scheduler's own member holds its lease from itself while it leads."""
+        if self.grant is not None and self.is_leader():
+            seconds = self.grant(self.name)
+            if seconds is not None:
+                self.lease.granted(sent, seconds)
+
+    def lease_lost_since(self) -> float | None:
+        """When (wall clock) this member's lease ran out; None while it holds."""
+        return self.lease.lost_since()
+
     async def _report_loop(self) -> None:
-        """Send this member's inventory and measured use to the scheduler (not the log)."""
+        """Send this member's inventory and measured use to the scheduler (not the log);
+        each answer renews this member's lease."""
         while True:
             await asyncio.sleep(self.options.usage_sample_interval)
             inv = self.inventory()
             leader = self.leader()
             if inv is None or leader is None:
                 continue
+            sent = lease_now()
             if leader == self.name:
                 if self.on_report is not None:
                     self.on_report(inv)
+                self._grant_self(sent)
+                # Members the scheduler has not heard from (it just took over; one just
+                # changed role and has not found it yet): ask them, so the inventory is
+                # complete as soon as they answer.
+                for name in self.unreported() if self.unreported is not None else []:
+                    if name in self.addresses and name != self.name and name not in self._pulls:
+                        self._pulls.add(name)
+                        task = asyncio.get_running_loop().create_task(self._pull_report(name))
+                        task.add_done_callback(functools.partial(self._pulled, name))
                 continue
             try:
-                await self.peers.call(leader, "node.report", inventory=inv.to_dict(processes=False),
-                                      timeout=5)
+                r = await self.peers.call(
+                    leader, "node.report", inventory=inv.to_dict(processes=False), timeout=5
+                )
             except ApiError as exc:
                 log.debug("report to %s failed: %s", leader, exc)
+                continue
+            if (
+                isinstance(r, dict)
+                and isinstance(r.get("lease"), (int, float))
+                and not isinstance(r["lease"], bool)
+                and 0 < r["lease"] <= self.lease_seconds
+            ):
+                self.lease.granted(sent, float(r["lease"]))
 
-    # ------------------------------------------------------------ peer ops
+    def _pulled(self, name: str, _task: asyncio.Task[None]) -> None:
+        self._pulls.discard(name)
 
-    def register_hello(self) -> None:
-        """Answer joining members, from before this member's own store is open."""
-
-        def hello(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """What this member knows of the cluster (for a joining member)."""
-            _peer_only(caller)
-            if arg(args, "cluster_id", str, self.options.cluster_id) != self.options.cluster_id:
-                raise ApiError("another cluster ID", "wrong_cluster")
-            leader = self.leader()
-            if self.coordinator is None or leader is None:
-                return {"name": self.name, "formed": False}
-            addr = self.address if leader == self.name else self.addresses.get(leader)
-            return {"name": self.name, "formed": True, "leader": leader,
-                    "leader_address": addr, "voters": self.members.voters(),
-                    "members": [m["name"] for m in self.members.all()]}
-
-        self.dispatcher.register("cluster.hello", hello)
-
-    def _register(self) -> None:
-        d = self.dispatcher
-        peer_only = _peer_only
-
-        async def join(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """Admit a member (on the leader)."""
-            peer_only(caller)
-            assert self.coordinator is not None
-            name = arg(args, "name", str)
-            if caller.name != f"mtgpu-peer.{name}":
-                raise ApiError("a member can only join as itself", "forbidden")
-            address = arg(args, "address", str)
-
-            async def reachable() -> bool:
-                try:
-                    await self.peers.call(f"probe:{name}", "cluster.hello", dial_address=address,
-                                          timeout=3, cluster_id=self.options.cluster_id)
-                    return True
-                except ApiError:
-                    return False
-                finally:
-                    self.peers.forget(f"probe:{name}")
-
-            r = await self.coordinator.join(name, address,
-                                            float(arg(args, "score", (int, float), 0.0)), reachable)
-            r["addresses"] = {**self.addresses, self.name: self.address}
-            return r
-
-        def report(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """A member's inventory and measured use, for the scheduler's memory."""
-            peer_only(caller)
-            inv = self._reports.read(arg(args, "inventory", dict))
-            if self.coordinator is not None:
-                self.coordinator.reported[inv.name] = time.monotonic()
-            if self.on_report is not None:
-                self.on_report(inv)
-            return {"ok": True}
-
-        def status(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """The cluster as this member sees it."""
-            return self.status()
-
-        async def remove(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """Take a member out of the cluster (on the scheduler)."""
-            name = arg(args, "name", str)
-            if not self.is_leader():
-                leader = self.leader()
-                if leader is None:
-                    raise ApiError("no scheduler is elected right now; retry", "no_leader")
-                return await self.peers.call(leader, "cluster.remove", name=name)
-            m = self.members.get(name)
-            if m is None:
-                raise ApiError(f"no member {name!r}; `mtgpu-admin cluster status` lists them",
-                               "not_found")
-            if name == self.name:
-                raise ApiError("the scheduler cannot remove itself; run this on another "
-                               "member after moving the scheduler, or stop this one", "bad_request")
-            assert self.coordinator is not None
-            await self.coordinator.remove_member(name)
-            self._reports.forget(name)
-            return {"removed": name}
-
-        async def role(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-            """Run this member's replica as a voter or read-only (the scheduler asks)."""
-            peer_only(caller)
-            want = arg(args, "role", str)
-            voters = arg(args, "voters", list)
-            if want not in ("voter", "readonly"):
-                raise ApiError("role must be voter or readonly", "bad_request")
-            if (want == "voter") != (self.name in voters):
-                raise ApiError("the voters do not match the role", "bad_request")
-            sender = caller.name.removeprefix("mtgpu-peer.")
-            if want == "voter" and sender != self.leader():
-                raise ApiError(f"only the scheduler ({self.leader()}) promotes members", "not_leader")
-            changed = await self.switch_role(want, [str(v) for v in voters])
-            return {"role": want, "changed": changed}
-
-        d.register("cluster.join", join)
-        d.register("cluster.remove", remove, admin=True, audit=True)
-        d.register("cluster.role", role)
-        d.register("node.report", report)
-        d.register("cluster.status", status, admin=True)
+    async def _pull_report(self, name: str) -> None:
+        # No lease here: a question may be delivered late, and a lease counted from
+        # its arrival could outlast what this scheduler believes. The member's own
+        # report (within USAGE_SAMPLE_INTERVAL) brings its lease.
+        try:
+            r = await self.peers.call(name, "node.inventory", timeout=3)
+        except ApiError as exc:
+            log.debug("asking %s for its report: %s", name, exc)
+            return
+        inv = self.reports.read(r)
+        if inv.name == name and self.is_leader() and self.on_report is not None:
+            self.on_report(inv)
 
     def status(self) -> dict[str, Any]:
         assert self.store is not None
@@ -443,33 +522,59 @@ class ClusterRuntime:
                 connected = sync.isNodeConnected(Node(m["name"])) if watched else None
                 state = "up" if connected or connected is None and leader else "unreachable"
             drain = self.drains.get(m["name"]) if self.drains is not None else None
-            members.append({"name": m["name"], "address": m["address"], "role": role,
-                            "state": state, "score": m["score"],
-                            "drained": drain is not None,
-                            "drain_reason": drain["reason"] if drain else None,
-                            "homes_shared_with": (homes["shares"].get(m["name"], [])
-                                                  if (self.members.homes.get(m["name"]) or {}).get("token")
-                                                  else None)})
+            members.append(
+                {
+                    "name": m["name"],
+                    "address": m["address"],
+                    "role": role,
+                    "state": state,
+                    "score": m["score"],
+                    "drained": drain is not None,
+                    "drain_reason": drain["reason"] if drain else None,
+                    "homes_shared_with": (
+                        homes["shares"].get(m["name"], [])
+                        if (self.members.homes.get(m["name"]) or {}).get("token")
+                        else None
+                    ),
+                }
+            )
         voters = [m for m in members if m["role"] in ("voter", "scheduler")]
-        warning = ("a cluster with two voters cannot keep a majority if either fails; add a "
-                   "third member" if len(voters) == 2 else "")
-        return {"cluster_id": self.options.cluster_id, "scheduler": leader, "term": st.get("term"),
-                "members": members, "self": self.name, "warning": warning,
-                "homes": homes["homes"], "tenant_home_root": self.options.tenant_home_root,
-                "known_hosts": self.identity.known_hosts_line()}
+        warning = (
+            "a cluster with two voters cannot keep a majority if either fails; add a third member"
+            if len(voters) == 2
+            else ""
+        )
+        lost = self.lease.lost_since()
+        replica: dict[str, Any] = {"applied": int(sync.raftLastApplied), "jobs": None}
+        for _ in range(3):  # the replica may change while it is read: read again
+            try:
+                replica["jobs"] = self.replica_digest() if self.replica_digest is not None else None
+                break
+            except RuntimeError:
+                continue
+        return {
+            "cluster_id": self.options.cluster_id,
+            "scheduler": leader,
+            "term": st.get("term"),
+            "replica": replica,
+            "lease": {
+                "held": lost is None and self.lease.until > 0,
+                "lost_since": lost if self.lease.until > 0 else None,
+            },
+            "members": members,
+            "self": self.name,
+            "warning": warning,
+            "homes": homes["homes"],
+            "tenant_home_root": self.options.tenant_home_root,
+            "known_hosts": self.identity.known_hosts_line(),
+        }
 
     def workdir_help(self, workdir: str) -> str:
         """Advice for a job whose working directory is missing on this member (called
         from the runner's thread while the store may apply entries: retried then)."""
         for _ in range(3):
             try:
-                return workdir_help(self.members, self.name, self.options.tenant_home_root,
-                                    workdir)
+                return workdir_help(self.members, self.name, self.options.tenant_home_root, workdir)
             except RuntimeError:  # the member list changed while it was read
                 continue
         return ""
-
-
-def _peer_only(caller: Caller) -> None:
-    if caller.via != "peer":
-        raise ApiError("only other members may call this", "forbidden")

@@ -16,27 +16,34 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mtgpu.errors import MtgpuError
+from mtgpu.errors import ApiError, MtgpuError
 
 Call = Callable[..., Awaitable[Any]]
 
 
+class StartUnanswered(MtgpuError):
+    """The member did not answer a start (the connection was lost, or it took too
+    long): it may have started the part. Starting it again is safe: a member never
+    starts a part twice."""
+
+
 class StartBatcher:
-    """``await start(member, job_id, term)`` starts one part; see the module docstring."""
+    """``await start(member, job_id, term, attempt, port)`` starts one part; see the module docstring."""
 
     def __init__(self, call: Call, *, batch: int = 64, in_flight: int = 2, timeout: float = 60.0) -> None:
         self._call = call
         self._batch = batch
         self._in_flight = in_flight
         self._timeout = timeout
-        self._waiting: dict[str, deque[tuple[str, int, asyncio.Future[None]]]] = {}
+        self._waiting: dict[str, deque[tuple[str, int, asyncio.Future[None], int, int]]] = {}
         self._busy: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, member: str, job_id: str, term: int) -> None:
-        """Start ``job_id``'s part on ``member``; raises what went wrong with it."""
+    async def start(self, member: str, job_id: str, term: int, attempt: int = 0, port: int = 0) -> None:
+        """Start ``job_id``'s part (of ``attempt``) on ``member`` (``port``: its rendezvous
+        port, if the job has several members); raises what went wrong with it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(member, deque()).append((job_id, term, fut))
+        self._waiting.setdefault(member, deque()).append((job_id, term, fut, attempt, port))
         self._pump(member)
         await fut
 
@@ -46,7 +53,7 @@ class StartBatcher:
             # One request carries one term (a new scheduler's starts never ride with
             # an old one's).
             term = waiting[0][1]
-            items = []
+            items: list[tuple[str, int, asyncio.Future[None], int, int]] = []
             while waiting and len(items) < self._batch and waiting[0][1] == term:
                 item = waiting.popleft()
                 if not item[2].done():  # not given up on (cancelled) meanwhile
@@ -60,18 +67,31 @@ class StartBatcher:
         if not waiting:
             self._waiting.pop(member, None)
 
-    async def _send(self, member: str, term: int, items: list[tuple[str, int, asyncio.Future[None]]]) -> None:
+    async def _send(
+        self, member: str, term: int, items: list[tuple[str, int, asyncio.Future[None], int, int]]
+    ) -> None:
         try:
             try:
-                answer = await self._call(member, "job.dispatch", jobs=[i[0] for i in items], term=term,
-                                          timeout=self._timeout)
+                ports = {i[0]: i[4] for i in items if i[4]}
+                answer = await self._call(
+                    member,
+                    "job.dispatch",
+                    jobs=[i[0] for i in items],
+                    term=term,
+                    attempts={i[0]: i[3] for i in items},
+                    timeout=self._timeout,
+                    **({"ports": ports} if ports else {}),
+                )
                 errors = (answer.get("errors") or {}) if isinstance(answer, dict) else {}
             except Exception as exc:  # noqa: BLE001 - each part fails with the request
-                for _, _, fut in items:
+                unanswered = isinstance(exc, ApiError) and exc.code == "unreachable"
+                for _, _, fut, _, _ in items:
                     if not fut.done():
-                        fut.set_exception(MtgpuError(str(exc) or type(exc).__name__))
+                        fut.set_exception(
+                            (StartUnanswered if unanswered else MtgpuError)(str(exc) or type(exc).__name__)
+                        )
                 return
-            for job_id, _, fut in items:
+            for job_id, _, fut, _, _ in items:
                 if fut.done():
                     continue
                 if job_id in errors:

@@ -98,6 +98,7 @@ from pysyncobj.transport import Transport
 from mtgpu.cluster import framing
 from mtgpu.cluster.channel import Channel, Closer, Link, buffered, describe, release
 from mtgpu.cluster.handoff import LoopOutbox, TickInbox
+from mtgpu.state import syncobj as syncobj_parts
 
 log = logging.getLogger("mtgpu.cluster.transport")
 
@@ -113,10 +114,19 @@ _VOTER_ONLY = frozenset({"request_vote", "response_vote", "append_entries", "tim
 class SshRaftTransport(Transport):
     """PySyncObj transport over asyncssh channels; see the module docstring."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, self_id: str, dial: Dial, *,
-                 keepalive: float = 1.0, dead_after: float = 3.0,
-                 max_buffer: int = 64 << 20, readonly: bool = False,
-                 retry: float = 1.0, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        self_id: str,
+        dial: Dial,
+        *,
+        keepalive: float = 1.0,
+        dead_after: float = 3.0,
+        max_buffer: int = 64 << 20,
+        readonly: bool = False,
+        retry: float = 1.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
         super().__init__(None, None, ())
         if dead_after <= keepalive:
             raise ValueError("dead_after must exceed keepalive, or idle peers look dead")
@@ -179,7 +189,7 @@ class SshRaftTransport(Transport):
             raise RuntimeError("this transport is already bound to a SyncObj")
         # Keep the poller, not the SyncObj: the loop's tasks hold the transport, and a
         # reference back would keep a destroyed SyncObj alive.
-        self._poller = syncobj._poller
+        self._poller = syncobj_parts.poller(syncobj)
         nodes = [n for n in nodes if n.id != self._self_id]
         self._members = {n.id for n in nodes}
         self._call(self._start, nodes)
@@ -230,10 +240,13 @@ class SshRaftTransport(Transport):
         if self._destroyed:
             return
         self._destroyed = True
-        for setter in (self.setOnMessageReceivedCallback, self.setOnNodeConnectedCallback,
-                       self.setOnNodeDisconnectedCallback,
-                       self.setOnReadonlyNodeConnectedCallback,
-                       self.setOnReadonlyNodeDisconnectedCallback):
+        for setter in (
+            self.setOnMessageReceivedCallback,
+            self.setOnNodeConnectedCallback,
+            self.setOnNodeDisconnectedCallback,
+            self.setOnReadonlyNodeConnectedCallback,
+            self.setOnReadonlyNodeDisconnectedCallback,
+        ):
             setter(None)
         if self._poller is not None:
             self._inbox.unsubscribe(self._poller)
@@ -336,15 +349,13 @@ class SshRaftTransport(Transport):
                 await asyncio.sleep(wait)
             last = time.monotonic()
             try:
-                reader, writer, closer = await asyncio.wait_for(self._dial(peer),
-                                                                self._connect_timeout)
+                reader, writer, closer = await asyncio.wait_for(self._dial(peer), self._connect_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: retry in `retry` s
                 link.failures += 1
                 lvl = logging.INFO if link.failures == 1 or link.failures % 60 == 0 else logging.DEBUG
-                log.log(lvl, "cannot reach raft peer %s (%d tries): %s", peer, link.failures,
-                        describe(exc))
+                log.log(lvl, "cannot reach raft peer %s (%d tries): %s", peer, link.failures, describe(exc))
                 continue
             if self._shut or self._links.get(peer) is not link:
                 await release(Channel(peer, reader, writer, closer, True, 0), abort=False)
@@ -369,8 +380,8 @@ class SshRaftTransport(Transport):
             raise
         if task.cancelled():
             reason = "cancelled"
-        elif task.exception() is not None:
-            reason = describe(task.exception())  # type: ignore[arg-type]
+        elif (exc := task.exception()) is not None:
+            reason = describe(exc)
         else:
             reason = task.result()
         self._close(ch, reason)
@@ -451,14 +462,18 @@ class SshRaftTransport(Transport):
             # The peer redialed: disconnect the old channel first, then connect the
             # new one. The old one is no longer in _live, so its own close (maybe
             # much later) reports nothing.
-            self._post(_RODISC if old.readonly else _DISC, old.node)  # type: ignore[arg-type]
+            self._post(_RODISC if old.readonly else _DISC, old.node)
             self._close(old, "replaced by a new channel")
         ch.up = True
         ch.since = time.time()
         self._live[ch.peer] = ch
         self._post(_ROCONN if ch.readonly else _CONN, ch.node)
-        log.info("raft peer %s connected (%s%s)", ch.peer, "outbound" if ch.outbound else "inbound",
-                 ", read-only" if ch.readonly else "")
+        log.info(
+            "raft peer %s connected (%s%s)",
+            ch.peer,
+            "outbound" if ch.outbound else "inbound",
+            ", read-only" if ch.readonly else "",
+        )
         return True
 
     async def _pump(self, ch: Channel) -> str:
@@ -470,7 +485,7 @@ class SshRaftTransport(Transport):
             if payload is None:
                 return "closed by the peer"
             if payload:
-                post(kind, node, payload)  # type: ignore[arg-type]
+                post(kind, node, payload)
         return ch.reason
 
     def _warn(self, text: str) -> None:
@@ -492,7 +507,7 @@ class SshRaftTransport(Transport):
             ch.task.cancel()
         if self._live.get(ch.peer) is ch:
             del self._live[ch.peer]
-            self._post(_RODISC if ch.readonly else _DISC, ch.node)  # type: ignore[arg-type]
+            self._post(_RODISC if ch.readonly else _DISC, ch.node)
             log.info("raft peer %s disconnected: %s", ch.peer, reason)
         else:
             log.debug("raft channel %s closed: %s", ch.peer, reason)
@@ -533,6 +548,12 @@ class SshRaftTransport(Transport):
 
     def peers(self) -> dict[str, dict[str, Any]]:
         """Connected peers, for status output. Call on the loop."""
-        return {p: {"readonly": ch.readonly, "direction": "outbound" if ch.outbound else "inbound",
-                    "since": ch.since, "buffered": buffered(ch.writer)}
-                for p, ch in self._live.items()}
+        return {
+            p: {
+                "readonly": ch.readonly,
+                "direction": "outbound" if ch.outbound else "inbound",
+                "since": ch.since,
+                "buffered": buffered(ch.writer),
+            }
+            for p, ch in self._live.items()
+        }

@@ -63,8 +63,9 @@ def _rank(m: MemberState) -> tuple[float, str]:
     return (m.score, m.name)
 
 
-def plan(members: list[MemberState], leader: str, now: float, *, grace: float,
-         margin: float = SWAP_MARGIN) -> VoterChange | None:
+def plan(
+    members: list[MemberState], leader: str, now: float, *, grace: float, margin: float = SWAP_MARGIN
+) -> VoterChange | None:
     """The one voter change to make now, or None.
 
     >>> ms = [MemberState("a", "voter", 100, True), MemberState("b", "voter", 100, True),
@@ -88,9 +89,18 @@ def plan(members: list[MemberState], leader: str, now: float, *, grace: float,
     steady = sorted((m for m in readonly if healthy(m)), key=_rank, reverse=True)
 
     # 1. A voter down for the grace period gives its vote to a healthy read-only member.
-    dead = sorted((m for m in voters if m.name != leader and not m.up and m.down_since is not None
-                   and now - m.down_since >= grace and settled(m)),
-                  key=lambda m: (m.down_since, m.name))
+    dead = sorted(
+        (
+            m
+            for m in voters
+            if m.name != leader
+            and not m.up
+            and m.down_since is not None
+            and now - m.down_since >= grace
+            and settled(m)
+        ),
+        key=lambda m: (m.down_since, m.name),
+    )
     for d in dead:
         rest = [m for m in voters if m is not d]
         if 2 * sum(1 for m in rest if m.up) <= len(rest) or not steady:
@@ -115,7 +125,10 @@ def plan(members: list[MemberState], leader: str, now: float, *, grace: float,
     # 4. A clearly more capable member replaces the weakest voter; add first, then demote.
     if steady and movable and steady[0].score > movable[0].score * margin:
         best, weakest = steady[0], movable[0]
-        return VoterChange(best.name, weakest.name,
-                           f"score {best.score:g} beats {weakest.name}'s {weakest.score:g} "
-                           f"by more than {round((margin - 1) * 100)}%")
+        return VoterChange(
+            best.name,
+            weakest.name,
+            f"score {best.score:g} beats {weakest.name}'s {weakest.score:g} "
+            f"by more than {round((margin - 1) * 100)}%",
+        )
     return None

@@ -19,6 +19,7 @@ from mtgpu.config.options import (
     SimulatedGpuSpec,
     load,
     load_text,
+    show,
 )
 from mtgpu.config.units import format_size, parse_duration, parse_size
 
@@ -29,7 +30,17 @@ def config_path(explicit: str | None = None) -> str:
 
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ContainersOptions", "GpuProbeSpec", "InterpreterSpec", "Options",
-    "SimulatedGpuSpec", "config_path", "format_size", "load", "load_text",
-    "parse_duration", "parse_size",
+    "DEFAULT_CONFIG_PATH",
+    "ContainersOptions",
+    "GpuProbeSpec",
+    "InterpreterSpec",
+    "Options",
+    "SimulatedGpuSpec",
+    "config_path",
+    "format_size",
+    "load",
+    "load_text",
+    "show",
+    "parse_duration",
+    "parse_size",
 ]

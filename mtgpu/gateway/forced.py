@@ -25,6 +25,7 @@ import shlex
 import socket
 import sys
 
+from mtgpu.cmdline import with_examples
 from mtgpu.gateway.route import Kind, route
 
 SFTP_NAMES = ("sftp-server", "internal-sftp")
@@ -35,6 +36,8 @@ def _env(run_dir: str, config: str) -> dict[str, str]:
     env["MTGPU_CONFIG"] = config
     path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PATH"] = f"{run_dir}/bin:{path}"
+    # The tmux socket directory, where the daemon made it (tmux's /tmp place otherwise).
+    env["MTGPU_TMUX_DIR"] = os.path.join(run_dir, "tmux")
     return env
 
 
@@ -90,12 +93,28 @@ def _not_granted(sock_path: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mtgpu-shell", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="the MTGPU configuration (default $MTGPU_CONFIG, then "
-                                     "/etc/mtgpu/mtgpu.yaml)")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="mtgpu-shell",
+        description="MTGPU's gateway for hosts that keep OpenSSH's sshd in front: set it as sshd's "
+        "ForceCommand, and each login gets what MTGPU's own server gives it (the user's tmux for a "
+        "terminal, the login shell for a command, sftp, and the mtgpu-api subsystem).",
+    )
+    ap.add_argument(
+        "--config", help="the MTGPU configuration (default $MTGPU_CONFIG, then /etc/mtgpu/mtgpu.yaml)"
+    )
     ap.add_argument("--api", action="store_true", help="serve the mtgpu-api subsystem")
-    args = ap.parse_args(argv)
+    return with_examples(
+        ap,
+        {
+            "": "# in /etc/ssh/sshd_config:\nForceCommand /usr/local/bin/mtgpu-shell\n"
+            "Subsystem mtgpu-api /usr/local/bin/mtgpu-shell --api"
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from mtgpu.config import config_path, load
 
     config = config_path(args.config)
@@ -114,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             subsystem = "sftp"
         elif first == "mtgpu-shell" and "--api" in original.split():
             subsystem = "mtgpu-api"
-    r = route(invitee=False, command=None if subsystem else original, subsystem=subsystem,
-              pty=bool(os.environ.get("SSH_TTY")))
+    r = route(
+        invitee=False,
+        command=None if subsystem else original,
+        subsystem=subsystem,
+        pty=bool(os.environ.get("SSH_TTY")),
+    )
     env = _env(options.run_dir, config)
     shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
     if r.kind is Kind.API:
@@ -132,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         from mtgpu.tmux import terminal_argv
 
         argv_ = terminal_argv(sys.executable)
-        os.execve(argv_[0], argv_, env)
+        os.execve(argv_[0], argv_, {**env, "PYTHONCOERCECLOCALE": "0"})
     if r.kind is Kind.SHELL:
         os.execve(shell, ["-" + os.path.basename(shell)], env)
     if r.kind in (Kind.EXEC, Kind.EXEC_PTY):

@@ -15,6 +15,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import struct
 import termios
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import asyncssh
 
 from mtgpu.accounts.provision import Account
+from mtgpu.fsafe import Pinned
 
 log = logging.getLogger("mtgpu.gateway")
 
@@ -51,30 +53,87 @@ def big_pipe() -> tuple[int, int]:
 
 @dataclass
 class Spawned:
+    """A tenant's process, pinned by a pidfd from its start (see :func:`signal_child`)."""
+
     proc: asyncio.subprocess.Process
     master_fd: int | None = None  # the pty master, for pty sessions
+    pinned: Pinned | None = None
+
+    def __post_init__(self) -> None:
+        if self.pinned is None:
+            # Opened before the loop gets a chance to reap the child (the daemon reaps
+            # through pidfds in its event loop, see use_pidfd_reaping), so the pidfd is
+            # this child's.
+            try:
+                self.pinned = Pinned.of_child(self.proc.pid)
+            except OSError:
+                self.pinned = Pinned(self.proc.pid)  # already gone: signals do nothing
+
+    def close(self) -> None:
+        if self.pinned is not None:
+            self.pinned.close()
 
 
-async def spawn_as(account: Account, argv: Sequence[str], env: Mapping[str, str], *,
-                   stdin: int, stdout: int, stderr: int, cwd: str | None = None) -> asyncio.subprocess.Process:
-    """Start ``argv`` as ``account`` in a new session with exactly ``env``."""
+def use_pidfd_reaping() -> None:
+    """Reap asyncio's children in the event loop through pidfds (Python 3.12 does by
+    default), not in a thread: then a child not yet seen to exit is not reaped, and its
+    PID (its process group's ID) cannot have been reused."""
+    import sys
+    import warnings
+
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
+
+
+async def spawn_as(
+    account: Account,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    cwd: str | None = None,
+    fence: Sequence[str] = (),
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` as ``account`` in a new session with exactly ``env``.
+
+    ``fence`` (from :meth:`mtgpu.schedd.fence.TenantFence.prefix`) is started as root
+    in front of ``argv``: it places the process in the tenant's session cgroup and
+    private namespace and becomes the tenant itself before it execs ``argv``.
+    """
     as_root = os.geteuid() == 0
     kwargs: dict = {}
-    if as_root and account.uid != 0:
+    if as_root and account.uid != 0 and fence:
+        argv = [*fence, *argv]
+    elif as_root and account.uid != 0:
         kwargs = dict(user=account.uid, group=account.gid, extra_groups=list(account.groups))
     workdir = cwd or account.home
     if not os.path.isdir(workdir):
         workdir = "/"
     return await asyncio.create_subprocess_exec(
-        *argv, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env), cwd=workdir,
-        start_new_session=True, umask=0o022, close_fds=True, **kwargs)
+        *argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(env),
+        cwd=workdir,
+        start_new_session=True,
+        umask=0o022,
+        close_fds=True,
+        **kwargs,
+    )
 
 
 class _ToChannel(asyncio.Protocol):
     """Copy one pipe into one stream of an SSH channel, with flow control."""
 
-    def __init__(self, chan: asyncssh.SSHServerChannel, datatype: int | None,
-                 done: asyncio.Future[None]) -> None:
+    def __init__(
+        self, chan: asyncssh.SSHServerChannel, datatype: int | None, done: asyncio.Future[None]
+    ) -> None:
         self.chan = chan
         self.datatype = datatype
         self.done = done
@@ -97,8 +156,7 @@ class _ToChannel(asyncio.Protocol):
 
     async def _wait_window(self) -> None:
         # The channel drains as the peer opens its window; poll at a fine grain.
-        while (not self.chan.is_closing()
-               and self.chan.get_write_buffer_size() > _HIGH_WATER // 2):
+        while not self.chan.is_closing() and self.chan.get_write_buffer_size() > _HIGH_WATER // 2:
             await asyncio.sleep(0.001)
         self._waiting = False
         if self.transport is not None and not self.transport.is_closing():
@@ -112,8 +170,9 @@ class _ToChannel(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def pipe_to_channel(fd: int, chan: asyncssh.SSHServerChannel,
-                          datatype: int | None) -> asyncio.Future[None]:
+async def pipe_to_channel(
+    fd: int, chan: asyncssh.SSHServerChannel, datatype: int | None
+) -> asyncio.Future[None]:
     """Start copying ``fd`` into ``chan``; the returned future resolves at EOF."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
@@ -122,8 +181,7 @@ async def pipe_to_channel(fd: int, chan: asyncssh.SSHServerChannel,
     return done
 
 
-async def channel_to_fd(process: asyncssh.SSHServerProcess, fd: int,
-                        *, close_at_eof: bool = True) -> None:
+async def channel_to_fd(process: asyncssh.SSHServerProcess, fd: int, *, close_at_eof: bool = True) -> None:
     """Copy the channel's stdin into ``fd`` until EOF."""
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
@@ -170,18 +228,29 @@ async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
 
 
 def signal_child(child: Spawned, name: str) -> None:
-    """Send the signal a client named (``INT``, ``TERM``...) to the child's session."""
+    """Send the signal a client named (``INT``, ``TERM``...) to the child's process group.
+
+    Only through the pidfd held since the start: once the child has been reaped, the
+    request does nothing, whoever holds its PID now. While the pidfd still reaches the
+    child (running, or a zombie not yet reaped), its PID is pinned, so is its group's
+    ID (the child leads its group), and the group is signalled.
+    """
     signum = getattr(signal, "SIG" + name.upper(), None)
-    if signum is None:
+    if not isinstance(signum, int) or child.pinned is None or child.proc.returncode is not None:
         return
+    if not child.pinned.signal(0):
+        return  # reaped: its PID may be another process's now
     try:
         os.killpg(child.proc.pid, signum)
     except (ProcessLookupError, PermissionError):
-        pass
+        child.pinned.signal(signum)
 
 
 def set_winsize(fd: int, cols: int, rows: int, xpix: int = 0, ypix: int = 0) -> None:
-    """Set a pty's window size, as a terminal resize does."""
+    """Set a pty's window size, as a terminal resize does; a size the kernel's 16-bit
+    fields cannot hold is ignored (that request fails, the session goes on)."""
+    if any(not 0 <= n <= 65535 for n in (cols, rows, xpix, ypix)):
+        return
     try:
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, xpix, ypix))
     except OSError:
@@ -198,3 +267,109 @@ def exit_status(process: asyncssh.SSHServerProcess, returncode: int) -> None:
         process.exit_with_signal(name)
     else:
         process.exit(returncode)
+
+
+# Run as the tenant: connect, hand the connected socket back over the socketpair.
+_CONNECT = (
+    "import socket, sys\n"
+    "mode, host, port, back = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
+    "try:\n"
+    "    if mode == 'listen':\n"
+    "        fam = socket.AF_INET6 if ':' in host else socket.AF_INET\n"
+    "        c = socket.socket(fam, socket.SOCK_STREAM)\n"
+    "        c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "        c.bind((host, port))\n"
+    "        c.listen(128)\n"
+    "    else:\n"
+    "        c = socket.create_connection((host, port), timeout=10)\n"
+    "except OSError as exc:\n"
+    "    sys.exit(f'{host}:{port}: {exc.strerror or exc}')\n"
+    "socket.send_fds(socket.socket(fileno=back), [b'k'], [c.fileno()])\n"
+)
+
+
+async def connect_as(
+    account: Account,
+    host: str,
+    port: int,
+    timeout: float = 15,
+    *,
+    netns: str | None = None,
+    listen: bool = False,
+) -> socket.socket:
+    """A TCP connection to ``host:port`` made by a process of ``account`` (its uid, gid
+    and groups), handed back to the daemon: the connection is the tenant's, as the
+    kernel sees it (its owner in ``/proc/net/tcp``, ``iptables -m owner``), not root's.
+
+    ``netns`` is the tenant's network namespace (``TENANT_NETWORK: private``): the
+    process joins it first (as root, through nsenter) and then becomes the tenant, so
+    ``127.0.0.1`` is the tenant's own loopback. With ``listen`` the socket is a
+    listening one bound at ``host:port`` instead (``ssh -R``).
+
+    Raises ``OSError`` with the reason if it cannot connect.
+    """
+    import shutil
+    import sys
+
+    ours, theirs = socket.socketpair()
+    try:
+        kwargs: dict = {}
+        prefix: list[str] = []
+        if os.geteuid() == 0 and account.uid != 0:
+            if netns:
+                tools = [shutil.which(t, path="/usr/bin:/bin") for t in ("nsenter", "setpriv")]
+                if not all(tools):
+                    raise OSError(
+                        "nsenter and setpriv (util-linux) are needed to reach a tenant's private network"
+                    )
+                groups = ",".join(map(str, account.groups))
+                prefix = [
+                    str(tools[0]),
+                    f"--net={netns}",
+                    "--",
+                    str(tools[1]),
+                    f"--reuid={account.uid}",
+                    f"--regid={account.gid}",
+                    f"--groups={groups}" if groups else "--clear-groups",
+                    "--",
+                ]
+            else:
+                kwargs = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+        proc = await asyncio.create_subprocess_exec(
+            *prefix,
+            sys.executable,
+            "-I",
+            "-c",
+            _CONNECT,
+            "listen" if listen else "connect",
+            host,
+            str(port),
+            str(theirs.fileno()),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=(theirs.fileno(),),
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+            **kwargs,
+        )
+        theirs.close()
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise OSError(f"{host}:{port}: no answer within {timeout:.0f}s") from None
+        ours.setblocking(False)
+        try:
+            _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+        except (BlockingIOError, OSError):
+            fds = []
+        if not fds:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise OSError(lines[-1] if lines else f"{host}:{port}: the connection failed")
+        return socket.socket(fileno=fds[0])
+    finally:
+        theirs.close()
+        ours.close()

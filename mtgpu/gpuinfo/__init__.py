@@ -22,7 +22,17 @@ from mtgpu.gpuinfo.simulated import SimulatedProbe
 from mtgpu.gpuinfo.types import GpuInfo, GpuProcess, HostUsage, NodeInventory
 
 __all__ = [
-    "CheckResult", "GpuInfo", "GpuProbe", "GpuProcess", "HostUsage", "NodeInventory",
-    "Sampler", "SimulatedProbe", "default_probes", "format_check", "format_nodes_table",
-    "gpu_check", "normalize_type",
+    "CheckResult",
+    "GpuInfo",
+    "GpuProbe",
+    "GpuProcess",
+    "HostUsage",
+    "NodeInventory",
+    "Sampler",
+    "SimulatedProbe",
+    "default_probes",
+    "format_check",
+    "format_nodes_table",
+    "gpu_check",
+    "normalize_type",
 ]

@@ -11,13 +11,19 @@ numbers what is left from 0. So a job on GPUs 2 and 3 gets
 would hide everything. Where amdsmi reports the HIP id of a card that id is used,
 so amdsmi's order and the runtime's order cannot disagree.
 
-A card in a compute partition mode other than SPX (CPX, DPX, ...) is reported
-with ``mig_mode=True``: like MIG, the card is split into several devices.
+A card in a compute partition mode other than SPX (DPX, TPX, QPX, CPX) is handled
+as a card in MIG mode is: amdsmi shows each partition as a device of its own (its
+own render node, HIP id and ``ROCR_VISIBLE_DEVICES`` id), and those are the GPUs,
+with a type naming the mode (``mi300x-cpx``) and ``parent`` their card. The card
+is added after all the devices, never placed whole. Partitions of one card share
+its PCI domain, bus and device and differ in the function (amdsmi puts the
+partition id there, see ROCm/rocm-systems#5805), which is how they are grouped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -67,7 +73,7 @@ def _load_amdsmi() -> tuple[Any, str]:
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             import amdsmi
-    except Exception as exc:  # KeyError or OSError when ROCm is absent, see above
+    except Exception as exc:  # noqa: BLE001 - KeyError or OSError when ROCm is absent, see above
         log.debug("import amdsmi failed: %s %s", exc, said.getvalue().strip())
         return None, f"amdsmi cannot be loaded ({type(exc).__name__}: {exc}); ROCm is not installed"
     return amdsmi, ""
@@ -86,13 +92,43 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
+def _cards_of_partitions(gpus: list[GpuInfo], bdfs: dict[int, str]) -> list[GpuInfo]:
+    """``gpus`` with each partitioned card added after them, its partitions under it."""
+    cards: dict[str, list[GpuInfo]] = {}
+    for g in gpus:
+        if g.index in bdfs:
+            bdf = bdfs[g.index]
+            cards.setdefault(bdf.rsplit(".", 1)[0] if bdf else f"#{g.index}", []).append(g)
+    out = [g for g in gpus if g.index not in bdfs]
+    added = []
+    for n, parts in enumerate(cards.values()):
+        index = len(gpus) + n
+        first = parts[0]
+        out += [dataclasses.replace(p, parent=index) for p in parts]
+        total = sum(p.vram_total for p in parts)
+        added.append(
+            GpuInfo(
+                index=index,
+                brand="amd",
+                type=first.type.rsplit("-", 1)[0],
+                name=first.name,
+                uuid=first.uuid,
+                vram_total=total,
+                vram_used=min(total, sum(p.vram_used for p in parts)),
+                util=round(sum(p.util for p in parts) / len(parts)),
+                mig_mode=True,
+                visibility_id="",
+            )
+        )
+    return sorted(out + added, key=lambda g: g.index)
+
+
 class AmdProbe(GpuProbe):
     """AMD GPUs via amdsmi. ``sysfs_root``/``proc_root``/``dev_root`` exist for tests."""
 
     brand = "amd"
 
-    def __init__(self, *, sysfs_root: str = "/sys", proc_root: str = "/proc",
-                 dev_root: str = "/dev") -> None:
+    def __init__(self, *, sysfs_root: str = "/sys", proc_root: str = "/proc", dev_root: str = "/dev") -> None:
         super().__init__("amd")
         self.sysfs_root = sysfs_root
         self.proc_root = proc_root
@@ -123,18 +159,21 @@ class AmdProbe(GpuProbe):
                     return self._unavailable(f"no AMD GPU driver on this host ({_say(exc)})")
                 raise GpuProbeError(
                     f"amdsmi cannot start: {_say(exc)}. Run amd-smi to see the driver's state "
-                    "(is the amdgpu module loaded?)") from exc
+                    "(is the amdgpu module loaded?)"
+                ) from exc
             self._initialized = True
         try:
-            gpus = [self._one(smi, i, h) for i, h in enumerate(smi.amdsmi_get_processor_handles())]
+            bdfs: dict[int, str] = {}
+            gpus = [self._one(smi, i, h, bdfs) for i, h in enumerate(smi.amdsmi_get_processor_handles())]
         except error as exc:
             self._shutdown()
             raise GpuProbeError(
                 f"the AMD driver failed while reading the GPUs: {_say(exc)}. Run amd-smi to see "
-                "which GPU is at fault") from exc
-        return self._found(gpus)
+                "which GPU is at fault"
+            ) from exc
+        return self._found(_cards_of_partitions(gpus, bdfs))
 
-    def _one(self, smi: Any, i: int, h: Any) -> GpuInfo:
+    def _one(self, smi: Any, i: int, h: Any, bdfs: dict[int, str]) -> GpuInfo:
         name = str(self._optional(lambda: smi.amdsmi_get_gpu_asic_info(h)["market_name"], "AMD GPU"))
         uuid = str(self._optional(lambda: smi.amdsmi_get_gpu_device_uuid(h), ""))
         total, used = self._memory(smi, h)
@@ -145,11 +184,25 @@ class AmdProbe(GpuProbe):
         hip_id = enum.get("hip_id")
         bdf = str(self._optional(lambda: smi.amdsmi_get_gpu_device_bdf(h), ""))
         self._renders[i] = self._render_nodes(bdf, enum.get("drm_render"))
-        return GpuInfo(index=i, brand="amd", type=normalize_type("amd", name), name=name,
-                       uuid=uuid, vram_total=total, vram_used=min(used, total),
-                       util=max(0, min(100, util)), processes=self._processes(smi, h),
-                       mig_mode=(partition.upper() not in ("SPX", "")) if partition else None,
-                       visibility_id=str(hip_id if isinstance(hip_id, int) else i))
+        split = partition.upper() not in ("SPX", "") if partition else None
+        kind = normalize_type("amd", name)
+        if split:
+            bdfs[i] = bdf
+            kind = f"{kind}-{partition.lower()}"
+        return GpuInfo(
+            index=i,
+            brand="amd",
+            type=kind,
+            name=name,
+            uuid=uuid,
+            vram_total=total,
+            vram_used=min(used, total),
+            util=max(0, min(100, util)),
+            processes=self._processes(smi, h),
+            mig_mode=split,
+            visibility_id=str(hip_id if isinstance(hip_id, int) else i),
+            parent=-1 if split else None,
+        )
 
     def _optional(self, query: Any, default: Any) -> Any:
         """``query()``, or ``default`` where this card or amdsmi version lacks it."""
@@ -166,8 +219,10 @@ class AmdProbe(GpuProbe):
     def _memory(self, smi: Any, h: Any) -> tuple[int, int]:
         try:
             vram = smi.AmdSmiMemoryType.VRAM
-            return (int(smi.amdsmi_get_gpu_memory_total(h, vram)),
-                    int(smi.amdsmi_get_gpu_memory_usage(h, vram)))
+            return (
+                int(smi.amdsmi_get_gpu_memory_total(h, vram)),
+                int(smi.amdsmi_get_gpu_memory_usage(h, vram)),
+            )
         except (AttributeError, self._liberr):
             pass
         # amdsmi_get_gpu_vram_usage reports MiB (uint32 fields in amdsmi.h).
@@ -185,8 +240,9 @@ class AmdProbe(GpuProbe):
                 continue
             mem = _int((p.get("memory_usage") or {}).get("vram_mem"), _int(p.get("mem")))
             out[pid] = max(out.get(pid, 0), mem)
-        return tuple(GpuProcess(pid, process_uid(pid, self.proc_root), mem)
-                     for pid, mem in sorted(out.items()))
+        return tuple(
+            GpuProcess(pid, process_uid(pid, self.proc_root), mem) for pid, mem in sorted(out.items())
+        )
 
     def _render_nodes(self, bdf: str, minor: Any) -> list[str]:
         if isinstance(minor, int):
@@ -200,8 +256,10 @@ class AmdProbe(GpuProbe):
 
     def visibility_env(self, indices: Sequence[int]) -> dict[str, str]:
         """ROCR selects the cards; HIP then numbers them 0..n-1 (see module docstring)."""
-        return {"ROCR_VISIBLE_DEVICES": ",".join(self.visibility_ids(indices)),
-                "HIP_VISIBLE_DEVICES": ",".join(str(n) for n in range(len(indices)))}
+        return {
+            "ROCR_VISIBLE_DEVICES": ",".join(self.visibility_ids(indices)),
+            "HIP_VISIBLE_DEVICES": ",".join(str(n) for n in range(len(indices))),
+        }
 
     def device_nodes(self, indices: Sequence[int]) -> list[str]:
         """``/dev/kfd`` and each GPU's DRM nodes under ``/dev/dri``."""
@@ -223,7 +281,6 @@ class AmdProbe(GpuProbe):
         if self._initialized and self._smi is not None:
             try:
                 self._smi.amdsmi_shut_down()
-            except Exception:
-                pass  # already broken; starting afresh is all that is left
+            except Exception:  # noqa: BLE001 - already broken; starting afresh is all that is left
+                pass
         self._initialized = False
-

@@ -80,7 +80,7 @@ class GpuProbe(abc.ABC):
             out.append(g.visibility_id if g is not None and g.visibility_id else str(i))
         return out
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most probes hold nothing to release
         """Release the driver library (the daemon calls this at shutdown)."""
 
     # ---------------------------------------------------------------- helpers
@@ -126,7 +126,9 @@ def job_env(extra: Mapping[str, str]) -> dict[str, str]:
 def run_check_job(argv: Sequence[str], env: Mapping[str, str], timeout: float = 60) -> str:
     """Run a check job with a clean environment plus ``env``; return its stdout."""
     try:
-        return run(argv, env=job_env(env), timeout=timeout).stdout
+        if os.path.basename(argv[0]).startswith("python") and argv[1:2] != ["-I"]:
+            argv = [argv[0], "-I", *argv[1:]]  # root's Python: nothing from the cwd
+        return run(argv, env=job_env(env), timeout=timeout, cwd="/").stdout
     except CommandError as exc:
         # The argv holds a whole script; what the job said is the useful part.
         said = exc.stderr.strip() or exc.stdout.strip() or str(exc)

@@ -51,11 +51,11 @@ class CheckResult:
     probe: str
     brand: str
     available: bool
-    reason: str                 # why the probe is not available ("" if it is)
+    reason: str  # why the probe is not available ("" if it is)
     gpus: tuple[GpuInfo, ...]
-    errors: tuple[str, ...]     # the probe failed or printed bad output
-    visibility: str             # OK, FAILED or NOT_CHECKED
-    detail: str                 # what the one-device job saw, or why it did not run
+    errors: tuple[str, ...]  # the probe failed or printed bad output
+    visibility: str  # OK, FAILED or NOT_CHECKED
+    detail: str  # what the one-device job saw, or why it did not run
 
     @property
     def ok(self) -> bool:
@@ -73,25 +73,38 @@ def all_probes(options: Options) -> list[GpuProbe]:
 
 def check_probe(probe: GpuProbe) -> CheckResult:
     """Run one probe, then one job confined to its first device."""
-    def result(visibility: str, detail: str, gpus: Sequence[GpuInfo] = (),
-               errors: Sequence[str] = ()) -> CheckResult:
-        return CheckResult(probe=probe.name, brand=probe.brand, available=probe.available,
-                           reason=probe.reason, gpus=tuple(gpus), errors=tuple(errors),
-                           visibility=visibility, detail=detail)
+
+    def result(
+        visibility: str, detail: str, gpus: Sequence[GpuInfo] = (), errors: Sequence[str] = ()
+    ) -> CheckResult:
+        return CheckResult(
+            probe=probe.name,
+            brand=probe.brand,
+            available=probe.available,
+            reason=probe.reason,
+            gpus=tuple(gpus),
+            errors=tuple(errors),
+            visibility=visibility,
+            detail=detail,
+        )
 
     try:
         gpus = probe.probe()
     except GpuProbeError as exc:
         return result(NOT_CHECKED, "the probe failed, so no job was run", errors=[str(exc)])
-    except Exception as exc:  # report the surprise instead of stopping the whole check
-        return result(NOT_CHECKED, "the probe failed, so no job was run",
-                      errors=[f"{type(exc).__name__}: {exc}"])
+    except Exception as exc:  # noqa: BLE001 - report the surprise instead of stopping the whole check
+        return result(
+            NOT_CHECKED, "the probe failed, so no job was run", errors=[f"{type(exc).__name__}: {exc}"]
+        )
     if not probe.available:
         return result(NOT_CHECKED, "no devices of this kind here")
     if not gpus:
         return result(NOT_CHECKED, "the probe works but found no GPUs")
-    # A MIG-enabled card shows its MIG instances to CUDA, under other UUIDs.
-    target = next((g for g in gpus if not g.mig_mode), gpus[0])
+    # A card in MIG mode shows CUDA its MIG devices, not itself: check a whole card,
+    # else a MIG device (CUDA names it by the card's UUID format, so only the count tells).
+    target = next((g for g in gpus if not g.mig_mode), None) or next(
+        (g for g in gpus if g.placeable), gpus[0]
+    )
     env = probe.visibility_env([target.index])
     shown = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
     try:
@@ -102,15 +115,19 @@ def check_probe(probe: GpuProbe) -> CheckResult:
     if len(seen) == 1 and (not named or not target.uuid or target.mig_mode or named[0] == target.uuid):
         which = named[0] if named else "one device"
         return result(OK, f"a job with {shown} saw only {which}", gpus)
-    return result(FAILED, f"a job with {shown} saw {len(seen)} devices "
-                          f"({', '.join(named) or 'unnamed'}); expected only "
-                          f"{target.uuid or 'one'}. Jobs on this host would not be confined", gpus)
+    return result(
+        FAILED,
+        f"a job with {shown} saw {len(seen)} devices "
+        f"({', '.join(named) or 'unnamed'}); expected only "
+        f"{target.uuid or 'one'}. Jobs on this host would not be confined",
+        gpus,
+    )
 
 
 def gpu_check(options: Options, probes: Sequence[GpuProbe] | None = None) -> list[CheckResult]:
     """Check every probe (see the module docstring); close each one afterwards."""
     out = []
-    for probe in (list(probes) if probes is not None else all_probes(options)):
+    for probe in list(probes) if probes is not None else all_probes(options):
         try:
             out.append(check_probe(probe))
         finally:
@@ -119,9 +136,11 @@ def gpu_check(options: Options, probes: Sequence[GpuProbe] | None = None) -> lis
 
 
 def _gpu_line(g: GpuInfo) -> str:
-    mig = " MIG" if g.mig_mode else ""
-    return (f"    GPU {g.index}: {g.type} ({g.name}){mig}, VRAM {format_size(g.vram_used)}"
-            f"/{format_size(g.vram_total)}, util {g.util}%")
+    mig = f" MIG device of GPU {g.parent}" if g.parent is not None else " MIG" if g.mig_mode else ""
+    return (
+        f"    GPU {g.index}: {g.type} ({g.name}){mig}, VRAM {format_size(g.vram_used)}"
+        f"/{format_size(g.vram_total)}, util {g.util}%"
+    )
 
 
 def format_check(results: Sequence[CheckResult]) -> str:
@@ -146,6 +165,9 @@ def format_check(results: Sequence[CheckResult]) -> str:
         if r.available and not r.errors:
             lines.append(f"    visibility {r.visibility}: {r.detail}")
     bad = [r.probe for r in results if not r.ok]
-    lines.append(f"all probes usable ({sum(bool(r.gpus) for r in results)} with GPUs)" if not bad
-                 else f"problems: {', '.join(bad)}")
+    lines.append(
+        f"all probes usable ({sum(bool(r.gpus) for r in results)} with GPUs)"
+        if not bad
+        else f"problems: {', '.join(bad)}"
+    )
     return "\n".join(lines)

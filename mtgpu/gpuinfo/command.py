@@ -42,26 +42,37 @@ SCHEMA: Mapping[str, Any] = {
     "required": ["gpus"],
     "properties": {
         "version": {"const": 1},
-        "gpus": {"type": "array", "items": {
-            "type": "object",
-            "required": ["index", "name", "vram_total", "vram_used"],
-            "additionalProperties": False,
-            "properties": {
-                "index": {"type": "integer", "minimum": 0},
-                "name": {"type": "string", "minLength": 1},
-                "uuid": {"type": "string"},
-                "type": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
-                "vram_total": _BYTES,
-                "vram_used": _BYTES,
-                "util": {"type": "number", "minimum": 0, "maximum": 100},
-                "visibility_id": {"type": ["string", "integer"]},
-                "processes": {"type": "array", "items": {
-                    "type": "object", "required": ["pid", "used_memory"],
-                    "properties": {"pid": {"type": "integer", "minimum": 1},
-                                   "used_memory": _BYTES,
-                                   "uid": {"type": ["integer", "null"]}}}},
-                "devices": {"type": "array", "items": {"type": "string", "pattern": "^/"}},
-            }}},
+        "gpus": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "name", "vram_total", "vram_used"],
+                "additionalProperties": False,
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "name": {"type": "string", "minLength": 1},
+                    "uuid": {"type": "string"},
+                    "type": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
+                    "vram_total": _BYTES,
+                    "vram_used": _BYTES,
+                    "util": {"type": "number", "minimum": 0, "maximum": 100},
+                    "visibility_id": {"type": ["string", "integer"]},
+                    "processes": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["pid", "used_memory"],
+                            "properties": {
+                                "pid": {"type": "integer", "minimum": 1},
+                                "used_memory": _BYTES,
+                                "uid": {"type": ["integer", "null"]},
+                            },
+                        },
+                    },
+                    "devices": {"type": "array", "items": {"type": "string", "pattern": "^/"}},
+                },
+            },
+        },
     },
 }
 _GPU_KEYS = frozenset(SCHEMA["properties"]["gpus"]["items"]["properties"])
@@ -120,8 +131,9 @@ def validate(data: object) -> tuple[list[dict[str, Any]], list[str]]:
             errors.append(f"{where}.name: expected the model name as a string, got {_kind(g['name'])}")
         for key in ("vram_total", "vram_used"):
             if key in g and not _whole(g[key]):
-                errors.append(f"{where}.{key}: expected a whole number of bytes (0 or more), "
-                              f"got {_kind(g[key])}")
+                errors.append(
+                    f"{where}.{key}: expected a whole number of bytes (0 or more), got {_kind(g[key])}"
+                )
         if _whole(g.get("vram_total")) and _whole(g.get("vram_used")) and g["vram_used"] > g["vram_total"]:
             errors.append(f"{where}.vram_used: {g['vram_used']} is more than vram_total {g['vram_total']}")
         util = g.get("util", 0)
@@ -130,8 +142,9 @@ def validate(data: object) -> tuple[list[dict[str, Any]], list[str]]:
         if "uuid" in g and not isinstance(g["uuid"], str):
             errors.append(f"{where}.uuid: expected a string, got {_kind(g['uuid'])}")
         if "type" in g and not (isinstance(g["type"], str) and _TYPE.match(g["type"])):
-            errors.append(f"{where}.type: expected a lower-case type name such as ascend910b, "
-                          f"got {_kind(g['type'])}")
+            errors.append(
+                f"{where}.type: expected a lower-case type name such as ascend910b, got {_kind(g['type'])}"
+            )
         vis = g.get("visibility_id", "")
         if isinstance(vis, bool) or not isinstance(vis, (str, int)):
             errors.append(f"{where}.visibility_id: expected a string or a number, got {_kind(vis)}")
@@ -148,8 +161,9 @@ def validate(data: object) -> tuple[list[dict[str, Any]], list[str]]:
             elif p.get("uid") is not None and not _whole(p["uid"]):
                 errors.append(f"{pw}.uid: expected a whole number or null, got {_kind(p['uid'])}")
         devices = g.get("devices", [])
-        if not isinstance(devices, list) or not all(isinstance(d, str) and d.startswith("/")
-                                                    for d in devices):
+        if not isinstance(devices, list) or not all(
+            isinstance(d, str) and d.startswith("/") for d in devices
+        ):
             errors.append(f"{where}.devices: expected a list of absolute paths such as /dev/davinci0")
         out.append(g)
     if errors:
@@ -172,18 +186,34 @@ def _parse(text: str, brand: str, proc_root: str) -> tuple[list[GpuInfo], dict[i
     gpus, errors = validate(data)
     if errors:
         more = f" (and {len(errors) - _MAX_ERRORS} more)" if len(errors) > _MAX_ERRORS else ""
-        raise GpuProbeError("the output does not match the GPU_PROBES schema: "
-                            + "; ".join(errors[:_MAX_ERRORS]) + more)
+        raise GpuProbeError(
+            "the output does not match the GPU_PROBES schema: " + "; ".join(errors[:_MAX_ERRORS]) + more
+        )
     out = []
     for g in gpus:
-        procs = tuple(GpuProcess(p["pid"], p["uid"] if p.get("uid") is not None
-                                 else process_uid(p["pid"], proc_root), p["used_memory"])
-                      for p in g.get("processes", []))
-        out.append(GpuInfo(index=g["index"], brand=brand,
-                           type=g.get("type") or normalize_type(brand, g["name"]), name=g["name"],
-                           uuid=g.get("uuid", ""), vram_total=g["vram_total"],
-                           vram_used=g["vram_used"], util=round(g.get("util", 0)), processes=procs,
-                           mig_mode=None, visibility_id=str(g.get("visibility_id", g["index"]))))
+        procs = tuple(
+            GpuProcess(
+                p["pid"],
+                p["uid"] if p.get("uid") is not None else process_uid(p["pid"], proc_root),
+                p["used_memory"],
+            )
+            for p in g.get("processes", [])
+        )
+        out.append(
+            GpuInfo(
+                index=g["index"],
+                brand=brand,
+                type=g.get("type") or normalize_type(brand, g["name"]),
+                name=g["name"],
+                uuid=g.get("uuid", ""),
+                vram_total=g["vram_total"],
+                vram_used=g["vram_used"],
+                util=round(g.get("util", 0)),
+                processes=procs,
+                mig_mode=None,
+                visibility_id=str(g.get("visibility_id", g["index"])),
+            )
+        )
     return out, {g["index"]: tuple(g.get("devices", ())) for g in gpus}
 
 
@@ -213,11 +243,13 @@ class CommandProbe(GpuProbe):
 
     def _run(self, env: Mapping[str, str] | None) -> tuple[list[GpuInfo], dict[int, tuple[str, ...]]]:
         try:
-            out = run(self.spec.command, timeout=self.spec.timeout,
-                      env=job_env(env) if env is not None else None).stdout
+            out = run(
+                self.spec.command, timeout=self.spec.timeout, env=job_env(env) if env is not None else None
+            ).stdout
         except CommandError as exc:
-            raise GpuProbeError(f"GPU probe {self.name}: {exc}; fix the command or remove it "
-                                "from GPU_PROBES") from exc
+            raise GpuProbeError(
+                f"GPU probe {self.name}: {exc}; fix the command or remove it from GPU_PROBES"
+            ) from exc
         try:
             return _parse(out, self.brand, self.proc_root)
         except GpuProbeError as exc:

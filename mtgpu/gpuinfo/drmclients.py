@@ -72,11 +72,11 @@ def client_from_fdinfo(pid: int, info: Mapping[str, str]) -> DrmClient | None:
         elif key.startswith(("drm-memory-local", "drm-memory-vram")):
             legacy += _amount(value)
         elif key.startswith("drm-engine-capacity-"):
-            c.capacity[key[len("drm-engine-capacity-"):]] = max(1, _amount(value))
+            c.capacity[key[len("drm-engine-capacity-") :]] = max(1, _amount(value))
         elif key.startswith("drm-engine-"):
-            c.engines[key[len("drm-engine-"):]] = (_amount(value.split()[0]), None)
+            c.engines[key[len("drm-engine-") :]] = (_amount(value.split()[0]), None)
         elif key.startswith("drm-cycles-"):
-            cls = key[len("drm-cycles-"):]
+            cls = key[len("drm-cycles-") :]
             clock = _amount(info.get(f"drm-total-cycles-{cls}", "0"))
             c.engines[cls] = (_amount(value), clock)
     # Resident memory is what sits in VRAM now; older kernels only give the total.

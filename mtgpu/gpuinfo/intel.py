@@ -81,10 +81,10 @@ print(total)
 class IntelCard:
     """One Intel GPU found in sysfs."""
 
-    card: str          # "card1"
-    bdf: str           # "0000:03:00.0"
-    device_id: str     # "0x56a0"
-    driver: str        # "xe" or "i915"
+    card: str  # "card1"
+    bdf: str  # "0000:03:00.0"
+    device_id: str  # "0x56a0"
+    driver: str  # "xe" or "i915"
     vram_total: int
     nodes: tuple[str, ...]  # DRM node names: ("card1", "renderD129")
 
@@ -119,20 +119,32 @@ def find_cards(sysfs_root: str = "/sys", include_integrated: bool = False) -> li
         driver = os.path.basename(os.path.realpath(os.path.join(dev, "driver")))
         if driver not in _DRIVERS:
             continue
-        vram = (_int(_read(os.path.join(drm, name, "lmem_total_bytes")))
-                or _int(_read(os.path.join(dev, "lmem_total_bytes")))
-                or sum(_int(_read(p)) for p in
-                       sorted(glob.glob(os.path.join(dev, "tile*", "physical_vram_size_bytes")))))
+        vram = (
+            _int(_read(os.path.join(drm, name, "lmem_total_bytes")))
+            or _int(_read(os.path.join(dev, "lmem_total_bytes")))
+            or sum(
+                _int(_read(p))
+                for p in sorted(glob.glob(os.path.join(dev, "tile*", "physical_vram_size_bytes")))
+            )
+        )
         if not vram and not include_integrated:
             continue  # an integrated GPU: its "VRAM" is host RAM
         try:
-            nodes = tuple(sorted(n for n in os.listdir(os.path.join(dev, "drm"))
-                                 if n.startswith(("card", "renderD"))))
+            nodes = tuple(
+                sorted(n for n in os.listdir(os.path.join(dev, "drm")) if n.startswith(("card", "renderD")))
+            )
         except OSError:
             nodes = (name,)
-        cards.append(IntelCard(card=name, bdf=os.path.basename(os.path.realpath(dev)).lower(),
-                               device_id=_read(os.path.join(dev, "device")).lower(),
-                               driver=driver, vram_total=vram, nodes=nodes))
+        cards.append(
+            IntelCard(
+                card=name,
+                bdf=os.path.basename(os.path.realpath(dev)).lower(),
+                device_id=_read(os.path.join(dev, "device")).lower(),
+                driver=driver,
+                vram_total=vram,
+                nodes=nodes,
+            )
+        )
     return sorted(cards, key=lambda c: c.bdf)
 
 
@@ -151,9 +163,16 @@ class IntelProbe(GpuProbe):
 
     brand = "intel"
 
-    def __init__(self, *, sysfs_root: str = "/sys", proc_root: str = "/proc", dev_root: str = "/dev",
-                 xpu_smi: str | None = "xpu-smi", include_integrated: bool = False,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self,
+        *,
+        sysfs_root: str = "/sys",
+        proc_root: str = "/proc",
+        dev_root: str = "/dev",
+        xpu_smi: str | None = "xpu-smi",
+        include_integrated: bool = False,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         super().__init__("intel")
         self.sysfs_root = sysfs_root
         self.proc_root = proc_root
@@ -178,19 +197,33 @@ class IntelProbe(GpuProbe):
         for i, card in enumerate(cards):
             mine = [c for c in clients if c.pdev == card.bdf]
             found = discovery.get(card.bdf, {})
-            name = str(found.get("device_name") or PCI_NAMES.get(card.device_id)
-                       or f"Intel GPU {card.device_id or card.bdf}")
+            name = str(
+                found.get("device_name")
+                or PCI_NAMES.get(card.device_id)
+                or f"Intel GPU {card.device_id or card.bdf}"
+            )
             used: dict[int, int] = {}
             for c in mine:
                 used[c.pid] = used.get(c.pid, 0) + c.vram
             self._cards[i] = card
-            gpus.append(GpuInfo(
-                index=i, brand="intel", type=normalize_type("intel", name), name=name,
-                uuid=str(found.get("uuid") or f"intel-{card.bdf}"), vram_total=card.vram_total,
-                vram_used=min(sum(used.values()), card.vram_total), util=busy.get(card.bdf, 0),
-                processes=tuple(GpuProcess(pid, process_uid(pid, self.proc_root), mem)
-                                for pid, mem in sorted(used.items())),
-                mig_mode=None, visibility_id=str(i)))
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    brand="intel",
+                    type=normalize_type("intel", name),
+                    name=name,
+                    uuid=str(found.get("uuid") or f"intel-{card.bdf}"),
+                    vram_total=card.vram_total,
+                    vram_used=min(sum(used.values()), card.vram_total),
+                    util=busy.get(card.bdf, 0),
+                    processes=tuple(
+                        GpuProcess(pid, process_uid(pid, self.proc_root), mem)
+                        for pid, mem in sorted(used.items())
+                    ),
+                    mig_mode=None,
+                    visibility_id=str(i),
+                )
+            )
         return self._found(gpus)
 
     def _discover(self) -> dict[str, dict]:
@@ -207,13 +240,20 @@ class IntelProbe(GpuProbe):
 
     def visibility_env(self, indices: Sequence[int]) -> dict[str, str]:
         """ZE_AFFINITY_MASK, with Level Zero told to number devices in PCI order."""
-        return {"ZE_AFFINITY_MASK": ",".join(self.visibility_ids(indices)),
-                "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+        return {
+            "ZE_AFFINITY_MASK": ",".join(self.visibility_ids(indices)),
+            "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1",
+        }
 
     def device_nodes(self, indices: Sequence[int]) -> list[str]:
         """Each GPU's ``/dev/dri/cardN`` and ``/dev/dri/renderDN``."""
-        return existing([f"{self.dev_root}/dri/{n}" for i in indices
-                         for n in (self._cards[i].nodes if i in self._cards else ())])
+        return existing(
+            [
+                f"{self.dev_root}/dri/{n}"
+                for i in indices
+                for n in (self._cards[i].nodes if i in self._cards else ())
+            ]
+        )
 
     def visible_devices(self, env: Mapping[str, str]) -> list[str]:
         """One "" per device Level Zero shows a job run with ``env`` (it only counts)."""

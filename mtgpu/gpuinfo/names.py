@@ -20,10 +20,12 @@ _SPLIT = re.compile(r"[\s/_\-]+")
 _MEM = re.compile(r"^(\d+)g(?:b)?$")
 _FORM = re.compile(r"^(?:sxm\d*|pcie|hbm\d*e?|oam|vf|mxm|dgx|nvlink)$")
 
-_NVIDIA_DROP = frozenset({"nvidia", "geforce", "tesla", "quadro", "generation", "graphics",
-                          "device", "edition", "corporation"})
-_AMD_DROP = frozenset({"amd", "ati", "radeon", "instinct", "graphics", "pro", "series",
-                       "advanced", "micro", "devices", "inc"})
+_NVIDIA_DROP = frozenset(
+    {"nvidia", "geforce", "tesla", "quadro", "generation", "graphics", "device", "edition", "corporation"}
+)
+_AMD_DROP = frozenset(
+    {"amd", "ati", "radeon", "instinct", "graphics", "pro", "series", "advanced", "micro", "devices", "inc"}
+)
 _INTEL_DROP = frozenset({"intel", "corporation", "data", "center", "gpu", "graphics", "series"})
 
 EXAMPLES: tuple[tuple[str, str, str], ...] = (
@@ -90,6 +92,31 @@ def normalize_type(brand: str, model_name: str) -> str:
     return out if re.match(r"^[a-z0-9][a-z0-9_.-]*$", out or "") else brand
 
 
+_PROFILE = re.compile(r"^(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z.]+)?$")
+
+
+def mig_type(card_type: str, device_name: str) -> str:
+    """The type of a MIG device: its card's type and the profile NVML names it by.
+
+    NVML names a MIG device after its card, then ``MIG`` and the profile
+    (``NVIDIA H100 80GB HBM3 MIG 3g.40gb``); ``gpus=h100-3g.40gb:1`` asks for one.
+
+    >>> mig_type("h100", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+    'h100-3g.40gb'
+    >>> mig_type("a100-40gb", "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb")
+    'a100-40gb-1c.3g.20gb'
+    >>> mig_type("h200", "NVIDIA H200 MIG 1g.18gb+me")
+    'h200-1g.18gb-me'
+    >>> mig_type("h100", "NVIDIA H100 80GB HBM3")
+    'h100-mig'
+    """
+    words = device_name.lower().split()
+    after = words[words.index("mig") + 1 :] if "mig" in words else []
+    profile = after[0] if after and _PROFILE.match(after[0]) else "mig"
+    # "+me" (media extensions) profiles: job files' type names have no "+".
+    return f"{card_type}-{profile.replace('+', '-')}"
+
+
 def _clean(word: str) -> str:
     return re.sub(r"[^a-z0-9]", "", word)
 
@@ -101,7 +128,7 @@ def _join(words: list[str], drop: frozenset[str]) -> str:
 def _nvidia(words: list[str]) -> str:
     if "mig" in words:
         # A MIG device's name is its parent's plus the slice ("... MIG 1g.10gb").
-        words = words[:words.index("mig")]
+        words = words[: words.index("mig")]
     mem = ""
     kept = []
     for w in words:

@@ -3,6 +3,8 @@
 It reads the ``--json`` member objects (see :meth:`NodeInventory.to_dict`), so
 the CLIs print exactly what the API returned. One row per GPU; the host's own
 columns are filled on its first row only, and a host without GPUs gets one row.
+A card in MIG mode is shown as ``TYPE MIG`` and its MIG devices follow it, their
+types marked ``└`` (they are the GPUs jobs get; the card is never given out whole).
 """
 
 from __future__ import annotations
@@ -24,6 +26,21 @@ def _pair(used: Any, total: Any) -> str:
         return "-"
 
 
+def under_their_cards(gpus: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """GPUs in index order, each MIG device right after the card it is part of.
+
+    >>> [g["index"] for g in under_their_cards([{"index": 0}, {"index": 1, "mig_mode": True},
+    ...     {"index": 2}, {"index": 11, "parent": 1}, {"index": 10, "parent": 1}])]
+    [0, 1, 10, 11, 2]
+    """
+
+    def key(g: Mapping[str, Any]) -> tuple[int, int]:
+        parent, index = g.get("parent"), int(g.get("index") or 0)
+        return (index, -1) if parent is None else (int(parent), index)
+
+    return sorted(gpus, key=key)
+
+
 def format_nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
     """A plain-text table of ``nodes`` (``mt-job nodes --json`` objects).
 
@@ -38,19 +55,47 @@ def format_nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
     """
     rows = []
     for node in nodes:
-        head = [node.get("name", "?"), node.get("state", "?"), node.get("cpus", "-"),
-                _pair(node.get("ram_used"), node.get("ram_total"))]
+        head = [
+            node.get("name", "?"),
+            node.get("state", "?"),
+            node.get("cpus", "-"),
+            _pair(node.get("ram_used"), node.get("ram_total")),
+        ]
         gpus = list(node.get("gpus") or [])
         if not gpus:
             rows.append(head + ["-", "-", "-", "-", "-"])
-        for n, g in enumerate(gpus):
-            rows.append((head if n == 0 else ["", "", "", ""]) + [
-                g.get("index", "?"), g.get("type", "?"),
-                _pair(g.get("vram_used"), g.get("vram_total")),
-                f"{g.get('util', 0)}%", ",".join(str(j) for j in g.get("jobs") or []) or "-"])
-    text = tabulate(rows, headers=HEADERS, tablefmt="plain", disable_numparse=True,
-                    colalign=("left", "left", "right", "left", "right", "left", "left", "left", "left"))
+        for n, g in enumerate(under_their_cards(gpus)):
+            kind = str(g.get("type", "?"))
+            if g.get("parent") is not None:
+                kind = f"\u2514 {kind}"
+            elif g.get("mig_mode"):
+                kind += " MIG"
+            rows.append(
+                (head if n == 0 else ["", "", "", ""])
+                + [
+                    g.get("index", "?"),
+                    kind,
+                    _pair(g.get("vram_used"), g.get("vram_total")),
+                    f"{g.get('util', 0)}%",
+                    ",".join(str(j) for j in g.get("jobs") or []) or "-",
+                ]
+            )
+    text = tabulate(
+        rows,
+        headers=HEADERS,
+        tablefmt="plain",
+        disable_numparse=True,
+        colalign=("left", "left", "right", "left", "right", "left", "left", "left", "left"),
+    )
+    for node in nodes:
+        for g in node.get("gpus") or []:
+            outside = g.get("vram_outside")
+            if isinstance(outside, int) and outside > 0:
+                text += (
+                    f"\n{node.get('name', '?')} GPU {g.get('index', '?')}: {format_size(outside)} "
+                    "held by processes outside every job (counted as in use)"
+                )
     drained = [n for n in nodes if n.get("state") == "drain" or n.get("drain_reason") is not None]
-    for n in drained:
-        text += f"\n{n.get('name', '?')} is drained: {n.get('drain_reason') or '(no reason given)'}"
+    for d in drained:
+        text += f"\n{d.get('name', '?')} is drained: {d.get('drain_reason') or '(no reason given)'}"
     return text

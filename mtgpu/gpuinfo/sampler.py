@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -64,54 +65,98 @@ def host_usage(disk_path: str) -> HostUsage:
         path = os.path.dirname(path)  # homes not created yet: measure the disk they will be on
     disk = psutil.disk_usage(path or "/")
     # "Used" is what is not available: page cache can be dropped, so it does not count.
-    return HostUsage(cpus=psutil.cpu_count(logical=True) or 1,
-                     cpu_percent=float(psutil.cpu_percent(interval=None)),
-                     ram_total=int(mem.total), ram_used=int(mem.total - mem.available),
-                     disk_total=int(disk.total), disk_free=int(disk.free))
+    return HostUsage(
+        cpus=psutil.cpu_count(logical=True) or 1,
+        cpu_percent=float(psutil.cpu_percent(interval=None)),
+        ram_total=int(mem.total),
+        ram_used=int(mem.total - mem.available),
+        disk_total=int(disk.total),
+        disk_free=int(disk.free),
+    )
 
 
 class Sampler:
     """Measures this host: every probe's GPUs plus CPU, RAM and tenant disk."""
 
-    def __init__(self, options: Options, probes: Sequence[GpuProbe] | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        options: Options,
+        probes: Sequence[GpuProbe] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.options = options
         self.probes: list[GpuProbe] = list(probes) if probes is not None else default_probes(options)
         self.simulated: SimulatedProbe | None = next(
-            (p for p in self.probes if isinstance(p, SimulatedProbe)), None)
+            (p for p in self.probes if isinstance(p, SimulatedProbe)), None
+        )
         self.latest: NodeInventory | None = None
         self._clock = clock
         self._spans: dict[int, int] = {}
         self._owners: dict[int, tuple[GpuProbe, int]] = {}
         self._logged: dict[str, str] = {}
         self._unavailable_logged: set[str] = set()
+        # The sampler and the VRAM watchdog call the probes from worker threads.
+        self._probing = threading.Lock()
+        #: Gives, at each sample, which job a process belongs to (set by the job agent);
+        #: the VRAM held by processes of no job is reported as each GPU's ``vram_outside``.
+        self.job_of: Callable[[], Callable[[int], str | None]] | None = None
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement
+
+    def _read_gpus(self, errors: list[str]) -> list[GpuInfo]:
+        gpus: list[GpuInfo] = []
+        owners: dict[int, tuple[GpuProbe, int]] = {}
+        base = 0
+        with self._probing:
+            for n, probe in enumerate(self.probes):
+                found = self._probe_one(probe, errors)
+                for g in found:
+                    owners[base + g.index] = (probe, g.index)
+                    gpus.append(
+                        dataclasses.replace(
+                            g, index=base + g.index, parent=None if g.parent is None else base + g.parent
+                        )
+                    )
+                width = max([g.index + 1 for g in found], default=0)
+                self._spans[n] = max(self._spans.get(n, 0), width)
+                base += self._spans[n]
+            self._owners = owners
+        if self.job_of is not None:
+            job_of = self.job_of()
+            gpus = [
+                dataclasses.replace(
+                    g, vram_outside=sum(p.used_memory for p in g.processes if job_of(p.pid) is None)
+                )
+                for g in gpus
+            ]
+        return gpus
+
+    def process_use(self) -> dict[str, GpuInfo]:
+        """Every GPU's per-process VRAM use now, keyed by the GPU's UUID (host index
+        where a GPU has none), for the VRAM watchdog. Blocking but fast; never raises."""
+        return {g.uuid or f"index:{g.index}": g for g in self._read_gpus([])}
 
     def sample(self) -> NodeInventory:
         """Measure now. Blocking but fast; never raises."""
-        gpus: list[GpuInfo] = []
         errors: list[str] = []
-        owners: dict[int, tuple[GpuProbe, int]] = {}
-        base = 0
-        for n, probe in enumerate(self.probes):
-            found = self._probe_one(probe, errors)
-            for g in found:
-                owners[base + g.index] = (probe, g.index)
-                gpus.append(dataclasses.replace(g, index=base + g.index))
-            width = max([g.index + 1 for g in found], default=0)
-            self._spans[n] = max(self._spans.get(n, 0), width)
-            base += self._spans[n]
+        gpus = self._read_gpus(errors)
         try:
             host = host_usage(self.options.tenant_home_root)
-        except Exception as exc:  # psutil on an odd /proc; report, do not die
+        except Exception as exc:  # noqa: BLE001 - psutil on an odd /proc; report, do not die
             self._report("host", f"cannot measure CPU, RAM or disk: {exc}", errors)
-            host = HostUsage(cpus=os.cpu_count() or 1, cpu_percent=0.0, ram_total=0, ram_used=0,
-                             disk_total=0, disk_free=0)
+            host = HostUsage(
+                cpus=os.cpu_count() or 1, cpu_percent=0.0, ram_total=0, ram_used=0, disk_total=0, disk_free=0
+            )
         else:
             self._clear("host")
-        self._owners = owners
-        inv = NodeInventory(name=self.options.server_name, gpus=tuple(gpus), host=host,
-                            errors=tuple(errors), sampled_at=self._clock())
+        inv = NodeInventory(
+            name=self.options.server_name,
+            gpus=tuple(gpus),
+            host=host,
+            errors=tuple(errors),
+            sampled_at=self._clock(),
+            features=self.options.node_features,
+        )
         self.latest = inv
         return inv
 
@@ -121,7 +166,7 @@ class Sampler:
         except GpuProbeError as exc:
             self._report(probe.name, str(exc), errors)
             return []
-        except Exception as exc:  # a bug or a library surprise must not stop sampling
+        except Exception as exc:  # noqa: BLE001 - a bug or a library surprise must not stop sampling
             self._report(probe.name, f"{type(exc).__name__}: {exc}", errors, trace=True)
             return []
         self._clear(probe.name)
@@ -134,8 +179,9 @@ class Sampler:
         errors.append(f"{name}: {message}")
         if self._logged.get(name) != message:
             self._logged[name] = message
-            log.error("GPU probe %s failed: %s (reported once; sampling goes on)", name, message,
-                      exc_info=trace)
+            log.error(
+                "GPU probe %s failed: %s (reported once; sampling goes on)", name, message, exc_info=trace
+            )
 
     def _clear(self, name: str) -> None:
         if self._logged.pop(name, None) is not None:
@@ -159,8 +205,9 @@ class Sampler:
         groups: dict[int, tuple[GpuProbe, list[int]]] = {}
         for i in indices:
             if i not in self._owners:
-                raise GpuProbeError(f"this host has no GPU {i} in its last sample; "
-                                    "run mtgpu-admin nodes to see its GPUs")
+                raise GpuProbeError(
+                    f"this host has no GPU {i} in its last sample; run mtgpu-admin nodes to see its GPUs"
+                )
             probe, local = self._owners[i]
             groups.setdefault(id(probe), (probe, []))[1].append(local)
         return groups

@@ -32,6 +32,11 @@ class GpuInfo:
     ``index`` is the host-wide GPU number the scheduler reserves; ``visibility_id``
     is what goes into the brand's visibility variable (a UUID for NVIDIA, an index
     for others). ``mig_mode`` is None where the card has no such mode.
+
+    A card in MIG mode (or an AMD card in a compute partition mode other than SPX)
+    is reported with ``mig_mode=True`` and is never placed whole: each of its
+    instances is a GPU of its own, with ``parent`` the card's index, its own UUID
+    (``MIG-...``), VRAM and a type naming the profile (``h100-3g.40gb``).
     """
 
     index: int
@@ -45,6 +50,15 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] = ()
     mig_mode: bool | None = None
     visibility_id: str = ""
+    #: VRAM held by processes that belong to no job (an admin's, a local account's);
+    #: None where the member does not tell.
+    vram_outside: int | None = None
+    parent: int | None = None
+
+    @property
+    def placeable(self) -> bool:
+        """False for a card split into instances: its instances are placed instead."""
+        return not (self.mig_mode and self.parent is None)
 
     @property
     def vram_free(self) -> int:
@@ -58,11 +72,21 @@ class GpuInfo:
         for, because tenants see this listing too.
         """
         d: dict[str, Any] = {
-            "index": self.index, "brand": self.brand, "type": self.type,
-            "vram_total": self.vram_total, "vram_used": self.vram_used, "util": self.util,
-            "jobs": list(jobs), "name": self.name, "uuid": self.uuid,
+            "index": self.index,
+            "brand": self.brand,
+            "type": self.type,
+            "vram_total": self.vram_total,
+            "vram_used": self.vram_used,
+            "util": self.util,
+            "jobs": list(jobs),
+            "name": self.name,
+            "uuid": self.uuid,
             "mig_mode": self.mig_mode,
         }
+        if self.vram_outside is not None:
+            d["vram_outside"] = self.vram_outside
+        if self.parent is not None:
+            d["parent"] = self.parent
         if processes:
             d["processes"] = [p.to_dict() for p in self.processes]
         return d
@@ -70,14 +94,23 @@ class GpuInfo:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GpuInfo:
         """Read back what :meth:`to_dict` wrote (``jobs`` is ignored)."""
-        return cls(index=int(d["index"]), brand=str(d["brand"]), type=str(d["type"]),
-                   name=str(d.get("name", d["type"])), uuid=str(d.get("uuid", "")),
-                   vram_total=int(d["vram_total"]), vram_used=int(d["vram_used"]),
-                   util=int(d.get("util", 0)),
-                   processes=tuple(GpuProcess(int(p["pid"]), p.get("uid"), int(p["used_memory"]))
-                                   for p in d.get("processes", ())),
-                   mig_mode=d.get("mig_mode"),
-                   visibility_id=str(d.get("visibility_id", d["index"])))
+        return cls(
+            index=int(d["index"]),
+            brand=str(d["brand"]),
+            type=str(d["type"]),
+            name=str(d.get("name", d["type"])),
+            uuid=str(d.get("uuid", "")),
+            vram_total=int(d["vram_total"]),
+            vram_used=int(d["vram_used"]),
+            util=int(d.get("util", 0)),
+            processes=tuple(
+                GpuProcess(int(p["pid"]), p.get("uid"), int(p["used_memory"])) for p in d.get("processes", ())
+            ),
+            mig_mode=d.get("mig_mode"),
+            visibility_id=str(d.get("visibility_id", d["index"])),
+            vram_outside=None if d.get("vram_outside") is None else int(d["vram_outside"]),
+            parent=None if d.get("parent") is None else int(d["parent"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -101,13 +134,16 @@ class NodeInventory:
     host: HostUsage
     errors: tuple[str, ...] = ()
     sampled_at: float = 0.0
+    #: The member's NODE_FEATURES (sbatch's --constraint chooses by them).
+    features: tuple[str, ...] = ()
 
     def gpu(self, index: int) -> GpuInfo | None:
         """The GPU with host index ``index``, or None."""
         return next((g for g in self.gpus if g.index == index), None)
 
-    def to_dict(self, jobs: Mapping[int, Sequence[str]] | None = None, *, state: str = "up",
-                processes: bool = False) -> dict[str, Any]:
+    def to_dict(
+        self, jobs: Mapping[int, Sequence[str]] | None = None, *, state: str = "up", processes: bool = False
+    ) -> dict[str, Any]:
         """The ``mt-job nodes --json`` member object.
 
         ``jobs`` maps a GPU index to the job ids holding it and ``state`` is the
@@ -116,24 +152,42 @@ class NodeInventory:
         jobs = jobs or {}
         h = self.host
         return {
-            "name": self.name, "state": state, "cpus": h.cpus,
-            "ram_total": h.ram_total, "ram_used": h.ram_used,
+            "name": self.name,
+            "state": state,
+            "cpus": h.cpus,
+            "ram_total": h.ram_total,
+            "ram_used": h.ram_used,
             "gpus": [g.to_dict(jobs.get(g.index, ()), processes=processes) for g in self.gpus],
-            "cpu_percent": h.cpu_percent, "disk_total": h.disk_total, "disk_free": h.disk_free,
-            "errors": list(self.errors), "sampled_at": self.sampled_at,
+            "cpu_percent": h.cpu_percent,
+            "disk_total": h.disk_total,
+            "disk_free": h.disk_free,
+            "errors": list(self.errors),
+            "sampled_at": self.sampled_at,
+            "features": list(self.features),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], gpus: tuple[GpuInfo, ...] | None = None) -> NodeInventory:
         """Read back what :meth:`to_dict` wrote (``state`` and ``jobs`` are dropped);
         ``gpus``, when given, are the GPU records already read from ``d``."""
-        host = HostUsage(cpus=int(d["cpus"]), cpu_percent=float(d.get("cpu_percent", 0.0)),
-                         ram_total=int(d["ram_total"]), ram_used=int(d["ram_used"]),
-                         disk_total=int(d.get("disk_total", 0)), disk_free=int(d.get("disk_free", 0)))
+        host = HostUsage(
+            cpus=int(d["cpus"]),
+            cpu_percent=float(d.get("cpu_percent", 0.0)),
+            ram_total=int(d["ram_total"]),
+            ram_used=int(d["ram_used"]),
+            disk_total=int(d.get("disk_total", 0)),
+            disk_free=int(d.get("disk_free", 0)),
+        )
         if gpus is None:
             gpus = tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ()))
-        return cls(name=str(d["name"]), gpus=gpus, host=host, errors=tuple(d.get("errors", ())),
-                   sampled_at=float(d.get("sampled_at", 0.0)))
+        return cls(
+            name=str(d["name"]),
+            gpus=gpus,
+            host=host,
+            errors=tuple(d.get("errors", ())),
+            sampled_at=float(d.get("sampled_at", 0.0)),
+            features=tuple(str(f) for f in d.get("features", ())),
+        )
 
 
 class ReportReader:
@@ -158,8 +212,9 @@ class ReportReader:
         last = self._last.get(name)
         if last is not None and len(last[0]) == len(raw):
             old_raw, old = last
-            gpus = tuple(o if r == g else GpuInfo.from_dict(g)
-                         for g, r, o in zip(raw, old_raw, old, strict=True))
+            gpus = tuple(
+                o if r == g else GpuInfo.from_dict(g) for g, r, o in zip(raw, old_raw, old, strict=True)
+            )
         else:
             gpus = tuple(GpuInfo.from_dict(g) for g in raw)
         inv = NodeInventory.from_dict(d, gpus)

@@ -10,6 +10,7 @@ after a restart the agent re-adopts what still runs and records what ended.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -17,10 +18,21 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
+from mtgpu.errors import StateError
 from mtgpu.gpuinfo.sampler import Sampler
-from mtgpu.schedd.jobenv import JobLaunch, JobUser, output_paths
-from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, spec_from_dict
+from mtgpu.schedd.cgroups import job_cgroup_name
+from mtgpu.schedd.jobenv import (
+    DEFAULT_RENDEZVOUS_PORTS,
+    JobLaunch,
+    JobUser,
+    array_shape,
+    output_paths,
+    pick_rendezvous_port,
+)
+from mtgpu.schedd.jobfile import parse_array, parse_signal
+from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, attempt_of, spec_from_dict
 from mtgpu.schedd.runner import SPEC, EarlierRunActive, JobAlreadyStarted, JobResult, Runner
+from mtgpu.schedd.vramwatch import JobProcesses, JobShare, VramStop, share_of
 
 log = logging.getLogger("mtgpu.agent")
 
@@ -34,6 +46,8 @@ POLL_INTERVAL = 0.2
 END_BATCH = 0.02
 #: Parts this member starts at once (each forks a supervisor).
 STARTS_AT_ONCE = 4
+#: How long a job's end whose commit failed (a leader change) is retried (seconds).
+RECORD_RETRY = 120.0
 
 
 def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
@@ -43,25 +57,117 @@ def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
     return None
 
 
-def launch_for(job: dict[str, Any], user: JobUser, *, node: str = "", member: dict[str, Any] | None = None,
-               sampler: Sampler | None = None, cpus: tuple[int, ...] = (), master_addr: str = "",
-               term: int = 0, env: dict[str, str] | None = None) -> JobLaunch:
+def warning_signal(text: str | None) -> dict[str, Any]:
+    """The launch fields of sbatch's --signal (as :func:`~mtgpu.schedd.jobfile.parse_signal` reads it)."""
+    if not text:
+        return {}
+    sig, before, batch = parse_signal(text)
+    return {"warn_signal": sig, "warn_before": before, "warn_batch_only": batch}
+
+
+@functools.lru_cache(maxsize=256)
+def _array_shape(spec: str) -> tuple[int, int, int, int] | None:
+    """An array's shape, once per array spec (an array has up to 100000 tasks)."""
+    return array_shape(parse_array(spec)[0])
+
+
+def launch_for(
+    job: dict[str, Any],
+    user: JobUser,
+    *,
+    node: str = "",
+    member: dict[str, Any] | None = None,
+    sampler: Sampler | None = None,
+    cpus: tuple[int, ...] = (),
+    master_addr: str = "",
+    term: int = 0,
+    env: dict[str, str] | None = None,
+    master_port: int = 0,
+    tools_dir: str = "",
+    api_socket: str = "",
+) -> JobLaunch:
     """The runner's description of this member's part of ``job``."""
     spec = spec_from_dict(job["spec"])
     members = (job.get("placement") or {}).get("members", [])
     gpus = tuple(member["gpu_indices"]) if member else ()
     return JobLaunch(
-        job_id=job["job_id"], user=user, script=spec.script, workdir=job["workdir"],
-        name=job["name"], array_task_id=job.get("array_task"), array_job_id=job.get("array_id"),
-        stdout=spec.output, stderr=spec.error,
+        job_id=job["job_id"],
+        user=user,
+        script=spec.script,
+        workdir=job["workdir"],
+        name=job["name"],
+        array_task_id=job.get("array_task"),
+        array_job_id=job.get("array_id"),
+        stdout=spec.output,
+        stderr=spec.error,
         gpu_env=sampler.visibility_env(list(gpus)) if sampler and gpus else {},
         gpu_indices=gpus,
         device_nodes=tuple(sampler.device_nodes(list(gpus))) if sampler and gpus else (),
-        cpus=cpus, ram=spec.request.ram or None, time_limit=spec.time_limit,
-        node_rank=member["rank"] if member else 0, nnodes=max(1, len(members)),
-        nodelist=tuple(m["node"] for m in members) or (node,), node_name=node,
-        master_addr=master_addr, submit_dir=job["workdir"], term=term, env=env or {},
-        attempt=job.get("requeues", 0))
+        cpus=cpus,
+        ram=spec.request.ram or None,
+        time_limit=spec.time_limit,
+        node_rank=member["rank"] if member else 0,
+        nnodes=max(1, len(members)),
+        nodelist=tuple(m["node"] for m in members) or (node,),
+        node_name=node,
+        master_addr=master_addr,
+        master_port=master_port,
+        submit_dir=job["workdir"],
+        term=term,
+        env={**(job.get("submit") or {}).get("env", {}), **(env or {})},
+        umask=(job.get("submit") or {}).get("umask"),
+        rlimits=(job.get("submit") or {}).get("rlimits", {}),
+        array_shape=_array_shape(spec.array) if spec.array and job.get("array_task") is not None else None,
+        open_append=spec.open_mode == "append",
+        **warning_signal(spec.signal),
+        ntasks=spec.ntasks,
+        ntasks_per_node=spec.ntasks_per_node,
+        cpus_per_task=spec.cpus_per_task,
+        attempt=attempt_of(job),
+        output_cluster=job.get("log_cluster") or "",
+        gpu_mode=str((job.get("placement") or {}).get("gpu_mode") or ""),
+        vram=int(member.get("vram_per_gpu") or 0) if member else 0,
+        gpu_vram_total=_smallest_total(sampler, gpus),
+        tools_dir=tools_dir,
+        api_socket=api_socket,
+    )
+
+
+def _smallest_total(sampler: Sampler | None, gpus: tuple[int, ...]) -> int:
+    """The smallest total VRAM of host GPUs ``gpus`` in the last sample (0: unknown)."""
+    inv = sampler.latest if sampler is not None else None
+    totals = [g.vram_total for i in gpus if inv is not None and (g := inv.gpu(i)) is not None]
+    return min(totals) if totals and len(totals) == len(gpus) else 0
+
+
+def gpus_held(sampler: Sampler | None, gpus: list[int]) -> list[dict[str, Any]]:
+    """The GPUs ``gpus`` (host indices) as a job's record keeps them: index, UUID and
+    type from the last sample (what accounting reports GPU-hours by)."""
+    inv = sampler.latest if sampler is not None else None
+    out = []
+    for i in gpus:
+        g = inv.gpu(i) if inv is not None else None
+        out.append(
+            {
+                "index": i,
+                "uuid": g.uuid if g else "",
+                "type": g.type if g else "",
+                "brand": g.brand if g else "",
+            }
+        )
+    return out
+
+
+def result_usage(r: JobResult) -> dict[str, Any]:
+    """What a member's part used and how it ended, beyond its state (the job's record
+    keeps it per member): the signal that ended it, CPU time and peak memory."""
+    return {
+        "signal": r.signal,
+        "cpu_user": r.cpu_user,
+        "cpu_system": r.cpu_system,
+        "max_rss": r.max_rss,
+        "memory_peak": r.memory_peak,
+    }
 
 
 def interface_of(address: str) -> str | None:
@@ -83,9 +189,18 @@ def job_output_paths(job: dict[str, Any], user: JobUser) -> tuple[str, str]:
 class Agent:
     """Runs this member's share of jobs."""
 
-    def __init__(self, node: str, table: JobTable, runner: Runner, sampler: Sampler,
-                 replicate: Replicate, user_for: UserLookup, *, address: str = "127.0.0.1",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        node: str,
+        table: JobTable,
+        runner: Runner,
+        sampler: Sampler,
+        replicate: Replicate,
+        user_for: UserLookup,
+        *,
+        address: str = "127.0.0.1",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.node = node
         self.table = table
         self.runner = runner
@@ -95,11 +210,18 @@ class Agent:
         self.address = address
         #: A member's address (host) by name, for MASTER_ADDR; the daemon sets it in a cluster.
         self.address_of: Callable[[str], str | None] = lambda name: None
+        #: The tenants' commands (srun, mt-job) and the API socket, for jobs' PATH and
+        #: MTGPU_API_SOCKET; the daemon sets them.
+        self.tools_dir = ""
+        self.api_socket = ""
         self.clock = clock
         self.cores: dict[str, tuple[int, ...]] = {}
-        #: The term each part here was started with (a requeued job gets a new one).
+        #: The (term, attempt) each part here was started with: a requeued job started
+        #: again is a new attempt, and what was asked of an earlier one (its stop, its
+        #: end) never reaches it.
         self.terms: dict[str, tuple[int, int]] = {}
-        self._cancelling: set[str] = set()
+        #: (job id, attempt) of the parts asked to stop.
+        self._cancelling: set[tuple[str, int | None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._ends: Any = None
         self._ended: set[str] = set()
@@ -115,6 +237,9 @@ class Agent:
         #: Parts getting their image before they start, by job id.
         self.preparing: dict[str, asyncio.Task[None]] = {}
         self._starts: asyncio.Semaphore | None = None
+        #: RENDEZVOUS_PORTS: where rendezvous ports of jobs with rank 0 here come from.
+        self.rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS
+        self._old_runs_checked = 0.0
 
     # ------------------------------------------------------------ dispatch
 
@@ -127,15 +252,25 @@ class Agent:
                 if c < total:
                     use[c] += 1
         order = sorted(range(total), key=lambda c: (use[c], c))
-        picked = tuple(sorted(order[:max(1, min(n, total))]))
+        picked = tuple(sorted(order[: max(1, min(n, total))]))
         self.cores[job_id] = picked
         return picked
 
-    async def dispatch(self, job: dict[str, Any], term: int) -> None:
-        """Start this member's part of a placed job."""
+    def rendezvous_port(self) -> int:
+        """A rendezvous port for a job whose rank 0 runs here: random from
+        ``RENDEZVOUS_PORTS`` and free here now (raises JobError if none is)."""
+        return pick_rendezvous_port(self.rendezvous_ports)
+
+    async def dispatch(self, job: dict[str, Any], term: int, rendezvous_port: int = 0) -> None:
+        """Start this member's part of a placed job. ``rendezvous_port``: the port the
+        rank-0 member picked (a multi-member job); this member picks it if it is rank 0
+        and none was given."""
         member = member_of(job, self.node)
         if member is None:
             raise RuntimeError(f"job {job['job_id']} has no part on {self.node}")
+        jid = job["job_id"]
+        if self.terms.get(jid) == (term, attempt_of(job)) and (jid in self.cores or jid in self.preparing):
+            return  # this part is started (or starting) here already: asked again
         user = await self.user_for(job["user"], job["uid"])
         cpus = self._pick_cores(job["job_id"], member["cpus"])
         members = job["placement"]["members"]
@@ -146,16 +281,30 @@ class Agent:
             # gloo and NCCL pick an interface from the hostname otherwise (often
             # loopback), and the parts on other members cannot reach it.
             env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
-        launch = launch_for(job, user, node=self.node, member=member, sampler=self.sampler,
-                            cpus=cpus, term=term, master_addr=master_addr, env=env)
-        self.terms[job["job_id"]] = (term, job.get("requeues", 0))
+        port = rendezvous_port or (self.rendezvous_port() if master == self.node else 0)
+        launch = launch_for(
+            job,
+            user,
+            node=self.node,
+            member=member,
+            sampler=self.sampler,
+            cpus=cpus,
+            term=term,
+            master_addr=master_addr,
+            env=env,
+            master_port=port,
+            tools_dir=self.tools_dir,
+            api_socket=self.api_socket,
+        )
+        self.terms[job["job_id"]] = (term, attempt_of(job))
         if job.get("container"):
             # The image may take a while to arrive: the part starts when it is here,
             # and the dispatch does not wait for it.
             jid = job["job_id"]
             if jid not in self.preparing:
                 self.preparing[jid] = asyncio.get_running_loop().create_task(
-                    self._prepare_and_start(job, launch))
+                    self._prepare_and_start(job, launch)
+                )
             return
         await self._start(job, launch)
 
@@ -185,9 +334,17 @@ class Agent:
             log.warning("job %s could not start here: %s", jid, exc)
             self.cores.pop(jid, None)
             self.terms.pop(jid, None)
-            await self.replicate(self.table.part_ended, jid, self.node, term, "FAILED", None,
-                                 f"the job could not start on {self.node}: {exc}", self.clock(),
-                                 attempt)
+            await self.replicate(
+                self.table.part_ended,
+                jid,
+                self.node,
+                term,
+                "FAILED",
+                None,
+                f"the job could not start on {self.node}: {exc}",
+                self.clock(),
+                attempt,
+            )
             self.on_change()
         finally:
             self.preparing.pop(jid, None)
@@ -212,7 +369,9 @@ class Agent:
             self.cores.pop(job["job_id"], None)
             raise
         self._declare()
-        await self.replicate(self.table.started, job["job_id"], self.node, self.clock())
+        member = member_of(job, self.node) or {}
+        held = gpus_held(self.sampler, list(member.get("gpu_indices") or ()))
+        await self.replicate(self.table.started, job["job_id"], self.node, self.clock(), launch.attempt, held)
 
     async def _stop_earlier_run(self, jid: str) -> None:
         log.info("stopping the earlier run of job %s here before starting it again", jid)
@@ -232,6 +391,37 @@ class Agent:
             for i in m["gpu_indices"]:
                 declared[i] = declared.get(i, 0) + m["vram_per_gpu"]
         self.sampler.set_declared(declared)
+
+    # ------------------------------------------------------------ VRAM watchdog
+
+    def vram_shares(self) -> list[JobShare]:
+        """The GPU parts of the jobs running here, for the VRAM watchdog."""
+        out = []
+        for jid in list(self.cores):
+            j = self.table.get(jid)
+            m = member_of(j, self.node) if j is not None and j["state"] == RUNNING else None
+            if j is not None and m is not None and m["gpu_indices"]:
+                out.append(share_of(j, m, self.terms.get(jid, (0, attempt_of(j)))[1]))
+        return out
+
+    def job_processes(self) -> JobProcesses:
+        """How to tell the job of a process here: the jobs' cgroup names and supervisors."""
+        names: dict[str, str] = {}
+        sups: dict[int, str] = {}
+        for jid in list(self.cores):
+            attempt = self.terms.get(jid, (0, 0))[1]
+            names[job_cgroup_name(jid, str(self.runner.job_dir(jid)), attempt)] = jid
+            pid = self.runner.supervisor_pid(jid)
+            if pid is not None:
+                sups[pid] = jid
+        return JobProcesses(names, sups)
+
+    def stop_vram(self, st: VramStop) -> bool:
+        """Ask the supervisor of a job over its VRAM to stop it (OUT_OF_MEMORY)."""
+        notice = f"mtgpu: job {st.job_id} is being stopped: it {st.reason}"
+        return self.runner.stop_over_limit(
+            st.job_id, f"the VRAM watchdog stopped the job: it {st.reason}", notice, st.attempt
+        )
 
     # ---------------------------------------------------------------- loop
 
@@ -281,7 +471,7 @@ class Agent:
                 left = max(0.0, POLL_INTERVAL - (time.monotonic() - last_full))
                 await asyncio.wait_for(self._wake.wait(), left)
                 await asyncio.sleep(END_BATCH)  # let a burst of ends arrive together
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
 
@@ -296,21 +486,50 @@ class Agent:
         for j in list(self.table.active()):
             if j["state"] != RUNNING or member_of(j, self.node) is None:
                 continue
-            if j["job_id"] in known:
-                self.cores[j["job_id"]] = ()
-                log.info("re-adopted job %s", j["job_id"])
+            jid, attempt = j["job_id"], attempt_of(j)
+            here = self.runner.launch_run(jid)[1] if (self.runner.job_dir(jid) / SPEC).exists() else None
+            if jid in known and here == attempt:
+                self.cores[jid] = ()
+                log.info("re-adopted job %s (attempt %d)", jid, attempt)
                 continue
-            if self.runner.result(j["job_id"]) is None and j.get("start_time") is None \
-                    and not (self.runner.job_dir(j["job_id"]) / SPEC).exists():
-                # Placed but never started (the daemon died in between): start it now.
+            if (
+                (here is None and j.get("start_time") is None)
+                or (here is not None and here != attempt)
+                or (
+                    here is not None
+                    and self.runner.result(jid) is None
+                    and await asyncio.to_thread(self.runner.start_interrupted, jid)
+                )
+            ):
+                # Placed but never started (the daemon died in between), only an earlier
+                # attempt of it ran here, or its start was cut short before the
+                # supervisor ran (nothing ran): start this attempt now.
                 try:
                     await self.dispatch(j, j.get("term") or 0)
                 except Exception as exc:  # noqa: BLE001
-                    await self.replicate(self.table.finish, j["job_id"], "FAILED", None,
-                                         f"could not start after a restart: {exc}", self.clock())
-            elif self.runner.result(j["job_id"]) is None:
-                await self.replicate(self.table.finish, j["job_id"], "NODE_FAIL", None,
-                                     f"its supervisor on {self.node} is gone", self.clock())
+                    await self.replicate(
+                        self.table.finish,
+                        jid,
+                        "FAILED",
+                        None,
+                        f"could not start after a restart: {exc}",
+                        self.clock(),
+                        attempt,
+                    )
+            elif here is not None and jid in await asyncio.to_thread(self.runner.running):
+                self.cores[jid] = ()  # its supervisor came up while this daemon started
+                self.terms[jid] = await asyncio.to_thread(self.runner.launch_run, jid)
+                log.info("re-adopted job %s (attempt %d)", jid, attempt)
+            elif here is None or self.runner.result(jid) is None:
+                await self.replicate(
+                    self.table.finish,
+                    jid,
+                    "NODE_FAIL",
+                    None,
+                    f"its supervisor on {self.node} is gone",
+                    self.clock(),
+                    attempt,
+                )
         self._declare()
 
     async def tick(self, ended: set[str] | None = None) -> None:
@@ -318,6 +537,7 @@ class Agent:
         results = await asyncio.to_thread(self.runner.poll, ended)
         # Each record waits on a commit: a burst of ends (an array) commits side by side.
         await asyncio.gather(*(self._record(r) for r in results))
+        await self._old_runs_over()
         for jid in list(self.cores):  # the jobs started here and not ended
             j = self.table.get(jid)
             why = self._given_up(jid, j)
@@ -329,23 +549,81 @@ class Agent:
                 self.cores.pop(jid, None)
                 self.terms.pop(jid, None)
                 if not why and j is not None:
-                    await self.replicate(self.table.finish, jid, "CANCELLED", None,
-                                         j.get("reason") or "cancelled", self.clock())
+                    await self.replicate(
+                        self.table.finish,
+                        jid,
+                        "CANCELLED",
+                        None,
+                        j.get("reason") or "cancelled",
+                        self.clock(),
+                        attempt_of(j),
+                    )
                 continue
             if prep is not None:
                 continue
-            if why and jid not in self._cancelling:
-                self._cancelling.add(jid)
+            mine = self.terms.get(jid, (0, None))[1]
+            if why and (jid, mine) not in self._cancelling:
+                self._cancelling.add((jid, mine))
                 log.info("stopping job %s here: %s", jid, why)
-                await asyncio.to_thread(self.runner.cancel, jid, STOP_GRACE)
+                await asyncio.to_thread(self.runner.cancel, jid, STOP_GRACE, mine)
                 continue
-            if (j is not None and j["state"] == RUNNING and j.get("cancel_requested")
-                    and j["job_id"] not in self._cancelling and member_of(j, self.node)):
-                self._cancelling.add(j["job_id"])
-                ok = await asyncio.to_thread(self.runner.cancel, j["job_id"])
-                if not ok and self.runner.result(j["job_id"]) is None:
-                    await self.replicate(self.table.finish, j["job_id"], "CANCELLED", None,
-                                         j.get("reason") or "cancelled", self.clock())
+            if (
+                j is not None
+                and j["state"] == RUNNING
+                and j.get("cancel_requested")
+                and (jid, attempt_of(j)) not in self._cancelling
+                and member_of(j, self.node)
+            ):
+                attempt = attempt_of(j)
+                self._cancelling.add((jid, attempt))
+                ok = await asyncio.to_thread(self.runner.cancel, jid, 10.0, attempt)
+                if not ok and self._unstarted(jid, attempt):
+                    await self.replicate(
+                        self.table.finish,
+                        jid,
+                        "CANCELLED",
+                        None,
+                        j.get("reason") or "cancelled",
+                        self.clock(),
+                        attempt,
+                    )
+
+    async def _old_runs_over(self) -> None:
+        """Say so for requeued jobs that wait for an earlier run here which does not run
+        here (it never started, or its end was recorded before the requeue), so that
+        they are placed again without waiting for this member's lease to run out."""
+        now = time.monotonic()
+        if now - self._old_runs_checked < 1.0:
+            return
+        self._old_runs_checked = now
+        for j in list(self.table.active()):
+            old = j.get("old_run") if j["state"] != RUNNING else None
+            if not old or self.node not in old["members"]:
+                continue
+            jid = j["job_id"]
+            if jid in self.cores or jid in self.preparing:
+                continue  # it still runs here: its end is recorded when it comes
+            try:
+                await self.replicate(
+                    self.table.part_ended,
+                    jid,
+                    self.node,
+                    0,
+                    "CANCELLED",
+                    None,
+                    "not running here",
+                    self.clock(),
+                    old["attempt"],
+                )
+            except StateError as exc:
+                log.info("telling that job %s's earlier run is over here: %s", jid, exc)
+
+    def _unstarted(self, jid: str, attempt: int) -> bool:
+        """True if ``attempt`` of ``jid`` has no supervisor here that will report its end
+        (it never started, or only another attempt did)."""
+        if not (self.runner.job_dir(jid) / SPEC).exists():
+            return True
+        return self.runner.launch_run(jid)[1] != attempt
 
     def _given_up(self, jid: str, j: dict[str, Any] | None) -> str:
         """Why this member's part of ``jid`` must stop although it was not cancelled
@@ -362,21 +640,68 @@ class Agent:
         mine = self.terms.get(jid)
         now = (j.get("term") or 0, j.get("requeues", 0))
         if mine and mine[0] and now[0] and now != mine:
-            return (f"the job was placed again (term {now[0]}, attempt {now[1]}; this part is "
-                    f"of term {mine[0]}, attempt {mine[1]})")
+            return (
+                f"the job was placed again (term {now[0]}, attempt {now[1]}; this part is "
+                f"of term {mine[0]}, attempt {mine[1]})"
+            )
         return ""
 
     async def _record(self, r: JobResult) -> None:
         j = self.table.get(r.job_id)
-        self.cores.pop(r.job_id, None)
-        self.terms.pop(r.job_id, None)
-        self._cancelling.discard(r.job_id)
+        self._cancelling.discard((r.job_id, r.attempt))
+        if self.terms.get(r.job_id, (0, r.attempt))[1] == r.attempt:
+            # This attempt's end; an earlier attempt's late result leaves the part of
+            # the attempt started since alone.
+            self.cores.pop(r.job_id, None)
+            self.terms.pop(r.job_id, None)
         if j is not None and j["state"] not in FINAL_STATES:
             reason = r.reason
             if r.signal and not reason:
                 reason = f"killed by signal {r.signal}"
-            await self.replicate(self.table.part_ended, r.job_id, self.node, r.term, str(r.state),
-                                 r.exit_code, reason, r.end_time or self.clock(), r.attempt)
-        self.runner.ack(r.job_id)
+            # The runner hands each end over once: a commit lost to a leader change (a
+            # hand-off, this member changing role) is retried here, or the job would
+            # stay RUNNING for ever. Recording a part's end twice changes nothing.
+            deadline = time.monotonic() + RECORD_RETRY
+            fenced = reason.startswith("fenced: ") and bool(j["spec"].get("requeue"))
+            while True:
+                try:
+                    if fenced:
+                        # Fenced, and the scheduler had not given up on it yet (the
+                        # member was cut off only briefly): a job that allows it is
+                        # requeued, as it would have been had this member been lost.
+                        others = [
+                            m["node"]
+                            for m in (j.get("placement") or {}).get("members", [])
+                            if m["node"] != self.node
+                        ]
+                        r2 = await self.replicate(
+                            self.table.requeue,
+                            r.job_id,
+                            f"requeued: {reason}",
+                            self.clock(),
+                            r.attempt,
+                            others,
+                        )
+                        if "error" not in r2:
+                            break
+                    await self.replicate(
+                        self.table.part_ended,
+                        r.job_id,
+                        self.node,
+                        r.term,
+                        str(r.state),
+                        r.exit_code,
+                        reason,
+                        r.end_time or self.clock(),
+                        r.attempt,
+                        result_usage(r),
+                    )
+                    break
+                except StateError as exc:
+                    if time.monotonic() > deadline:
+                        raise
+                    log.info("recording the end of job %s: %s; retrying", r.job_id, exc)
+                    await asyncio.sleep(0.5)
+        self.runner.ack(r.job_id, r.attempt)
         self._declare()
         self.on_change()

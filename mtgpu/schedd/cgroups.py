@@ -38,18 +38,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtgpu.fsafe import signal_members
+
 log = logging.getLogger("mtgpu.schedd.cgroups")
 
 #: The v1 controllers a job uses, in the order they are created.
 V1_CONTROLLERS = ("memory", "devices", "pids", "cpuset", "freezer")
+#: v1 controllers detected for other users of the hierarchies (tenant sessions'
+#: CPU weight, see mtgpu.schedd.fence); jobs do not use them.
+OTHER_V1_CONTROLLERS = ("cpu",)
 #: The v2 controllers a job uses (``devices`` has no v2 file interface).
 V2_CONTROLLERS = ("memory", "pids", "cpuset")
 #: Character device names in /proc/devices that belong to GPUs. Some numbers are
 #: dynamic (nvidia-uvm, kfd), so they are read at each job start.
-GPU_DEVICE_NAMES = frozenset({
-    "nvidia-frontend", "nvidia", "nvidia-uvm", "nvidia-caps", "nvidia-caps-imex-channels",
-    "nvidia-nvlink", "nvidia-nvswitch", "nvidiactl", "kfd", "drm", "accel",
-})
+GPU_DEVICE_NAMES = frozenset(
+    {
+        "nvidia-frontend",
+        "nvidia",
+        "nvidia-uvm",
+        "nvidia-caps",
+        "nvidia-caps-imex-channels",
+        "nvidia-nvlink",
+        "nvidia-nvswitch",
+        "nvidiactl",
+        "kfd",
+        "drm",
+        "accel",
+    }
+)
 #: NVIDIA's fixed major and the DRM major, which exist even before a driver loads.
 FIXED_GPU_MAJORS = frozenset({195, 226})
 #: Minors denied one by one on a major that has a reserved device.
@@ -60,13 +76,15 @@ MAX_MINOR = 255
 JOB_PREFIX = "mtgpu_job_"
 
 
-def job_cgroup_name(job_id: str, job_dir: str) -> str:
-    """The name of a job's cgroup.
+def job_cgroup_name(job_id: str, job_dir: str, attempt: int = 0) -> str:
+    """The name of a job's cgroup; each start of a requeued job has its own.
 
     >>> job_cgroup_name("42", "/var/lib/mtgpu/jobs/42")
     'mtgpu_job_42_cbd466c7'
+    >>> job_cgroup_name("42", "/var/lib/mtgpu/jobs/42", 1)
+    'mtgpu_job_42_cbd466c7_a1'
     """
-    return f"{JOB_PREFIX}{job_id}_{zlib.crc32(job_dir.encode()):08x}"
+    return f"{JOB_PREFIX}{job_id}_{zlib.crc32(job_dir.encode()):08x}" + (f"_a{attempt}" if attempt else "")
 
 
 @dataclass(frozen=True)
@@ -97,7 +115,7 @@ def detect(mounts: str | None = None) -> CgroupSystem:
             continue
         if parts[2] == "cgroup":
             for opt in parts[3].split(","):
-                if opt in V1_CONTROLLERS:
+                if opt in V1_CONTROLLERS or opt in OTHER_V1_CONTROLLERS:
                     v1.setdefault(opt, parts[1])
         elif parts[2] == "cgroup2":
             v2 = parts[1]
@@ -141,8 +159,11 @@ def parents(system: CgroupSystem, root: str = "auto", version: str = "auto") -> 
         version = system.version
     own = own_paths()
     if version == "v1":
-        return {c: os.path.normpath(f"{m}/{own.get(c, '/') if root == 'auto' else root}")
-                for c, m in system.v1.items()}
+        return {
+            c: os.path.normpath(f"{m}/{own.get(c, '/') if root == 'auto' else root}")
+            for c, m in system.v1.items()
+            if c in V1_CONTROLLERS
+        }
     if version == "v2" and system.v2:
         return {"v2": os.path.normpath(f"{system.v2}/{'mtgpu.jobs' if root == 'auto' else root}")}
     return {}
@@ -233,9 +254,17 @@ class JobCgroup:
         return self.dirs.get("v2") if self.version == "v2" else self.dirs.get(controller)
 
     @classmethod
-    def create(cls, parent_dirs: Mapping[str, str], name: str, *, ram: int | None,
-               cpus: Iterable[int], pids_max: int | None, deny: Iterable[str],
-               use_memory: bool = True) -> tuple[JobCgroup, dict[str, str]]:
+    def create(
+        cls,
+        parent_dirs: Mapping[str, str],
+        name: str,
+        *,
+        ram: int | None,
+        cpus: Iterable[int],
+        pids_max: int | None,
+        deny: Iterable[str],
+        use_memory: bool = True,
+    ) -> tuple[JobCgroup, dict[str, str]]:
         """Make and configure the job's cgroups; return them and what each enforces.
 
         A controller that cannot be set up is left out and reported in the second
@@ -246,8 +275,9 @@ class JobCgroup:
         dirs: dict[str, str] = {}
         applied: dict[str, str] = {}
         if "v2" in parent_dirs:
-            return cls._create_v2(parent_dirs["v2"], name, ram=ram, cpus=cpus,
-                                  pids_max=pids_max, use_memory=use_memory)
+            return cls._create_v2(
+                parent_dirs["v2"], name, ram=ram, cpus=cpus, pids_max=pids_max, use_memory=use_memory
+            )
         for ctrl, parent in parent_dirs.items():
             if ctrl not in V1_CONTROLLERS or (ctrl == "memory" and not use_memory):
                 continue
@@ -255,8 +285,9 @@ class JobCgroup:
             try:
                 os.makedirs(path, exist_ok=True)
                 dirs[ctrl] = path
-                applied[ctrl] = _setup_v1(ctrl, path, parent, ram=ram, cpus=cpus,
-                                          pids_max=pids_max, deny=deny)
+                applied[ctrl] = _setup_v1(
+                    ctrl, path, parent, ram=ram, cpus=cpus, pids_max=pids_max, deny=deny
+                )
             except OSError as exc:
                 applied[ctrl] = f"unavailable: {exc}"
                 log.warning("cgroup %s %s: %s", ctrl, name, exc)
@@ -265,8 +296,16 @@ class JobCgroup:
         return cls(dirs), applied
 
     @classmethod
-    def _create_v2(cls, parent: str, name: str, *, ram: int | None, cpus: list[int],
-                   pids_max: int | None, use_memory: bool) -> tuple[JobCgroup, dict[str, str]]:
+    def _create_v2(
+        cls,
+        parent: str,
+        name: str,
+        *,
+        ram: int | None,
+        cpus: list[int],
+        pids_max: int | None,
+        use_memory: bool,
+    ) -> tuple[JobCgroup, dict[str, str]]:
         applied = {"devices": "unavailable: cgroup v2 needs a BPF device program"}
         os.makedirs(parent, exist_ok=True)
         # Hand the controllers down from the top to our parent (best effort: the
@@ -284,9 +323,11 @@ class JobCgroup:
         path = f"{parent}/{name}"
         os.makedirs(path, exist_ok=True)
         enabled = set(_read(f"{parent}/cgroup.subtree_control").split())
-        settings = {"memory": [("memory.max", str(ram) if ram else "max"), ("memory.swap.max", "0")],
-                    "pids": [("pids.max", str(pids_max) if pids_max else "max")],
-                    "cpuset": [("cpuset.cpus", ",".join(map(str, cpus)))] if cpus else []}
+        settings = {
+            "memory": [("memory.max", str(ram) if ram else "max"), ("memory.swap.max", "0")],
+            "pids": [("pids.max", str(pids_max) if pids_max else "max")],
+            "cpuset": [("cpuset.cpus", ",".join(map(str, cpus)))] if cpus else [],
+        }
         for ctrl in V2_CONTROLLERS:
             if ctrl not in enabled:
                 applied[ctrl] = "unavailable: not enabled in the parent's cgroup.subtree_control"
@@ -323,20 +364,17 @@ class JobCgroup:
 
         Returns how many processes were signalled.
         """
-        if sig == signal.SIGKILL and self.version == "v2" and os.path.exists(
-                f"{self.dirs['v2']}/cgroup.kill"):
+        if (
+            sig == signal.SIGKILL
+            and self.version == "v2"
+            and os.path.exists(f"{self.dirs['v2']}/cgroup.kill")
+        ):
             n = len(self.procs())
             _write(f"{self.dirs['v2']}/cgroup.kill", "1")
             return n
         frozen = self._freeze(True)
         try:
-            pids = self.procs()
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            return len(pids)
+            return signal_members(self.procs, sig)
         finally:
             if frozen:
                 self._freeze(False)
@@ -358,8 +396,11 @@ class JobCgroup:
             # reads FROZEN, and its child is then in cgroup.procs as well.
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
-                state = (_keyed(_read(f"{path}/cgroup.events"), "frozen") == 1
-                         if self.version == "v2" else _read(f"{path}/freezer.state").strip() == "FROZEN")
+                state = (
+                    _keyed(_read(f"{path}/cgroup.events"), "frozen") == 1
+                    if self.version == "v2"
+                    else _read(f"{path}/freezer.state").strip() == "FROZEN"
+                )
                 if state:
                     break
                 time.sleep(0.005)
@@ -411,8 +452,16 @@ def _rmdir(path: str) -> bool:
     return True
 
 
-def _setup_v1(ctrl: str, path: str, parent: str, *, ram: int | None, cpus: list[int],
-              pids_max: int | None, deny: Iterable[str]) -> str:
+def _setup_v1(
+    ctrl: str,
+    path: str,
+    parent: str,
+    *,
+    ram: int | None,
+    cpus: list[int],
+    pids_max: int | None,
+    deny: Iterable[str],
+) -> str:
     """Configure one v1 controller of a job; returns what it enforces."""
     if ctrl == "memory":
         if ram is None:
@@ -437,7 +486,9 @@ def _setup_v1(ctrl: str, path: str, parent: str, *, ram: int | None, cpus: list[
     if ctrl == "cpuset":
         # A v1 cpuset takes no process until both cpus and mems are set.
         _write(f"{path}/cpuset.mems", _read(f"{parent}/cpuset.mems").strip())
-        _write(f"{path}/cpuset.cpus", ",".join(map(str, cpus)) if cpus
-               else _read(f"{parent}/cpuset.cpus").strip())
+        _write(
+            f"{path}/cpuset.cpus",
+            ",".join(map(str, cpus)) if cpus else _read(f"{parent}/cpuset.cpus").strip(),
+        )
         return "cgroup v1"
     return "cgroup v1"

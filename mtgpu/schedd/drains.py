@@ -42,8 +42,12 @@ class Drains(SyncObjConsumer):
     def drain(self, name: str, reason: str, by: str, now: float) -> dict[str, Any]:
         """Mark ``name`` drained; draining it again only changes the reason."""
         old = self.drained.get(name)
-        self.drained[name] = {"node": name, "reason": reason[:MAX_REASON], "by": by,
-                              "since": old["since"] if old else now}
+        self.drained[name] = {
+            "node": name,
+            "reason": reason[:MAX_REASON],
+            "by": by,
+            "since": old["since"] if old else now,
+        }
         return dict(self.drained[name])
 
     @replicated

@@ -64,6 +64,7 @@ class Layout:
         self.ram_total: list[int] = [n.ram_total for n in nodes]
         self.up: list[bool] = [n.state is NodeState.UP for n in nodes]
         self.states: list[NodeState] = [n.state for n in nodes]
+        self.features: list[frozenset[str]] = [frozenset(n.features) for n in nodes]
         self.node_gpus: list[tuple[int, ...]] = []
         self.gpu_node: list[int] = []
         self.gpu_index: list[int] = []
@@ -107,24 +108,43 @@ class Layout:
             counts[1] += self.up[i]
         #: (members, members up, CPUs, RAM, GPUs as (brand, type, VRAM, how many)) per profile.
         self.profiles: list[tuple[int, int, int, int, tuple[tuple[str, str, int, int], ...]]] = [
-            (all_, up, cpus, ram, gpus) for (cpus, ram, gpus), (all_, up) in profiles.items()]
+            (all_, up, cpus, ram, gpus) for (cpus, ram, gpus), (all_, up) in profiles.items()
+        ]
         self._match: dict[tuple[str | None, str | None], list[tuple[int, ...]]] = {}
-        self._profiles_for: dict[tuple[str | None, str | None],
-                                 list[tuple[int, int, int, int, tuple[int, ...]]]] = {}
+        self._profiles_for: dict[
+            tuple[str | None, str | None], list[tuple[int, int, int, int, tuple[int, ...]]]
+        ] = {}
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def profiles_for(self, brand: str | None, type_: str | None) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
+    def profiles_for(
+        self, brand: str | None, type_: str | None
+    ) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
         """Per host profile: (members, members up, CPUs, RAM, VRAM of matching GPUs largest first). Cached."""
         key = (brand, type_)
         got = self._profiles_for.get(key)
         if got is None:
-            got = [(all_, up, cpus, ram,
-                    tuple(sorted((t for b, ty, t, n in gpus
-                                  if (brand is None or b == brand) and (type_ is None or ty == type_)
-                                  for _ in range(n)), reverse=True)))
-                   for all_, up, cpus, ram, gpus in self.profiles]
+            got = [
+                (
+                    all_,
+                    up,
+                    cpus,
+                    ram,
+                    tuple(
+                        sorted(
+                            (
+                                t
+                                for b, ty, t, n in gpus
+                                if (brand is None or b == brand) and (type_ is None or ty == type_)
+                                for _ in range(n)
+                            ),
+                            reverse=True,
+                        )
+                    ),
+                )
+                for all_, up, cpus, ram, gpus in self.profiles
+            ]
             self._profiles_for[key] = got
         return got
 
@@ -137,10 +157,15 @@ class Layout:
         key = (brand, type_)
         got = self._match.get(key)
         if got is None:
-            got = [tuple(g for g in ids
-                         if (brand is None or self.gpu_brand[g] == brand)
-                         and (type_ is None or self.gpu_type[g] == type_))
-                   for ids in self.node_gpus]
+            got = [
+                tuple(
+                    g
+                    for g in ids
+                    if (brand is None or self.gpu_brand[g] == brand)
+                    and (type_ is None or self.gpu_type[g] == type_)
+                )
+                for ids in self.node_gpus
+            ]
             self._match[key] = got
         return got
 
@@ -198,8 +223,9 @@ class Usage:
         return layout.gpu_total[g] - self.gpu_used[g]
 
 
-def check_node(layout: Layout, use: Usage, i: int, req: ResourceRequest,
-               match: Sequence[tuple[int, ...]]) -> tuple[str | None, tuple[int, ...]]:
+def check_node(
+    layout: Layout, use: Usage, i: int, req: ResourceRequest, match: Sequence[tuple[int, ...]]
+) -> tuple[str | None, tuple[int, ...]]:
     """Run the filters for member ``i``: (first filter that fails or None, chosen GPU ids).
 
     ``match`` is ``layout.matching(req.gpu_brand, req.gpu_type)``. The chosen GPUs are
@@ -255,15 +281,25 @@ def member_fits(layout: Layout, use: Usage, member: MemberPlacement, mode: GpuMo
         if g is None or use.gpu_holder[g] is not None:
             return False
         if mode is _EXCLUSIVE:
-            if use.gpu_shared[g] or (member.vram_per_gpu and use.gpu_free(layout, g, mode) < member.vram_per_gpu):
+            if use.gpu_shared[g] or (
+                member.vram_per_gpu and use.gpu_free(layout, g, mode) < member.vram_per_gpu
+            ):
                 return False
         elif use.gpu_free(layout, g, mode) < member.vram_per_gpu:
             return False
     return True
 
 
-def apply_member(layout: Layout, use: Usage, member: MemberPlacement, mode: GpuMode, job_id: str,
-                 sign: int, *, estimate: bool = True) -> int:
+def apply_member(
+    layout: Layout,
+    use: Usage,
+    member: MemberPlacement,
+    mode: GpuMode,
+    job_id: str,
+    sign: int,
+    *,
+    estimate: bool = True,
+) -> int:
     """Commit (``sign=1``) or release (``sign=-1``) one member; returns the member's index.
 
     With ``estimate`` the declared RAM and VRAM are also added to (or taken from) the
@@ -277,7 +313,11 @@ def apply_member(layout: Layout, use: Usage, member: MemberPlacement, mode: GpuM
         use.ram_used[i] = max(0, use.ram_used[i] + sign * member.ram)
     v = member.vram_per_gpu
     for index in member.gpu_indices:
-        g = layout.gpu_by_index[i][index]
+        g = layout.gpu_by_index[i].get(index)
+        if g is None:
+            # Gone from the member's report since it was placed (a MIG instance an
+            # administrator destroyed): nothing is left there to hold or release.
+            continue
         if mode is _EXCLUSIVE:
             use.gpu_holder[g] = job_id if sign > 0 else None
             if sign < 0 and estimate:

@@ -8,21 +8,46 @@ Everything here is pure: no I/O, no clock, so it is tested with tables of cases.
 
 from __future__ import annotations
 
+import errno
 import re
+import secrets
+import socket
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from mtgpu.errors import JobError
+
 #: Job ids name directories and cgroups, so they are kept to a safe alphabet.
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 #: The PATH a job starts with; a job file or ``env`` extras may extend it.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-#: Where output goes when the job file names no ``output``/``error`` (under the home).
-DEFAULT_OUTPUT_DIR = "~/.mtgpu/jobs/%j"
+#: Where output goes when the job file names no ``output``/``error`` (under the home):
+#: one directory per cluster, so clusters sharing homes never write to each other's.
+DEFAULT_OUTPUT_DIR = "~/.mtgpu/jobs/{cluster}/%j"
+#: The layout of records written before that, still read for them.
+OLD_OUTPUT_DIR = "~/.mtgpu/jobs/%j"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def default_output_dir(cluster: str) -> str:
+    """The default output directory pattern of a job submitted on ``cluster``.
+
+    >>> default_output_dir("lab"), default_output_dir("")
+    ('~/.mtgpu/jobs/lab/%j', '~/.mtgpu/jobs/%j')
+    """
+    if not cluster:
+        return OLD_OUTPUT_DIR
+    if not _SAFE_NAME.fullmatch(cluster):
+        cluster = "cluster-" + format(zlib.crc32(cluster.encode()), "08x")
+    return DEFAULT_OUTPUT_DIR.format(cluster=cluster)
+
+
 #: torchrun's usual port; single-node jobs get one derived from the job id instead,
 #: so two jobs on one host rarely pick the same one.
-MASTER_PORT_BASE = 29500
+#: RENDEZVOUS_PORTS's default (mtgpu/config/options.py).
+DEFAULT_RENDEZVOUS_PORTS = (29500, 39499)
 #: Variables the scheduler owns. ``env`` extras cannot override them, so a job's
 #: record and what it saw agree.
 _RESERVED_PREFIXES = ("MTGPU_", "SLURM_", "SLURMD_")
@@ -42,8 +67,7 @@ class JobUser:
     @classmethod
     def from_account(cls, account: Any) -> JobUser:
         """Take the fields from an :class:`mtgpu.accounts.provision.Account`."""
-        return cls(account.name, account.uid, account.gid, account.home, account.shell,
-                   tuple(account.groups))
+        return cls(account.name, account.uid, account.gid, account.home, account.shell, tuple(account.groups))
 
 
 @dataclass(frozen=True)
@@ -105,6 +129,36 @@ class JobLaunch:
     #: What the reason says to do when ``workdir`` is missing on this member (the
     #: daemon fills it in a cluster whose members do not all share homes).
     workdir_help: str = ""
+    #: The cluster the job was submitted on: its default output directory's parent
+    #: (``""``: a record from before per-cluster directories, ``~/.mtgpu/jobs/ID``).
+    output_cluster: str = ""
+    #: How the job holds its GPUs (exclusive, shared, overcommit), the VRAM it declared
+    #: per GPU and the smallest total VRAM of its GPUs here (0: unknown), from which
+    #: frameworks are told their share (:func:`framework_env`).
+    gpu_mode: str = ""
+    vram: int = 0
+    gpu_vram_total: int = 0
+    #: The daemon's directory of tenant commands (``srun``, ``mt-job``), first on the
+    #: job's PATH, and its API socket, which ``srun`` records steps through.
+    tools_dir: str = ""
+    api_socket: str = ""
+    #: The submitting shell's umask (None: 022) and resource limits, ``{"nofile":
+    #: [soft, hard]}`` with -1 for unlimited (:mod:`mtgpu.schedd.submitenv`).
+    umask: int | None = None
+    rlimits: Mapping[str, Any] = field(default_factory=dict)
+    #: sbatch's --signal: this signal (0: none) ``warn_before`` seconds before the time
+    #: limit, to the job's main process only (``B:``) or to all its processes.
+    warn_signal: int = 0
+    warn_before: float = 0.0
+    warn_batch_only: bool = False
+    #: sbatch's --open-mode=append: output files are appended to, not truncated.
+    open_append: bool = False
+    #: An array task's array: (count, lowest, highest, step) of its indices.
+    array_shape: tuple[int, int, int, int] | None = None
+    #: sbatch's task counts, when the job file gave them (SLURM_NTASKS...).
+    ntasks: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -119,6 +173,7 @@ class JobLaunch:
         d = asdict(self)
         d["env"], d["gpu_env"] = dict(self.env), dict(self.gpu_env)
         d["container_env"] = dict(self.container_env)
+        d["rlimits"] = {k: list(v) for k, v in self.rlimits.items()}
         return d
 
     @classmethod
@@ -127,10 +182,23 @@ class JobLaunch:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["user"] = JobUser(**{**d["user"], "groups": tuple(d["user"].get("groups", ()))})
-        for name in ("gpu_indices", "device_nodes", "cpus", "nodelist", "container_argv"):
-            if name in kw:
+        for name in ("gpu_indices", "device_nodes", "cpus", "nodelist", "container_argv", "array_shape"):
+            if kw.get(name) is not None:
                 kw[name] = tuple(kw[name])
         return cls(**kw)
+
+
+def array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """(count, lowest, highest, step) of an array's indices, as Slurm's
+    SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP give them (step 1 unless evenly spaced).
+
+    >>> array_shape((0, 5, 10)), array_shape((1, 2, 7))
+    ((3, 0, 10, 5), (3, 1, 7, 1))
+    """
+    if not indices:
+        return None
+    steps = {b - a for a, b in zip(indices, indices[1:], strict=False)}
+    return len(indices), indices[0], indices[-1], steps.pop() if len(steps) == 1 else 1
 
 
 def substitute(pattern: str, launch: JobLaunch) -> str:
@@ -174,7 +242,7 @@ def output_paths(launch: JobLaunch) -> tuple[str, str, bool]:
     >>> output_paths(JobLaunch("7", u, "", "/work", stdout="o-%j.txt"))
     ('/work/o-7.txt', '/work/o-7.txt', False)
     """
-    default_dir = substitute(DEFAULT_OUTPUT_DIR, launch)
+    default_dir = substitute(default_output_dir(launch.output_cluster), launch)
 
     def absolute(pattern: str) -> str:
         path = substitute(pattern, launch)
@@ -189,7 +257,8 @@ def output_paths(launch: JobLaunch) -> tuple[str, str, bool]:
 
 
 def master_port(launch: JobLaunch) -> int:
-    """The rendezvous port: the daemon's choice, else one derived from the job id.
+    """The rendezvous port: the one the job's rank-0 member picked when it started it
+    (:func:`pick_rendezvous_port`), else one picked here now.
 
     >>> u = JobUser("ann", 2000, 2000, "/home/ann")
     >>> master_port(JobLaunch("7", u, "", "/", master_port=4000))
@@ -197,13 +266,79 @@ def master_port(launch: JobLaunch) -> int:
     """
     if launch.master_port:
         return launch.master_port
-    return MASTER_PORT_BASE + zlib.crc32((launch.array_job_id or launch.job_id).encode()) % 10000
+    return pick_rendezvous_port(DEFAULT_RENDEZVOUS_PORTS)
+
+
+def pick_rendezvous_port(ports: tuple[int, int], tries: int = 1024) -> int:
+    """A port from ``ports`` (FIRST, LAST), drawn at random (from the system's secure
+    source: another tenant cannot guess it) among those nothing on this host is bound
+    to now. Up to ``tries`` distinct ports are tried.
+
+    >>> 29500 <= pick_rendezvous_port((29500, 39499)) <= 39499
+    True
+    """
+    first, last = ports
+    tries = min(tries, last - first + 1)
+    for port in secrets.SystemRandom().sample(range(first, last + 1), tries):
+        if port_free(port):
+            return port
+    raise JobError(
+        f"no free rendezvous port in RENDEZVOUS_PORTS ({first}-{last}) after {tries} "
+        "tries; widen the range or free ports in it"
+    )
+
+
+def port_free(port: int) -> bool:
+    """True if no TCP socket here is bound to ``port`` (any address, IPv4 or IPv6)."""
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        with s:
+            try:
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind((addr, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return False
+    return True
+
+
+def framework_env(launch: JobLaunch) -> dict[str, str]:
+    """What tells frameworks the share of a shared or overcommit job's GPUs.
+
+    JAX preallocates 75 % of a card and TensorFlow maps nearly all of it unless told
+    otherwise, which would take a neighbour's promised VRAM: JAX gets its share as a
+    fraction (rounded down), or no preallocation where the card's size is unknown;
+    TensorFlow grows as needed; ``MTGPU_GPU_MEMORY`` is the share in bytes, for
+    ``torch.cuda.set_per_process_memory_fraction``. The job's own settings win.
+
+    >>> u = JobUser("ann", 2000, 2000, "/home/ann")
+    >>> sorted(framework_env(JobLaunch("1", u, "", "/", gpu_indices=(0,), gpu_mode="shared",
+    ...     vram=20 << 30, gpu_vram_total=80 << 30)).items())  # doctest: +NORMALIZE_WHITESPACE
+    [('MTGPU_GPU_MEMORY', '21474836480'), ('TF_FORCE_GPU_ALLOW_GROWTH', 'true'),
+     ('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.25')]
+    """
+    if not launch.gpu_indices or launch.gpu_mode not in ("shared", "overcommit"):
+        return {}
+    env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    if launch.vram > 0:
+        env["MTGPU_GPU_MEMORY"] = str(launch.vram)
+    if launch.vram > 0 and launch.gpu_vram_total > 0:
+        fraction = max(1, min(100, launch.vram * 100 // launch.gpu_vram_total)) / 100
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.2f}"
+    else:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return env
 
 
 def build_env(launch: JobLaunch) -> dict[str, str]:
     """The whole environment of the job: a clean base, extras, scheduler variables.
 
-    Later layers win: the base (HOME, USER, PATH...), then the job's ``env``
+    Later layers win: the base (HOME, USER, PATH...), then what tells frameworks
+    a shared GPU's share (:func:`framework_env`), then the job's ``env``
     extras (except ``MTGPU_*``/``SLURM_*``), then the scheduler's variables, then
     the GPU visibility variables. Slurm's names are set too, so existing scripts run
     unchanged. With no GPU reserved, ``CUDA_VISIBLE_DEVICES`` is empty, which hides
@@ -211,9 +346,14 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
     """
     u = launch.user
     env: dict[str, str] = {
-        "HOME": u.home, "USER": u.name, "LOGNAME": u.name, "SHELL": u.shell,
-        "PATH": DEFAULT_PATH, "LANG": "C.UTF-8",
+        "HOME": u.home,
+        "USER": u.name,
+        "LOGNAME": u.name,
+        "SHELL": u.shell,
+        "PATH": f"{launch.tools_dir}:{DEFAULT_PATH}" if launch.tools_dir else DEFAULT_PATH,
+        "LANG": "C.UTF-8",
     }
+    env.update(framework_env(launch))
     env.update({k: v for k, v in launch.env.items() if not k.startswith(_RESERVED_PREFIXES)})
     nodes = list(launch.nodelist) or [launch.node_name or "localhost"]
     addr = launch.master_addr or (nodes[0] if launch.nnodes > 1 else "127.0.0.1")
@@ -228,6 +368,8 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "MTGPU_NNODES": str(launch.nnodes),
         "MTGPU_NODELIST": ",".join(nodes),
         "MTGPU_GPUS": gpus,
+        # Which start of the job this is (0 first; a requeue adds one), as Slurm's.
+        "MTGPU_RESTART_COUNT": str(launch.attempt),
         "MASTER_ADDR": addr,
         "MASTER_PORT": port,
         "MTGPU_RDZV_ENDPOINT": f"{addr}:{port}",
@@ -238,6 +380,7 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "PET_MASTER_ADDR": addr,
         "PET_MASTER_PORT": port,
         "SLURM_JOB_ID": launch.job_id,
+        "SLURM_RESTART_COUNT": str(launch.attempt),
         "SLURM_JOBID": launch.job_id,
         "SLURM_JOB_NAME": launch.name,
         "SLURM_JOB_USER": u.name,
@@ -248,8 +391,9 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "SLURM_LOCALID": "0",
         "SLURM_NNODES": str(launch.nnodes),
         "SLURM_JOB_NUM_NODES": str(launch.nnodes),
-        "SLURM_NTASKS": str(launch.nnodes),
-        "SLURM_NPROCS": str(launch.nnodes),
+        "SLURM_NTASKS": str(launch.ntasks or launch.nnodes),
+        "SLURM_NPROCS": str(launch.ntasks or launch.nnodes),
+        "SLURM_NTASKS_PER_NODE": str(launch.ntasks_per_node or 1),
         "SLURM_JOB_NODELIST": ",".join(nodes),
         "SLURM_NODELIST": ",".join(nodes),
         "SLURM_SUBMIT_DIR": submit_dir,
@@ -257,21 +401,36 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
     }
     if launch.node_name:
         ours["SLURMD_NODENAME"] = launch.node_name
+    if launch.umask is not None:
+        ours["SLURM_UMASK"] = format(launch.umask, "04o")
     if cpus:
-        ours.update(SLURM_CPUS_PER_TASK=str(cpus), SLURM_CPUS_ON_NODE=str(cpus))
+        ours.update(SLURM_CPUS_PER_TASK=str(launch.cpus_per_task or cpus), SLURM_CPUS_ON_NODE=str(cpus))
     if launch.ram is not None:
         ours["SLURM_MEM_PER_NODE"] = str(max(1, launch.ram >> 20))
     if launch.gpu_indices:
         ours["SLURM_JOB_GPUS"] = gpus
     if launch.array_task_id is not None:
         array_id = launch.array_job_id or launch.job_id
-        ours.update(MTGPU_ARRAY_TASK_ID=str(launch.array_task_id), MTGPU_ARRAY_JOB_ID=array_id,
-                    SLURM_ARRAY_TASK_ID=str(launch.array_task_id), SLURM_ARRAY_JOB_ID=array_id)
+        ours.update(
+            MTGPU_ARRAY_TASK_ID=str(launch.array_task_id),
+            MTGPU_ARRAY_JOB_ID=array_id,
+            SLURM_ARRAY_TASK_ID=str(launch.array_task_id),
+            SLURM_ARRAY_JOB_ID=array_id,
+        )
+        if launch.array_shape:
+            count, low, high, step = launch.array_shape
+            ours.update(
+                SLURM_ARRAY_TASK_COUNT=str(count),
+                SLURM_ARRAY_TASK_MIN=str(low),
+                SLURM_ARRAY_TASK_MAX=str(high),
+                SLURM_ARRAY_TASK_STEP=str(step),
+            )
     if launch.time_limit:
         ours["MTGPU_TIME_LIMIT"] = str(int(launch.time_limit))
+    if launch.api_socket:
+        ours["MTGPU_API_SOCKET"] = launch.api_socket
     env.update(ours)
-    env.update(launch.gpu_env if launch.gpu_indices or launch.gpu_env
-               else {"CUDA_VISIBLE_DEVICES": ""})
+    env.update(launch.gpu_env if launch.gpu_indices or launch.gpu_env else {"CUDA_VISIBLE_DEVICES": ""})
     return env
 
 
@@ -280,6 +439,40 @@ CONTAINER_SCRIPT = "/.mtgpu-job"
 #: Variables of the job that a container does not take from the host (its image has
 #: its own PATH and shell).
 CONTAINER_SKIP_ENV = frozenset({"PATH", "SHELL"})
+#: Variables that steer podman itself (podman(1), containers.conf(5),
+#: containers-storage.conf(5)): the podman that runs a containerized job uses this
+#: member's settings, never ones exported from the submitting shell (another member's
+#: container store, or a containers.conf without the policy hook).
+PODMAN_SETTINGS = frozenset(
+    {
+        "CONTAINERS_CONF",
+        "CONTAINERS_CONF_OVERRIDE",
+        "CONTAINERS_REGISTRIES_CONF",
+        "CONTAINERS_STORAGE_CONF",
+        "CONTAINER_CONNECTION",
+        "CONTAINER_HOST",
+        "CONTAINER_SSHKEY",
+        "REGISTRIES_CONFIG_PATH",
+        "STORAGE_DRIVER",
+        "STORAGE_OPTS",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+    }
+)
+
+
+def container_env(launch: JobLaunch, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a containerized job's ``podman run``: the job's variables
+    without those that steer podman, then this member's podman settings.
+
+    >>> u = JobUser("ann", 2000, 2000, "/home/ann")
+    >>> la = JobLaunch("7", u, "echo hi", "/", container_env={"XDG_RUNTIME_DIR": "/run/user/2000"})
+    >>> container_env(la, {"A": "1", "CONTAINERS_STORAGE_CONF": "/elsewhere/storage.conf"})
+    {'A': '1', 'XDG_RUNTIME_DIR': '/run/user/2000'}
+    """
+    out = {k: v for k, v in env.items() if k not in PODMAN_SETTINGS}
+    out.update(launch.container_env)
+    return out
 
 
 def container_command(launch: JobLaunch, env: Mapping[str, str]) -> list[str]:
@@ -296,7 +489,8 @@ def container_command(launch: JobLaunch, env: Mapping[str, str]) -> list[str]:
     ['podman', 'run', '--env=MTGPU_JOB_ID', '--volume=/run/user/2000/j7:/.mtgpu-job:ro', 'img', '/bin/sh', '/.mtgpu-job']
     """
     *opts, image = launch.container_argv
-    opts += [f"--env={k}" for k in sorted(env) if k not in CONTAINER_SKIP_ENV]
+    skip = CONTAINER_SKIP_ENV | PODMAN_SETTINGS
+    opts += [f"--env={k}" for k in sorted(env) if k not in skip]
     opts.append(f"--volume={launch.container_script}:{CONTAINER_SCRIPT}:ro")
     return [*opts, image, *job_argv(launch, CONTAINER_SCRIPT, default="/bin/sh")]
 

@@ -4,9 +4,14 @@ A supervisor that forks its job copies its own page tables, and every page that
 either side then touches: on a small host that is a few milliseconds of CPU per job,
 the largest single cost of starting one. With the helper, the supervisor starts the
 job with ``posix_spawn`` (a vfork) and the helper, a small C program, does the
-child's set-up before exec'ing the script. The runner builds it with the host's C
-compiler into its root-only state directory the first time a job starts, keyed by a
-hash of the source; without a compiler, supervisors fork as before.
+child's set-up before exec'ing the script. ``mtgpu-setup install`` builds it with the
+host's C compiler into the root-only ``STATE_DIR/jobs``, keyed by a hash of the
+source, and the daemon checks it is there when it starts (building it if an upgrade
+changed the source); without a compiler, supervisors fork as before.
+
+The helper runs as root until it becomes the tenant, so it is started with an empty
+environment and refuses ``LD_*``/``PYTHON*`` variables in its own; the job's
+environment reaches it through a file descriptor and only the exec'd job gets it.
 """
 
 from __future__ import annotations

@@ -20,12 +20,28 @@ from typing import Any
 
 from pysyncobj import SyncObjConsumer, replicated
 
+from mtgpu.schedd import submitkeys, usage
+from mtgpu.schedd.jobenv import JOB_ID_RE
 from mtgpu.schedd.types import GpuMode, JobSpec, ResourceRequest
 
 PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY = (
-    "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    "PENDING",
+    "RUNNING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+)
 FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY})
 ACTIVE_STATES = frozenset({PENDING, RUNNING})
+
+
+def attempt_of(job: dict[str, Any]) -> int:
+    """Which start of ``job`` this is (0 first, one more per requeue), as Slurm's
+    restart count. Records journalled before attempts were counted read as 0."""
+    return int(job.get("requeues") or 0)
 
 
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
@@ -40,13 +56,15 @@ def spec_from_dict(d: dict[str, Any]) -> JobSpec:
     r = dict(d["request"])
     r["gpu_mode"] = GpuMode(r["gpu_mode"])
     r["servers"] = tuple(r.get("servers", ()))
+    r["exclude"] = tuple(r.get("exclude", ()))
     rest = {k: v for k, v in d.items() if k != "request"}
     rest["warnings"] = tuple(rest.get("warnings", ()))
     return JobSpec(request=ResourceRequest(**r), **rest)
 
 
 class JobTable(SyncObjConsumer):
-    """Jobs by id, plus the next id and submission tokens (idempotent retries)."""
+    """Jobs by id, plus the next id and submission keys (idempotent retries; see
+    :mod:`mtgpu.schedd.submitkeys`)."""
 
     def __init__(self) -> None:
         # Set before the consumer's __init__, which leaves what exists by then out of
@@ -56,7 +74,7 @@ class JobTable(SyncObjConsumer):
         super().__init__()
         self.jobs: dict[str, dict[str, Any]] = {}
         self.next_id = 1
-        self.tokens: dict[str, str] = {}
+        self.submit_keys: submitkeys.Keys = {}
         # Bumped whenever a job becomes pending (submit, requeue), so a scheduler can
         # notice work that another member added without scanning every time.
         self.pending_version = 0
@@ -67,9 +85,23 @@ class JobTable(SyncObjConsumer):
         self.running_ids: dict[str, None] = {}
         # Pending jobs (array tasks one by one) per user, for USER_MAX_QUEUED_JOBS.
         self.pending_by_user: dict[str, int] = {}
+        # Bytes of pending jobs' scripts per user (an array's once), for
+        # USER_MAX_QUEUED_SCRIPT_BYTES; and per submission [user, bytes, pending tasks].
+        self.pending_script_bytes: dict[str, int] = {}
+        self._pending_scripts: dict[str, list[Any]] = {}
+        # What the jobs that ended used, summed per day, tenant, member and GPU type
+        # (mtgpu.schedd.usage): kept for USAGE_RETENTION_DAYS, after the job records.
+        self.usage: dict[str, list[float]] = {}
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)
+        # State from before keys had outcomes and ages ("UID:token" -> job id): those
+        # keys are not kept (a retry across the upgrade is a new submission).
+        self.__dict__.pop("tokens", None)
+        if not isinstance(self.__dict__.get("submit_keys"), dict):
+            self.submit_keys = {}
+        if not isinstance(self.__dict__.get("usage"), dict):
+            self.usage = {}  # a dump from before usage was summed
         with self._wait_lock:  # a whole new table: everyone looks again
             waiting = [w for ws in self._waiters.values() for w in ws]
             self._waiters.clear()
@@ -81,9 +113,32 @@ class JobTable(SyncObjConsumer):
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
         self.pending_by_user = {}
+        self.pending_script_bytes, self._pending_scripts = {}, {}
         for j in self.jobs.values():
             if j["state"] == PENDING:
                 self.pending_by_user[j["user"]] = self.pending_by_user.get(j["user"], 0) + 1
+                self._charge(j, 1)
+
+    def _charge(self, record: dict[str, Any], n: int) -> None:
+        """Count a pending job's script (``n`` = 1) or stop counting it (-1)."""
+        sub = record.get("array_id") or record["job_id"]
+        entry = self._pending_scripts.get(sub)
+        if entry is None:
+            if n < 0:
+                return
+            size = record.get("script_bytes", len(record["spec"].get("script", "")))
+            entry = self._pending_scripts[sub] = [record["user"], size, 0]
+            user = record["user"]
+            self.pending_script_bytes[user] = self.pending_script_bytes.get(user, 0) + size
+        entry[2] += n
+        if entry[2] <= 0:
+            del self._pending_scripts[sub]
+            user, size = entry[0], entry[1]
+            left = self.pending_script_bytes.get(user, 0) - size
+            if left > 0:
+                self.pending_script_bytes[user] = left
+            else:
+                self.pending_script_bytes.pop(user, None)
 
     def _put(self, record: dict[str, Any]) -> None:
         jid = record["job_id"]
@@ -94,8 +149,17 @@ class JobTable(SyncObjConsumer):
                 self.pending_by_user[old["user"]] = left
             else:
                 self.pending_by_user.pop(old["user"], None)
+            self._charge(old, -1)
         if record["state"] == PENDING:
             self.pending_by_user[record["user"]] = self.pending_by_user.get(record["user"], 0) + 1
+            self._charge(record, 1)
+        elif record["state"] in FINAL_STATES and record["spec"].get("script"):
+            # A finished job's script is never run again: it leaves the replicated state
+            # (and the next snapshot) so that records kept for JOB_RETENTION_DAYS stay small.
+            record = {**record, "spec": {**record["spec"], "script": ""}}
+        if record["state"] in FINAL_STATES and (record.get("submit") or {}).get("env"):
+            # Nor is its exported environment (which may hold the tenant's secrets).
+            record = {**record, "submit": {**record["submit"], "env": {}}}
         self.jobs[jid] = record
         if record["state"] in ACTIVE_STATES:
             self.active_ids[jid] = None
@@ -114,8 +178,9 @@ class JobTable(SyncObjConsumer):
                 except RuntimeError:  # that loop is closed
                     pass
 
-    async def wait_for(self, job_id: str, test: Callable[[dict[str, Any]], bool],
-                       timeout: float) -> dict[str, Any] | None:
+    async def wait_for(
+        self, job_id: str, test: Callable[[dict[str, Any]], bool], timeout: float
+    ) -> dict[str, Any] | None:
         """The job's record once ``test`` holds for it (as this replica applies the log),
         or None after ``timeout`` seconds. Woken by each change to the job, not polled."""
         loop = asyncio.get_running_loop()
@@ -134,7 +199,7 @@ class JobTable(SyncObjConsumer):
                     return None
                 try:
                     await asyncio.wait_for(fut, left)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return None
             finally:
                 self._unwait(job_id, fut)
@@ -151,6 +216,17 @@ class JobTable(SyncObjConsumer):
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         return self.jobs.get(job_id)
+
+    def digest(self) -> str:
+        """A digest of every job's id, state and attempt (replicas that agree have the
+        same one)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for jid in sorted(self.jobs):
+            j = self.jobs[jid]
+            h.update(f"{jid} {j['state']} {attempt_of(j)}\n".encode())
+        return h.hexdigest()[:16]
 
     def tasks_of(self, job_id: str) -> list[dict[str, Any]]:
         """A job, or every task of an array when ``job_id`` is the array's id."""
@@ -174,19 +250,62 @@ class JobTable(SyncObjConsumer):
 
     # -------------------------------------------------------- replicated
 
+    def outcome(self, scope: str, key: str, now: float) -> dict[str, Any] | None:
+        """What the submission with ``key`` (of the tenant ``scope``) came to, as
+        :meth:`submit` answered it, or None if this replica has no record of it."""
+        hit = submitkeys.recall(self.submit_keys, scope, key, now)
+        if hit is None:
+            return None
+        if "error" in hit:
+            return {"error": hit["error"], "code": hit.get("code", "rejected"), "duplicate": True}
+        jid = hit["job_id"]
+        return {"job_id": jid, "tasks": [j["job_id"] for j in self.tasks_of(jid)], "duplicate": True}
+
     @replicated
-    def submit(self, record: dict[str, Any], tasks: list[int] | None, now: float,
-               token: str | None = None) -> dict[str, Any]:
-        """Add a job (or one record per array task); returns the id(s)."""
-        if token and token in self.tokens:
-            jid = self.tokens[token]
-            return {"job_id": jid, "tasks": [j["job_id"] for j in self.tasks_of(jid)],
-                    "duplicate": True}
+    def submit(
+        self,
+        record: dict[str, Any],
+        tasks: list[int] | None,
+        now: float,
+        key: str | None = None,
+        scope: str | None = None,
+    ) -> dict[str, Any]:
+        """Add a job (or one record per array task); returns the id(s).
+
+        With ``key`` (and the tenant's ``scope``), a submission already in the log
+        with the same key is answered as it was, and nothing is added.
+        """
+        if key and scope is None:  # an entry journalled before keys were scoped
+            scope, _, key = key.partition(":")
+        if key:
+            seen = self.outcome(scope or "", key, now)
+            if seen is not None:
+                return seen
         jid = str(self.next_id)
+        last = jid if tasks is None else f"{jid}_{max(tasks, default=0)}"
+        if not JOB_ID_RE.match(last) or (tasks is not None and min(tasks, default=0) < 0):
+            # Read back by the same rule: a record whose id cannot be shown never enters.
+            refused = {
+                "error": f"array indices make the job id {last[:40]!r}, which is not a job "
+                "id; use indices from 0 to 9999999",
+                "code": "bad_id",
+            }
+            if key:
+                submitkeys.remember(self.submit_keys, scope or "", key, refused, now)
+            return refused
         self.next_id += 1
-        base = {**record, "state": PENDING, "submit_time": now, "start_time": None,
-                "end_time": None, "placement": None, "exit_code": None, "reason": "",
-                "term": None, "cancel_requested": False}
+        base = {
+            **record,
+            "state": PENDING,
+            "submit_time": now,
+            "start_time": None,
+            "end_time": None,
+            "placement": None,
+            "exit_code": None,
+            "reason": "",
+            "term": None,
+            "cancel_requested": False,
+        }
         ids = []
         if tasks is None:
             self._put({**base, "job_id": jid, "array_id": None, "array_task": None})
@@ -197,11 +316,8 @@ class JobTable(SyncObjConsumer):
                 self._put({**base, "job_id": tid, "array_id": jid, "array_task": i})
                 ids.append(tid)
         self.pending_version += 1
-        if token:
-            self.tokens[token] = jid
-            if len(self.tokens) > 100_000:
-                for k in list(self.tokens)[:10_000]:
-                    del self.tokens[k]
+        if key:
+            submitkeys.remember(self.submit_keys, scope or "", key, {"job_id": jid}, now)
         return {"job_id": jid, "tasks": ids}
 
     @replicated
@@ -210,8 +326,9 @@ class JobTable(SyncObjConsumer):
         return self._place(job_id, placement, term, now)
 
     @replicated
-    def place_many(self, placements: list[tuple[str, dict[str, Any]]], term: int,
-                   now: float) -> list[dict[str, Any]]:
+    def place_many(
+        self, placements: list[tuple[str, dict[str, Any]]], term: int, now: float
+    ) -> list[dict[str, Any]]:
         """Several placements of one scheduling pass as one log entry: ``place``'s
         answer for each ``(job_id, placement)``, in order."""
         return [self._place(str(jid), placement, term, now) for jid, placement in placements]
@@ -220,15 +337,32 @@ class JobTable(SyncObjConsumer):
         j = self.jobs.get(job_id)
         if j is None or j["state"] != PENDING:
             return {"error": f"job {job_id} is not pending", "code": "not_pending"}
-        self._put({**j, "state": RUNNING, "placement": placement, "term": term,
-                   "placed_time": now, "reason": ""})
+        self._put(
+            {**j, "state": RUNNING, "placement": placement, "term": term, "placed_time": now, "reason": ""}
+        )
         return {"job_id": job_id}
 
     @replicated
-    def started(self, job_id: str, node: str, now: float) -> None:
+    def started(
+        self,
+        job_id: str,
+        node: str,
+        now: float,
+        attempt: int | None = None,
+        gpus: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """A member started its part (of ``attempt``: a late report of an earlier
+        attempt changes nothing). ``gpus``: the GPUs it holds there (index, UUID, type)."""
         j = self.jobs.get(job_id)
-        if j is not None and j["state"] == RUNNING and j["start_time"] is None:
-            self._put({**j, "start_time": now})
+        if j is None or j["state"] != RUNNING or (attempt is not None and attempt != attempt_of(j)):
+            return
+        rec = j
+        if gpus:
+            rec = {**rec, "gpu_info": {**(j.get("gpu_info") or {}), node: list(gpus)}}
+        if j["start_time"] is None:
+            rec = {**rec, "start_time": now}
+        if rec is not j:
+            self._put(rec)
 
     @replicated
     def set_progress(self, job_id: str, node: str, text: str) -> None:
@@ -239,9 +373,22 @@ class JobTable(SyncObjConsumer):
             self._put({**j, "progress": {**j.get("progress", {}), node: text[:300]}})
 
     @replicated
-    def part_ended(self, job_id: str, node: str, term: int, state: str, exit_code: int | None,
-                   reason: str, now: float, attempt: int = 0) -> dict[str, Any]:
+    def part_ended(
+        self,
+        job_id: str,
+        node: str,
+        term: int,
+        state: str,
+        exit_code: int | None,
+        reason: str,
+        now: float,
+        attempt: int = 0,
+        used: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One member's part of a job ended (the whole job, for a one-member job).
+
+        ``used``: what the part used and how it ended beyond its state (the signal,
+        CPU time, peak memory; :func:`mtgpu.schedd.agent.result_usage`), kept per member.
 
         A job on several members (``nodes=N``) completes when every part has completed;
         the first part that ends otherwise ends the job, naming its member, and the
@@ -249,17 +396,32 @@ class JobTable(SyncObjConsumer):
         the job was requeued since) changes nothing.
         """
         j = self.jobs.get(job_id)
+        old = (j or {}).get("old_run")
+        if j is not None and old and attempt == old["attempt"] and node in old["members"]:
+            # The requeued job's earlier run ended here: once it has ended on every
+            # member, the job may be placed again.
+            self._old_part_over(j, node)
+            return {"error": f"job {job_id} was requeued; its earlier run ended on {node}", "code": "stale"}
         if j is None or j["state"] in FINAL_STATES:
             return {"error": f"job {job_id} has already ended", "code": "final"}
-        if (j["state"] != RUNNING or (term and j.get("term") and term != j["term"])
-                or attempt != j.get("requeues", 0)):
-            return {"error": f"job {job_id} is not running with term {term}, attempt {attempt}",
-                    "code": "stale"}
+        if (
+            j["state"] != RUNNING
+            or (term and j.get("term") and term != j["term"])
+            or attempt != attempt_of(j)
+        ):
+            return {
+                "error": f"job {job_id} is not running with term {term}, attempt {attempt}",
+                "code": "stale",
+            }
+        if used:
+            j = {**j, "usage": {**(j.get("usage") or {}), node: dict(used)}}
         members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
         if len(members) <= 1:
             return self._finish(j, state, exit_code, reason, now)
-        parts = {**j.get("parts", {}), node: {"state": state, "exit_code": exit_code,
-                                               "reason": reason, "end_time": now}}
+        parts = {
+            **j.get("parts", {}),
+            node: {"state": state, "exit_code": exit_code, "reason": reason, "end_time": now},
+        }
         if state != COMPLETED:
             rank = members.index(node) if node in members else "?"
             why = f"its part on {node} (rank {rank}) ended {state}" + (f": {reason}" if reason else "")
@@ -270,49 +432,182 @@ class JobTable(SyncObjConsumer):
         return {"job_id": job_id, "state": RUNNING, "parts": len(parts)}
 
     @replicated
-    def finish(self, job_id: str, state: str, exit_code: int | None, reason: str,
-               now: float) -> dict[str, Any]:
+    def finish(
+        self,
+        job_id: str,
+        state: str,
+        exit_code: int | None,
+        reason: str,
+        now: float,
+        attempt: int | None = None,
+    ) -> dict[str, Any]:
+        """End a job the scheduler or an agent gave up on (lost member, failed start).
+
+        With ``attempt``, only that attempt of a running job: a decision taken about
+        an earlier attempt (the job was requeued and started again since) changes
+        nothing, so a job's end is recorded once, by whichever comes first.
+        """
         j = self.jobs.get(job_id)
         if j is None or j["state"] in FINAL_STATES:
             return {"error": f"job {job_id} has already ended", "code": "final"}
+        if attempt is not None and (j["state"] != RUNNING or attempt != attempt_of(j)):
+            return {"error": f"job {job_id} is not running attempt {attempt}", "code": "stale"}
         return self._finish(j, state, exit_code, reason, now)
 
-    def _finish(self, j: dict[str, Any], state: str, exit_code: int | None, reason: str,
-                now: float) -> dict[str, Any]:
+    def _finish(
+        self, j: dict[str, Any], state: str, exit_code: int | None, reason: str, now: float
+    ) -> dict[str, Any]:
         job_id = j["job_id"]
         if j["cancel_requested"] and state in (FAILED, COMPLETED, CANCELLED):
             state = CANCELLED  # killed by the cancel, whatever status it ended with
             reason = f"{j['reason']}; {reason}" if reason and reason != j["reason"] else j["reason"]
-        self._put({**j, "state": state, "exit_code": exit_code, "reason": reason,
-                   "end_time": now, "start_time": j["start_time"] or j.get("placed_time")})
+        final = {
+            **j,
+            "state": state,
+            "exit_code": exit_code,
+            "reason": reason,
+            "end_time": now,
+            "start_time": j["start_time"] or j.get("placed_time"),
+        }
+        self._put(final)
+        usage.charge(self.usage, final)
         return {"job_id": job_id, "state": state}
 
     @replicated
     def cancel(self, job_ids: list[str], by: str, now: float, why: str = "") -> dict[str, Any]:
         """Cancel pending jobs at once; mark running ones for their member to stop.
         ``why`` (an admin's reason) is recorded with who cancelled."""
-        done, asked = [], []
+        done, asked, ended = [], [], []
         reason = f"cancelled by {by}" + (f": {why}" if why else "")
         for jid in job_ids:
             j = self.jobs.get(jid)
-            if j is None or j["state"] in FINAL_STATES:
+            if j is None:
                 continue
-            if j["state"] == PENDING:
-                self._put({**j, "state": CANCELLED, "end_time": now, "reason": reason})
+            if j["state"] in FINAL_STATES:
+                ended.append(jid)
+            elif j["state"] == PENDING:
+                final = {**j, "state": CANCELLED, "end_time": now, "reason": reason}
+                self._put(final)
+                usage.charge(self.usage, final)
                 done.append(jid)
-            elif not j["cancel_requested"]:
-                self._put({**j, "cancel_requested": True, "reason": reason})
+            else:
+                # Running: its member stops it. Asked again, it is still being stopped.
+                if not j["cancel_requested"]:
+                    self._put({**j, "cancel_requested": True, "reason": reason})
                 asked.append(jid)
-        return {"cancelled": done, "stopping": asked}
+        return {"cancelled": done, "stopping": asked, "ended": ended}
 
     @replicated
-    def requeue(self, job_id: str, reason: str, now: float) -> None:
-        j = self.jobs.get(job_id)
-        if j is not None and j["state"] == RUNNING:
-            self._put({**j, "state": PENDING, "placement": None, "term": None,
-                       "start_time": None, "reason": reason, "requeue_reason": reason,
-                       "requeues": j.get("requeues", 0) + 1})
+    def end_never_satisfied(self, ended: list[tuple[str, str]], now: float) -> list[str]:
+        """Pending jobs whose dependency can never be met end CANCELLED with Slurm's
+        reason (``DependencyNeverSatisfied: job 5 ended FAILED (afterok)``)."""
+        done = []
+        for jid, why in ended:
+            j = self.jobs.get(jid)
+            if j is not None and j["state"] == PENDING:
+                self._put(
+                    {**j, "state": CANCELLED, "end_time": now, "reason": f"DependencyNeverSatisfied: {why}"}
+                )
+                done.append(jid)
+        return done
+
+    @replicated
+    def set_held(self, job_ids: list[str], held: bool) -> dict[str, Any]:
+        """Hold pending jobs (the queue passes them over) or release them (sbatch's
+        --hold, ``mt-job release``). Jobs no longer pending are in ``not_pending``."""
+        changed, not_pending = [], []
+        for jid in job_ids:
+            j = self.jobs.get(jid)
+            if j is None:
+                continue
+            if j["state"] != PENDING:
+                not_pending.append(jid)
+            elif bool(j.get("held")) != held:
+                self._put({**j, "held": held})
+                changed.append(jid)
+        if changed:
             self.pending_version += 1
+        return {"changed": changed, "not_pending": not_pending}
+
+    def _old_part_over(self, j: dict[str, Any], node: str) -> None:
+        old = j["old_run"]
+        left = [m for m in old["members"] if m != node]
+        self._put({**j, "old_run": {**old, "members": left} if left else None})
+        if not left:
+            self.pending_version += 1
+
+    @replicated
+    def old_run_over(self, job_id: str, attempt: int, why: str) -> bool:
+        """The earlier run (``attempt``) of a requeued job is over everywhere (its
+        members' leases ran out): the job may be placed again."""
+        j = self.jobs.get(job_id)
+        old = (j or {}).get("old_run")
+        if j is None or not old or old["attempt"] != attempt:
+            return False
+        self._put({**j, "old_run": None, "old_run_end": why})
+        self.pending_version += 1
+        return True
+
+    @replicated
+    def requeue(
+        self,
+        job_id: str,
+        reason: str,
+        now: float,
+        attempt: int | None = None,
+        running_on: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Put a running job back in the queue; its next start is attempt + 1.
+
+        A job whose cancel was asked for is not run again: it ends CANCELLED here.
+        With ``attempt``, only that attempt (a late decision about an earlier one
+        changes nothing). The job is placed again only once its run is known to have
+        ended on each of its members: each reports it (:meth:`part_ended`) or the
+        scheduler sees its lease run out (:meth:`old_run_over`). ``running_on``: the
+        members it may still run on (all of them unless given; none for a member
+        already known to be lost).
+        """
+        j = self.jobs.get(job_id)
+        if j is None or j["state"] != RUNNING:
+            return {"error": f"job {job_id} is not running", "code": "not_running"}
+        if attempt is not None and attempt != attempt_of(j):
+            return {"error": f"job {job_id} is not running attempt {attempt}", "code": "stale"}
+        if j["cancel_requested"]:
+            return self._finish(j, CANCELLED, None, j["reason"], now)
+        # The run that ends here held its resources: charged, though not a job of its own.
+        ran = {"end_time": now, "start_time": j.get("start_time") or j.get("placed_time")}
+        usage.charge(self.usage, {**j, **ran, "state": "REQUEUED"}, count=False)
+        members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+        ended = {n for n, p in (j.get("parts") or {}).items() if p.get("state")}
+        still = sorted((set(members) if running_on is None else set(running_on) & set(members)) - ended)
+        self._put(
+            {
+                **j,
+                "state": PENDING,
+                "placement": None,
+                "term": None,
+                "start_time": None,
+                "reason": reason,
+                "requeue_reason": reason,
+                "requeues": attempt_of(j) + 1,
+                "parts": {},
+                "progress": {},
+                "usage": {},
+                "gpu_info": {},
+                "old_run": {"attempt": attempt_of(j), "members": still} if still else None,
+            }
+        )
+        self.pending_version += 1
+        return {"job_id": job_id, "state": PENDING, "attempt": attempt_of(j) + 1}
+
+    @replicated
+    def purge_usage(self, before_day: str, roll_before: str = "") -> int:
+        """Drop the usage sums of days before ``before_day`` (USAGE_RETENTION_DAYS), and
+        roll those of days before ``roll_before`` (the 1st of a month) into months."""
+        n = usage.drop_before(self.usage, before_day)
+        if roll_before:
+            n += usage.roll_up(self.usage, roll_before)
+        return n
 
     @replicated
     def purge(self, job_ids: list[str]) -> int:

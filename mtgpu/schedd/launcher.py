@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtgpu.errors import CommandError
-from mtgpu.proc import run
+from mtgpu.proc import python_argv, run
 from mtgpu.schedd import supervisor
-from mtgpu.schedd.runner import is_alive, pid_record, process_start, read_json
+from mtgpu.schedd.runner import is_alive, pid_record, process_start, read_json, signal_record
 
 log = logging.getLogger("mtgpu.schedd.launcher")
 
@@ -98,6 +98,7 @@ def code_id(python: str) -> str:
 
 # --------------------------------------------------------------------------- caller
 
+
 def start(state_dir: Path, python: str, env: Mapping[str, str], spec: Path) -> None:
     """Start the supervisor of ``spec`` through the launcher of ``state_dir``.
 
@@ -135,8 +136,11 @@ def start(state_dir: Path, python: str, env: Mapping[str, str], spec: Path) -> N
             reply = _read_reply(conn)
         if reply == b"ok" or (not reply and is_alive(read_json(spec.parent / supervisor.PIDFILE))):
             return
-        raise CommandError(["launcher", str(spec)], None,
-                           reply.decode(errors="replace") or "the launcher's starter gave no answer")
+        raise CommandError(
+            ["launcher", str(spec)],
+            None,
+            reply.decode(errors="replace") or "the launcher's starter gave no answer",
+        )
     raise Unavailable(f"no launcher answered on {sock_path}")
 
 
@@ -167,8 +171,21 @@ def _read_reply(conn: socket.socket) -> bytes:
 
 def _spawn(state_dir: Path, python: str, env: Mapping[str, str], ident: str) -> bool:
     try:
-        run([python, "-m", "mtgpu.schedd.launcher", "--serve", str(state_dir), "--id", ident,
-             "--idle", str(IDLE_TIMEOUT)], env=env, timeout=30)
+        run(
+            python_argv(
+                python,
+                "mtgpu.schedd.launcher",
+                "--serve",
+                str(state_dir),
+                "--id",
+                ident,
+                "--idle",
+                str(IDLE_TIMEOUT),
+            ),
+            env=env,
+            timeout=30,
+            cwd="/",
+        )
         return True
     except CommandError as exc:
         log.warning("cannot start the job launcher: %s", exc)
@@ -182,13 +199,15 @@ def _kill_hung(state_dir: Path) -> None:
         return
     pid = int(record["pid"])  # type: ignore[index]
     log.warning("job launcher %d is not answering; killing it", pid)
-    os.kill(pid, signal.SIGKILL)
+    if not signal_record(record, signal.SIGKILL):
+        return
     deadline = time.monotonic() + 5
     while process_start(pid) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------- launcher
+
 
 def serve(state_dir: Path, ident: str, idle: float) -> int:
     """Become the launcher of ``state_dir``; returns 0 (in the starter) once it listens."""
@@ -217,8 +236,12 @@ def serve(state_dir: Path, ident: str, idle: float) -> int:
     os.dup2(logfd, 2)
     os.close(logfd)
     os.close(nullfd)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format=f"%(asctime)s launcher[{os.getpid()}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        force=True,
+        format=f"%(asctime)s launcher[{os.getpid()}] %(levelname)s %(message)s",
+    )
     sock_path = state_dir / SOCKET
     # We hold the lock, so any socket there is a dead launcher's.
     sock_path.unlink(missing_ok=True)
@@ -277,8 +300,9 @@ def _loop(listener: socket.socket, sock_path: Path, inode: int, ident: str, idle
         conn, _ = listener.accept()
         last = time.monotonic()
         with conn:  # our copy; the starter has its own
-            _, uid, _ = struct.unpack("3i", conn.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            _, uid, _ = struct.unpack(
+                "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            )
             if uid != 0:
                 log.warning("refused a connection from uid %d", uid)
                 continue
@@ -354,6 +378,7 @@ def _starter(conn: socket.socket, spec: str) -> NoReturn:
 
 # --------------------------------------------------------------------------- benchmark
 
+
 def bench(n: int) -> int:
     """Start ``n`` trivial jobs as a throwaway tenant, without then with the launcher."""
     import pwd
@@ -379,8 +404,11 @@ def bench(n: int) -> int:
             while r.running() and time.monotonic() - t1 < 120:
                 time.sleep(0.05)
             t2 = time.monotonic()
-            print(f"{mode:8}: {n / (t1 - t0):6.1f} starts/s; all {n} ended after {t2 - t0:.2f}s "
-                  f"= {n / (t2 - t0):.1f} jobs/s", flush=True)
+            print(
+                f"{mode:8}: {n / (t1 - t0):6.1f} starts/s; all {n} ended after {t2 - t0:.2f}s "
+                f"= {n / (t2 - t0):.1f} jobs/s",
+                flush=True,
+            )
     finally:
         run(["userdel", "-r", name], check=False)
         shutil.rmtree(base, ignore_errors=True)

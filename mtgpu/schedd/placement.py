@@ -34,12 +34,14 @@ indexed path against.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from mtgpu.config.units import format_size
+from mtgpu.schedd.features import satisfies
 from mtgpu.schedd.filters import Layout, Usage, apply_member, check_node, member_fits
 from mtgpu.schedd.rankers import score_node
 from mtgpu.schedd.types import (
@@ -117,8 +119,9 @@ class _VramIndex:
 
     __slots__ = ("class_ok", "entries", "key", "layout", "match", "mode")
 
-    def __init__(self, layout: Layout, use: Usage, brand: str | None, type_: str | None,
-                 mode: GpuMode) -> None:
+    def __init__(
+        self, layout: Layout, use: Usage, brand: str | None, type_: str | None, mode: GpuMode
+    ) -> None:
         self.layout, self.mode = layout, mode
         self.class_ok = layout.class_matches(brand, type_)
         self.match = layout.matching(brand, type_)
@@ -198,8 +201,10 @@ class _CpuIndex:
         new = _CpuIndex.__new__(_CpuIndex)
         new.layout = self.layout
         new.count = self.count.copy()
-        new.groups = ({k: v.copy() for k, v in self.groups[0].items()},
-                      {k: v.copy() for k, v in self.groups[1].items()})
+        new.groups = (
+            {k: v.copy() for k, v in self.groups[0].items()},
+            {k: v.copy() for k, v in self.groups[1].items()},
+        )
         return new
 
 
@@ -223,9 +228,8 @@ class Plan:
     _idle: dict[tuple[str | None, str | None], _IdleIndex]
     _vram: dict[tuple[str | None, str | None, GpuMode], _VramIndex]
     _cpu: _CpuIndex | None
-    # Both depend only on the layout, so every copy shares them.
+    # It depends only on the layout, so every copy shares it.
     _ever: dict[tuple[ResourceRequest, bool], Reason | None]
-    _static: dict[tuple[int, str | None, str | None], tuple[int, int]]
 
     def __init__(self, snapshot: ClusterSnapshot, *, candidate_limit: int | None = None) -> None:
         base = _base_plan(snapshot)
@@ -236,7 +240,7 @@ class Plan:
         self._idle = {k: v.copy() for k, v in base._idle.items()}
         self._vram = {k: v.copy() for k, v in base._vram.items()}
         self._cpu = base._cpu.copy() if base._cpu else None
-        self._ever, self._static = base._ever, base._static
+        self._ever = base._ever
 
     @classmethod
     def _build(cls, snapshot: ClusterSnapshot) -> Plan:
@@ -246,7 +250,7 @@ class Plan:
         plan.use = Usage(snapshot)
         plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
         plan._idle, plan._vram, plan._cpu = {}, {}, None
-        plan._ever, plan._static = {}, {}
+        plan._ever = {}
         return plan
 
     def copy(self) -> Plan:
@@ -257,7 +261,7 @@ class Plan:
         new._idle = {k: v.copy() for k, v in self._idle.items()}
         new._vram = {k: v.copy() for k, v in self._vram.items()}
         new._cpu = self._cpu.copy() if self._cpu else None
-        new._ever, new._static = self._ever, self._static
+        new._ever = self._ever
         return new
 
     # ------------------------------------------------------------------ writing
@@ -275,7 +279,7 @@ class Plan:
         holder, shared, gpu_class = use.gpu_holder, use.gpu_shared, layout.gpu_class
         for member in placement.members:
             i = layout.index_of[member.node]
-            gids = [layout.gpu_by_index[i][x] for x in member.gpu_indices]
+            gids = [layout.gpu_by_index[i][x] for x in member.gpu_indices if x in layout.gpu_by_index[i]]
             was_idle = [holder[g] is None and not shared[g] for g in gids]
             apply_member(layout, use, member, placement.gpu_mode, placement.job_id, sign, estimate=estimate)
             # Only the GPUs this member touched can move in an index.
@@ -304,15 +308,29 @@ class Plan:
 
     def _node_snapshot(self, i: int) -> NodeSnapshot:
         layout, use = self.layout, self.use
-        gpus = tuple(GpuSnapshot(index=layout.gpu_index[g], brand=layout.gpu_brand[g],
-                                 type=layout.gpu_type[g], vram_total=layout.gpu_total[g],
-                                 vram_used=use.gpu_used[g], vram_committed=use.gpu_committed[g],
-                                 exclusive_job=use.gpu_holder[g], shared_jobs=use.gpu_shared[g])
-                     for g in layout.node_gpus[i])
-        return NodeSnapshot(name=layout.names[i], cpus=layout.cpus[i], ram_total=layout.ram_total[i],
-                            gpus=gpus, ram_used=use.ram_used[i],
-                            cpus_committed=layout.cpus[i] - use.cpus_free[i],
-                            ram_committed=use.ram_committed[i], state=layout.states[i])
+        gpus = tuple(
+            GpuSnapshot(
+                index=layout.gpu_index[g],
+                brand=layout.gpu_brand[g],
+                type=layout.gpu_type[g],
+                vram_total=layout.gpu_total[g],
+                vram_used=use.gpu_used[g],
+                vram_committed=use.gpu_committed[g],
+                exclusive_job=use.gpu_holder[g],
+                shared_jobs=use.gpu_shared[g],
+            )
+            for g in layout.node_gpus[i]
+        )
+        return NodeSnapshot(
+            name=layout.names[i],
+            cpus=layout.cpus[i],
+            ram_total=layout.ram_total[i],
+            gpus=gpus,
+            ram_used=use.ram_used[i],
+            cpus_committed=layout.cpus[i] - use.cpus_free[i],
+            ram_committed=use.ram_committed[i],
+            state=layout.states[i],
+        )
 
     def fits(self, placement: Placement) -> bool:
         """True if this exact placement (members and GPU indices) fits the plan now."""
@@ -320,8 +338,9 @@ class Plan:
 
     # ------------------------------------------------------------------ placing
 
-    def place(self, job: PendingJob, now: float = 0.0, *, exclude: Collection[str] = (),
-              exhaustive: bool = False) -> Placement | Reason:
+    def place(
+        self, job: PendingJob, now: float = 0.0, *, exclude: Collection[str] = (), exhaustive: bool = False
+    ) -> Placement | Reason:
         """Place one job: its members on ``request.nodes`` distinct members, or a Reason.
 
         ``exclude`` names members not to use (counted as ``reserved``). ``now`` is part
@@ -333,7 +352,9 @@ class Plan:
         match = layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else layout.node_gpus
         need = req.nodes
         limit = math.inf if exhaustive else need + self.candidate_limit - 1
-        excluded = {layout.index_of[n] for n in exclude if n in layout.index_of}
+        excluded = {layout.index_of[n] for n in (*exclude, *req.exclude) if n in layout.index_of}
+        if req.constraint:
+            excluded |= {i for i in range(len(layout)) if not satisfies(layout.features[i], req.constraint)}
         counts: dict[str, int] = {}
         seed = zlib.crc32(job.job_id.encode() + b"\0")
         use = self.use
@@ -350,25 +371,34 @@ class Plan:
             if len(found) >= limit:
                 break
         if len(found) < need:
-            return self._reason(req, counts, len(found), exhaustive, match)
+            return self._reason(req, counts, len(found), exhaustive, match, excluded)
         found.sort()
         members = tuple(
-            MemberPlacement(node=layout.names[i], rank=rank,
-                            gpu_indices=tuple(layout.gpu_index[g] for g in chosen),
-                            cpus=req.cpus, ram=req.ram, vram_per_gpu=req.vram,
-                            scores=score_node(layout, use, i, req, chosen, match, seed, detail=True)[1])
-            for rank, (_, i, chosen) in enumerate(found[:need]))
+            MemberPlacement(
+                node=layout.names[i],
+                rank=rank,
+                gpu_indices=tuple(layout.gpu_index[g] for g in chosen),
+                cpus=req.cpus,
+                ram=req.ram,
+                vram_per_gpu=req.vram,
+                scores=score_node(layout, use, i, req, chosen, match, seed, detail=True)[1],
+            )
+            for rank, (_, i, chosen) in enumerate(found[:need])
+        )
         return Placement(job_id=job.job_id, gpu_mode=req.gpu_mode, members=members)
 
     def warm(self, requests: Iterable[ResourceRequest]) -> None:
         """Build the indexes these requests will use now, rather than on their first decision."""
         for req in requests:
             if not req.servers:
-                match = self.layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else self.layout.node_gpus
+                match = (
+                    self.layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else self.layout.node_gpus
+                )
                 self._candidates(req, match, exhaustive=False)
 
-    def _candidates(self, req: ResourceRequest, match: list[tuple[int, ...]],
-                    exhaustive: bool) -> Iterator[int]:
+    def _candidates(
+        self, req: ResourceRequest, match: list[tuple[int, ...]], exhaustive: bool
+    ) -> Iterator[int]:
         layout = self.layout
         if req.servers:
             return iter([layout.index_of[s] for s in req.servers if s in layout.index_of])
@@ -399,37 +429,58 @@ class Plan:
             self._ever[key] = _feasible_ever(self.layout, req, up_only)
         return self._ever[key]
 
-    def _reason(self, req: ResourceRequest, counts: dict[str, int], found: int, exhaustive: bool,
-                match: Sequence[tuple[int, ...]]) -> Reason:
+    def _reason(
+        self,
+        req: ResourceRequest,
+        counts: dict[str, int],
+        found: int,
+        exhaustive: bool,
+        match: Sequence[tuple[int, ...]],
+        excluded: Collection[int] = (),
+    ) -> Reason:
         layout = self.layout
         never = self.never(req)
         if never is not None:
             return never
+        if not exhaustive and not req.servers:
+            # The index offered only members that might fit: run the filters on the
+            # others too, so each refusal is counted under the rule that made it (a GPU
+            # held whole by another job is not "lack free VRAM"). A refusal is rarer than
+            # a placement, and the queue keeps it per request shape for the pass.
+            counts = {}
+            for i in range(len(layout)):
+                if i in excluded:
+                    counts["reserved"] = counts.get("reserved", 0) + 1
+                    continue
+                failed, _ = check_node(layout, self.use, i, req, match)
+                if failed is not None:
+                    counts[failed] = counts.get(failed, 0) + 1
         down = None if layout.all_up else self.never(req, up_only=True)
         if down is not None:
-            names = [layout.names[i] for i in self._pool(req)
-                     if not layout.up[i] and _could_ever(layout, req, i)]
+            names = [
+                layout.names[i] for i in self._pool(req) if not layout.up[i] and _could_ever(layout, req, i)
+            ]
             shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-            return Reason("ReqNodeNotAvail",
-                          f"the members that could run it are down or drained ({shown}); "
-                          f"it waits for them to come back", dict(counts, node_state=len(names)))
+            return Reason(
+                "ReqNodeNotAvail",
+                f"the members that could run it are down or drained ({shown}); "
+                f"it waits for them to come back",
+                dict(counts, node_state=len(names)),
+            )
         n = len(layout)
         if req.servers:
             counts["server_pin"] = n - len(self._pool(req))
-        elif not exhaustive:
-            # Members the index never offered: count them under the static filters
-            # (exact, cached) and put the rest under the index's own filter.
-            model, state = self._static_counts(req, match)
-            counts["gpu_model"], counts["node_state"] = model, state
-            index_filter = "cpus" if not req.gpus else ("gpu_count" if req.gpu_mode is _EXCLUSIVE else "vram")
-            rest = n - found - sum(counts.values())
-            if rest > 0:
-                counts[index_filter] = counts.get(index_filter, 0) + rest
         counts = {k: v for k, v in counts.items() if v}
         label = req.gpu_label() if req.gpu_label() != "any" else ""
-        parts = [f"{v} {_FILTER_TEXT[k].format(label=label).replace('  ', ' ')}"
-                 for k, v in sorted(counts.items(), key=lambda kv: -kv[1])]
-        have = f"{found} of the {req.nodes} members needed are free now" if req.nodes > 1 else "no member is free now"
+        parts = [
+            f"{v} {_FILTER_TEXT[k].format(label=label).replace('  ', ' ')}"
+            for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+        ]
+        have = (
+            f"{found} of the {req.nodes} members needed are free now"
+            if req.nodes > 1
+            else "no member is free now"
+        )
         msg = f"needs {req.describe()}; {have}"
         if parts:
             msg += f" (of {n} members: " + ", ".join(parts) + ")"
@@ -439,16 +490,6 @@ class Plan:
         if req.servers:
             return [self.layout.index_of[s] for s in req.servers if s in self.layout.index_of]
         return list(range(len(self.layout)))
-
-    def _static_counts(self, req: ResourceRequest, match: Sequence[tuple[int, ...]]) -> tuple[int, int]:
-        key = (req.gpus, req.gpu_brand, req.gpu_type)
-        got = self._static.get(key)
-        if got is None:
-            k = req.gpus
-            model = sum(1 for ids in match if len(ids) < k) if k else 0
-            state = sum(1 for i, ids in enumerate(match) if len(ids) >= k and not self.layout.up[i])
-            got = self._static[key] = (model, state)
-        return got
 
 
 def _could_ever(layout: Layout, req: ResourceRequest, i: int) -> bool:
@@ -461,11 +502,39 @@ def _could_ever(layout: Layout, req: ResourceRequest, i: int) -> bool:
 
 
 def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reason | None:
+    if req.exclude or req.constraint:
+        # --exclude and --constraint: as a pin to the members they leave (of those
+        # pinned, if any).
+        left = tuple(
+            n
+            for n in (req.servers or layout.names)
+            if n not in req.exclude
+            and (
+                not req.constraint
+                or (n in layout.index_of and satisfies(layout.features[layout.index_of[n]], req.constraint))
+            )
+        )
+        if len(left) < req.nodes:
+            what = " and ".join(
+                w
+                for w, on in (("--exclude", req.exclude), (f"--constraint={req.constraint}", req.constraint))
+                if on
+            )
+            return Reason(
+                "BadConstraints",
+                f"{what}: only {len(left)} member(s) of this cluster qualify, and it needs {req.nodes}",
+                {"server_pin": len(layout)},
+            )
+        req = dataclasses.replace(req, servers=left, exclude=(), constraint=None)
     unknown = [s for s in req.servers if s not in layout.index_of]
     if unknown and len(req.servers) - len(unknown) < req.nodes:
-        return Reason("BadConstraints", f"server {', '.join(unknown)} is not a member of this cluster; "
-                      f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
-                      {"server_pin": len(layout)})
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        return Reason(
+            "BadConstraints",
+            f"server {shown} is not a member of this cluster; "
+            f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
+            {"server_pin": len(layout)},
+        )
     # (weight, CPUs, RAM, VRAM of each matching GPU, largest first) per kind of host.
     pool: list[tuple[int, int, int, tuple[int, ...]]] = []
     if req.servers:
@@ -508,21 +577,54 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
     stages: list[tuple[str, int, str]] = []
     if k:
         kinds = sorted({f"{b}:{t}" for b, t in layout.classes}) if not has_model else []
-        none_here = (f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)")
-        stages += [("gpu_model", has_model, f"no member has {label}GPUs{none_here}"),
-                   ("gpu_model", enough, f"no member has {k} {label}GPUs; the most on one member is {most}"),
-                   ("vram", big, (f"no {label}GPU has {format_size(v)} of VRAM; the largest has "
-                                  f"{format_size(largest)}" if k == 1 or largest < v else
-                                  f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"))]
-    stages += [("cpus", with_cpus, f"no member that fits the rest has {want_cpus} CPUs; the most is {most_cpus}"),
-               ("ram", with_ram, (f"no member that fits the rest has {format_size(want_ram)} of RAM; "
-                                  f"the most is {format_size(most_ram)}"))]
+        none_here = f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)"
+        stages += [
+            ("gpu_model", has_model, f"no member has {label}GPUs{none_here}"),
+            ("gpu_model", enough, f"no member has {k} {label}GPUs; the most on one member is {most}"),
+            (
+                "vram",
+                big,
+                (
+                    f"no {label}GPU has {format_size(v)} of VRAM; the largest has {format_size(largest)}"
+                    if k == 1 or largest < v
+                    else f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"
+                ),
+            ),
+        ]
+    stages += [
+        ("cpus", with_cpus, f"no member that fits the rest has {want_cpus} CPUs; the most is {most_cpus}"),
+        (
+            "ram",
+            with_ram,
+            (
+                f"no member that fits the rest has {format_size(want_ram)} of RAM; "
+                f"the most is {format_size(most_ram)}"
+            ),
+        ),
+    ]
     for name, passed, message in stages:
         if passed == 0:
             return Reason("BadConstraints", message, {name: len(layout)})
+        if passed < need and passed == len(layout) and not req.servers:
+            # Every member could take a part: the cluster is simply too small.
+            where = (
+                "this is a standalone host (a cluster of one member)"
+                if len(layout) == 1
+                else f"this cluster has {len(layout)} members"
+            )
+            return Reason(
+                "BadConstraints",
+                f"nodes={need} needs {need} members, and {where}; "
+                f"submit it with nodes={len(layout)} or fewer, or add members to the cluster",
+                {"cluster_size": len(layout)},
+            )
         if passed < need:
-            return Reason("BadConstraints", f"only {passed} member(s) could ever take one member of it "
-                          f"({req.describe()}), but nodes={need} needs {need}", {name: len(layout) - passed})
+            return Reason(
+                "BadConstraints",
+                f"only {passed} member(s) could ever take one member of it "
+                f"({req.describe()}), but nodes={need} needs {need}",
+                {name: len(layout) - passed},
+            )
     return None
 
 
@@ -543,8 +645,12 @@ def _base_plan(snapshot: ClusterSnapshot) -> Plan:
     return base
 
 
-def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequence[Allocation], *,
-                              previous: ClusterSnapshot | None = None) -> ClusterSnapshot:
+def snapshot_with_allocations(
+    nodes: Sequence[NodeSnapshot],
+    allocations: Sequence[Allocation],
+    *,
+    previous: ClusterSnapshot | None = None,
+) -> ClusterSnapshot:
     """A snapshot whose committed figures are those of ``allocations`` on top of ``nodes``.
 
     For the daemon, which knows the allocations from the replicated state and measured
@@ -564,9 +670,9 @@ def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequen
     plan = Plan.__new__(Plan)
     plan.snapshot = measured
     if old is not None and old_inputs is not None and _same_layout(old.layout, old_inputs, nodes):
-        plan.layout, plan._ever, plan._static = old.layout, old._ever, old._static
+        plan.layout, plan._ever = old.layout, old._ever
     else:
-        plan.layout, plan._ever, plan._static = Layout(measured), {}, {}
+        plan.layout, plan._ever = Layout(measured), {}
     plan.use = Usage(measured)
     plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
     plan._idle, plan._vram, plan._cpu = {}, {}, None
@@ -584,8 +690,12 @@ def snapshot_with_allocations(nodes: Sequence[NodeSnapshot], allocations: Sequen
     for i, allocs in on.items():
         node = nodes[i]
         was = kept.get(node.name)
-        if (was is not None and was[0] is node and len(was[1]) == len(allocs)
-                and all(a is b for a, b in zip(was[1], allocs))):
+        if (
+            was is not None
+            and was[0] is node
+            and len(was[1]) == len(allocs)
+            and all(a is b for a, b in zip(was[1], allocs))
+        ):
             out[i] = was[2]
         else:
             out[i] = plan._node_snapshot(i)
@@ -606,12 +716,16 @@ def _same_layout(layout: Layout, old: tuple[NodeSnapshot, ...], new: tuple[NodeS
     for a, b in zip(old, new):
         if a is b:
             continue
-        if (a.name != b.name or a.cpus != b.cpus or a.ram_total != b.ram_total
-                or a.state is not b.state or len(a.gpus) != len(b.gpus)):
+        if (
+            a.name != b.name
+            or a.cpus != b.cpus
+            or a.ram_total != b.ram_total
+            or a.state is not b.state
+            or len(a.gpus) != len(b.gpus)
+        ):
             return False
         for g, h in zip(a.gpus, b.gpus):
-            if (g.index != h.index or g.vram_total != h.vram_total or g.type != h.type
-                    or g.brand != h.brand):
+            if g.index != h.index or g.vram_total != h.vram_total or g.type != h.type or g.brand != h.brand:
                 return False
     return True
 

@@ -76,6 +76,8 @@ class Reservation:
     job_id: str
     start_time: float | None
     placement: Placement
+    #: With no start time: the running work without a time limit it waits for (ids).
+    waits_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class PendingQueue:
             while entry.head < len(order) and order[entry.head] not in entry.tasks:
                 entry.head += 1
             if entry.head > 64 and entry.head * 2 > len(order):
-                del order[:entry.head]
+                del order[: entry.head]
                 entry.head = 0
             if entry.tasks:
                 return job
@@ -270,12 +272,22 @@ def _tail(lst: list[_Entry], start: int) -> Iterator[_Entry]:
 
 def pending_jobs(job_id: str, tenant: str, spec: JobSpec, submit_time: float) -> list[PendingJob]:
     """The queue entries for a submitted job: one, or one per array index (``ID_INDEX``)."""
-    job = PendingJob(job_id=job_id, tenant=tenant, request=spec.request, priority=spec.priority,
-                     submit_time=submit_time, time_limit=spec.time_limit)
+    job = PendingJob(
+        job_id=job_id,
+        tenant=tenant,
+        request=spec.request,
+        priority=spec.priority,
+        submit_time=submit_time,
+        time_limit=spec.time_limit,
+    )
     if not spec.array:
         return [job]
-    return [dataclasses.replace(job, job_id=f"{job_id}_{i}", array_id=job_id, array_task=i,
-                                array_limit=spec.array_limit) for i in expand_array(spec)]
+    return [
+        dataclasses.replace(
+            job, job_id=f"{job_id}_{i}", array_id=job_id, array_task=i, array_limit=spec.array_limit
+        )
+        for i in expand_array(spec)
+    ]
 
 
 # --------------------------------------------------------------------------- the pass
@@ -303,8 +315,9 @@ class _Pass:
     def try_job(self, job: PendingJob) -> Reason | None:
         """Place ``job`` if the rules allow; None when placed, else why not."""
         res = self.reservation
-        long = res is not None and (res.start_time is None or job.time_limit is None
-                                    or self.now + job.time_limit > res.start_time)
+        long = res is not None and (
+            res.start_time is None or job.time_limit is None or self.now + job.time_limit > res.start_time
+        )
         shape = (job.request, long)
         cached = self.failed.get(shape) or self._dominated(job.request)
         if cached is not None:
@@ -332,9 +345,12 @@ class _Pass:
                 got = retry
             if not self.shadow.fits(got):
                 assert res is not None
-                reason = Reason("Priority", f"it fits now, but only on resources reserved for job "
-                                f"{res.job_id}{_start_text(res.start_time, self.now)}",
-                                {"reserved": len(avoid) or len(got.members)})
+                reason = Reason(
+                    "Priority",
+                    f"it fits now, but only on resources reserved for job "
+                    f"{res.job_id}{_start_text(res.start_time, self.now, res.waits_for)}",
+                    {"reserved": len(avoid) or len(got.members)},
+                )
                 self.failed[shape] = reason
                 return reason
             self.shadow.commit(got)
@@ -343,7 +359,14 @@ class _Pass:
 
     @staticmethod
     def _kind(req: ResourceRequest) -> tuple[object, ...]:
-        return (req.gpu_brand, req.gpu_type, req.gpu_mode if req.gpus else None, req.servers)
+        return (
+            req.gpu_brand,
+            req.gpu_type,
+            req.gpu_mode if req.gpus else None,
+            req.servers,
+            req.exclude,
+            req.constraint,
+        )
 
     def _dominated(self, req: ResourceRequest) -> Reason | None:
         """A Resources reason if a no-bigger request of the same kind already found no room.
@@ -352,10 +375,17 @@ class _Pass:
         for more GPUs, VRAM, CPUs, RAM or members can only shrink the members that fit.
         """
         for gpus, vram, cpus, ram, nodes, smaller in self.no_room.get(self._kind(req), ()):
-            if (gpus <= req.gpus and vram <= req.vram and cpus <= req.cpus and ram <= req.ram
-                    and nodes <= req.nodes):
-                reason = Reason("Resources", f"needs {req.describe()}; no room now: even "
-                                f"{smaller.describe()} does not fit")
+            if (
+                gpus <= req.gpus
+                and vram <= req.vram
+                and cpus <= req.cpus
+                and ram <= req.ram
+                and nodes <= req.nodes
+            ):
+                reason = Reason(
+                    "Resources",
+                    f"needs {req.describe()}; no room now: even {smaller.describe()} does not fit",
+                )
                 self.failed[(req, False)] = self.failed[(req, True)] = reason
                 return reason
         return None
@@ -375,8 +405,9 @@ class _Pass:
     def reserve(self, job: PendingJob, why: Reason) -> Reason:
         """Make ``job`` the head: find when and where it could start, and hold that."""
         holding = [(a.expected_end, a.placement) for a in self.snapshot.running] + self.ends
-        events = sorted(((end, i, p) for i, (end, p) in enumerate(holding) if end is not None),
-                        key=lambda e: (e[0], e[1]))
+        events = sorted(
+            ((end, i, p) for i, (end, p) in enumerate(holding) if end is not None), key=lambda e: (e[0], e[1])
+        )
         future = self.plan.copy()
         start: float | None = None
         got: Placement | Reason = why
@@ -387,30 +418,46 @@ class _Pass:
             if isinstance(got, Placement):
                 start = max(end, self.now)
                 break
+        waits_for: tuple[str, ...] = ()
         if not isinstance(got, Placement):
             # It waits for work without a time limit: hold the resources it would get
             # once everything has ended, with no start time to promise.
-            for end, placement in holding:
-                if end is None:
-                    future.release(placement)
+            unlimited = [placement for end, placement in holding if end is None]
+            for placement in unlimited:
+                future.release(placement)
             got = future.place(job, self.now)
+            if isinstance(got, Placement):
+                # Name what it waits for: the unlimited work on the members it would get.
+                mine = set(got.nodes)
+                waits_for = tuple(sorted({p.job_id for p in unlimited if mine & set(p.nodes)}))
         if not isinstance(got, Placement):
             return why
         future.commit(got)
         self.shadow = future
-        self.reservation = Reservation(job.job_id, start, got)
-        return Reason("Resources", f"{why.message}; resources are reserved for it on "
-                      f"{','.join(got.nodes)}{_start_text(start, self.now)}", why.per_filter_counts)
+        self.reservation = Reservation(job.job_id, start, got, waits_for)
+        return Reason(
+            "Resources",
+            f"{why.message}; resources are reserved for it on "
+            f"{','.join(got.nodes)}{_start_text(start, self.now, waits_for)}",
+            why.per_filter_counts,
+        )
 
 
-def _start_text(start: float | None, now: float) -> str:
+def _start_text(start: float | None, now: float, waits_for: tuple[str, ...] = ()) -> str:
     if start is None:
-        return " once work without a time limit ends"
+        if not waits_for:
+            return " once the work holding them ends"
+        shown = ", ".join(waits_for[:5]) + (" ..." if len(waits_for) > 5 else "")
+        return (
+            f" once job{'s' if len(waits_for) > 1 else ''} {shown} "
+            f"end{'' if len(waits_for) > 1 else 's'} (no time limit)"
+        )
     return f", expected to start within {format_time_limit(max(0.0, start - now))}"
 
 
-def schedule_pass(snapshot: ClusterSnapshot, queue: PendingQueue, now: float,
-                  policy: QueuePolicy | None = None) -> PassResult:
+def schedule_pass(
+    snapshot: ClusterSnapshot, queue: PendingQueue, now: float, policy: QueuePolicy | None = None
+) -> PassResult:
     """Decide what starts now: placements to journal, and why every examined job waits.
 
     Pure: neither ``snapshot`` nor ``queue`` is changed, and ``now`` is the only time
@@ -444,8 +491,10 @@ def schedule_pass(snapshot: ClusterSnapshot, queue: PendingQueue, now: float,
             task_id = task.job_id
             limit = task.array_limit
             if limit is not None and state.array_running[entry.key] >= limit:
-                why = Reason("JobArrayTaskLimit", f"{limit} task(s) of array {entry.key} are running, "
-                             f"its %{limit} limit")
+                why = Reason(
+                    "JobArrayTaskLimit",
+                    f"{limit} task(s) of array {entry.key} are running, its %{limit} limit",
+                )
                 break
             why = state.try_job(task)
             if why is not None:
@@ -463,10 +512,18 @@ def _for_array(why: Reason, task_id: str) -> Reason:
     return Reason(why.code, f"next task {task_id}: {why.message}", why.per_filter_counts)
 
 
-def _info(key: str, position: int, why: Reason, prio: float, state: _Pass, job_id: str | None,
-          tasks: int = 0) -> PendingInfo:
+def _info(
+    key: str, position: int, why: Reason, prio: float, state: _Pass, job_id: str | None, tasks: int = 0
+) -> PendingInfo:
     res = state.reservation
     start = res.start_time if res is not None and job_id is not None and res.job_id == job_id else None
-    return PendingInfo(job_id=key, position=position, reason=why.code, message=why.message,
-                       effective_priority=round(prio, 3), expected_start=start, array_tasks=tasks,
-                       per_filter_counts=dict(why.per_filter_counts))
+    return PendingInfo(
+        job_id=key,
+        position=position,
+        reason=why.code,
+        message=why.message,
+        effective_priority=round(prio, 3),
+        expected_start=start,
+        array_tasks=tasks,
+        per_filter_counts=dict(why.per_filter_counts),
+    )

@@ -37,9 +37,16 @@ def tiebreak(job_id: str, node: str) -> float:
     return zlib.crc32(node.encode(), zlib.crc32(job_id.encode() + b"\0")) / 4294967296.0
 
 
-def score_node(layout: Layout, use: Usage, i: int, req: ResourceRequest, chosen: tuple[int, ...],
-               match: Sequence[tuple[int, ...]], job_seed: int,
-               detail: bool = False) -> tuple[float, tuple[tuple[str, float], ...]]:
+def score_node(
+    layout: Layout,
+    use: Usage,
+    i: int,
+    req: ResourceRequest,
+    chosen: tuple[int, ...],
+    match: Sequence[tuple[int, ...]],
+    job_seed: int,
+    detail: bool = False,
+) -> tuple[float, tuple[tuple[str, float], ...]]:
     """Score member ``i`` for one member of ``req`` on GPUs ``chosen``: (total, named scores).
 
     ``job_seed`` is ``zlib.crc32(job_id + "\\0")``; the named scores are only built when
@@ -59,12 +66,18 @@ def score_node(layout: Layout, use: Usage, i: int, req: ResourceRequest, chosen:
     cpus = layout.cpus[i]
     cpu_fit = min(1.0, (cpus - use.cpus_free[i] + req.cpus) / cpus) if cpus else 1.0
     ram_total = layout.ram_total[i]
-    ram_fit = (min(1.0, (max(use.ram_used[i], use.ram_committed[i]) + req.ram) / ram_total)
-               if ram_total else 1.0)
+    ram_fit = (
+        min(1.0, (max(use.ram_used[i], use.ram_committed[i]) + req.ram) / ram_total) if ram_total else 1.0
+    )
     spare = -1.0 if req.gpus else (0.0 if layout.node_gpus[i] else 1.0)
     tie = zlib.crc32(layout.name_bytes[i], job_seed) / 4294967296.0
-    total_score = (_W_GPU * max(gpu_fit, 0.0) + _W_CPU * cpu_fit + _W_RAM * ram_fit
-                   + _W_SPARE * max(spare, 0.0) + _W_TIE * tie)
+    total_score = (
+        _W_GPU * max(gpu_fit, 0.0)
+        + _W_CPU * cpu_fit
+        + _W_RAM * ram_fit
+        + _W_SPARE * max(spare, 0.0)
+        + _W_TIE * tie
+    )
     if not detail:
         return total_score, ()
     named = [("gpu_fit", gpu_fit)] if gpu_fit >= 0 else []

@@ -15,6 +15,7 @@ One job's directory (``STATE_DIR/jobs/ID``, mode 0700, root)::
     supervisor.log   the supervisor's own messages
     cgroups.json     the job's cgroup directories           (supervisor)
     cancel.json      a cancel request and its grace period  (runner)
+    stop.json        a stop for a broken limit (VRAM), its state and reason (runner)
     result.json      the final JobResult                    (supervisor, last)
     acked            the daemon has recorded the result     (runner)
 
@@ -29,11 +30,14 @@ Contract for the daemon:
 - ``poll()``, called every 0.2-0.5 s (or ``async for r in runner.watch()``),
   returns each finished job's :class:`JobResult` once per runner object; the
   first call after a restart also returns results that ended while no daemon ran.
-  After recording a result, call ``ack(job_id)`` so a later daemon does not
-  report it again.
+  After recording a result, call ``ack(job_id, attempt)`` so a later daemon does
+  not report it again. Each start of a requeued job is an attempt of its own
+  (``JobLaunch.attempt``): results are reported once per (job, attempt), so the
+  report of an earlier attempt never stands for a later one's.
 - ``running()`` lists the jobs whose supervisors are alive (re-adoption).
-- ``cancel(job_id, grace)`` asks for SIGTERM to every process of the job, then
-  SIGKILL after ``grace`` seconds; the result says CANCELLED.
+- ``cancel(job_id, grace, attempt=N)`` asks for SIGTERM to every process of the
+  job, then SIGKILL after ``grace`` seconds; the result says CANCELLED. With
+  ``attempt`` it stops only that attempt (never a later start of the same job).
 """
 
 from __future__ import annotations
@@ -54,13 +58,21 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import mtgpu
 from mtgpu.errors import CommandError, JobError
-from mtgpu.proc import run
+from mtgpu.fsafe import signal_pid
+from mtgpu.proc import ROOT_CHILD_ENV, python_argv, run
 from mtgpu.schedd import cgroups
 from mtgpu.schedd.jobenv import JobLaunch, JobUser
 
-__all__ = ["EarlierRunActive", "FinalState", "JobAlreadyStarted", "JobLaunch", "JobResult", "JobUser", "Runner"]
+__all__ = [
+    "EarlierRunActive",
+    "FinalState",
+    "JobAlreadyStarted",
+    "JobLaunch",
+    "JobResult",
+    "JobUser",
+    "Runner",
+]
 
 log = logging.getLogger("mtgpu.schedd.runner")
 
@@ -68,6 +80,7 @@ SPEC, PIDFILE, LOGFILE = "spec.json", "supervisor.pid", "supervisor.log"
 #: The daemon's socket for end notices, beside the job directories.
 ENDS = ".ends.sock"
 CGROUPS, CANCEL, RESULT, ACKED = "cgroups.json", "cancel.json", "result.json", "acked"
+STOP = "stop.json"
 #: A job directory with a spec but no supervisor after this long was never started
 #: (the daemon stopped between writing the spec and starting the supervisor).
 START_GRACE = 60.0
@@ -118,6 +131,13 @@ class JobResult:
     limits: Mapping[str, str] = field(default_factory=dict)
     #: Which run of a requeued job this was (its requeue count when it started).
     attempt: int = 0
+    #: CPU seconds the job's processes used (user, system), as ``getrusage`` of the
+    #: processes its supervisor reaped (Slurm's ``UserCPU``/``SystemCPU``).
+    cpu_user: float | None = None
+    cpu_system: float | None = None
+    #: The job's peak memory, bytes (``MaxRSS``): its cgroup's peak where it has one,
+    #: else the largest resident set of one of its processes.
+    max_rss: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form with snake_case keys."""
@@ -136,14 +156,15 @@ class JobResult:
 
 # ---------------------------------------------------------------- shared file helpers
 
+
 def write_json(path: Path, data: Any, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` atomically (temp file, rename), mode 0600.
 
     ``durable`` also syncs the file and its directory. A job's own files are not
     synced: the spec, pid file and cgroups describe processes that a power cut ends
-    anyway, and the result, like PySyncObj's journal (which is not synced per entry
-    either), survives a crash of any process but not a power cut, after which the job
-    is recorded NODE_FAIL. Syncing them cost a busy host milliseconds per job.
+    anyway, and the result survives a crash of any process but not a power cut, after
+    which the job is recorded NODE_FAIL (the replicated state, which is synced, says
+    what ran). Syncing them cost a busy host milliseconds per job.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -190,7 +211,7 @@ def process_start(pid: int) -> int | None:
     except OSError:
         return None
     # The command name may hold spaces and parentheses; fields follow the last ')'.
-    fields_ = stat[stat.rindex(")") + 2:].split()
+    fields_ = stat[stat.rindex(")") + 2 :].split()
     if fields_[0] in ("Z", "X"):
         return None
     return int(fields_[19])
@@ -209,7 +230,16 @@ def is_alive(record: Mapping[str, Any] | None) -> bool:
     return start is not None and start == record.get("start")
 
 
+def signal_record(record: Mapping[str, Any] | None, sig: int) -> bool:
+    """Signal the process ``record`` names through a pidfd, checked to be that process
+    (same boot and start time) once pinned: never a process that reused its PID."""
+    if not record or "pid" not in record:
+        return False
+    return signal_pid(int(record["pid"]), sig, lambda _pid: is_alive(record))
+
+
 # -------------------------------------------------------------------------- runner
+
 
 class Runner:
     """Starts, watches, cancels and re-adopts the jobs of this host.
@@ -222,28 +252,51 @@ class Runner:
     where there is one, else a watchdog) or ``watchdog``.
     """
 
-    def __init__(self, state_dir: str | os.PathLike[str], python: str = sys.executable,
-                 cgroup_root: str = "auto", *, cgroup_version: str = "auto",
-                 memory: str = "auto") -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        python: str = sys.executable,
+        cgroup_root: str = "auto",
+        *,
+        cgroup_version: str = "auto",
+        memory: str = "auto",
+    ) -> None:
         if memory not in ("auto", "watchdog"):
             raise ValueError("memory must be 'auto' or 'watchdog'")
         self.state_dir = Path(state_dir)
         self.python = python
         self.memory = memory
         self.system = cgroups.detect()
-        self.cgroup_parents = ({} if cgroup_root == "none"
-                               else cgroups.parents(self.system, cgroup_root, cgroup_version))
+        self.cgroup_parents = (
+            {} if cgroup_root == "none" else cgroups.parents(self.system, cgroup_root, cgroup_version)
+        )
         #: Start supervisors through the launcher, a fork server (see launcher.py);
         #: False execs ``python -m mtgpu.schedd.supervisor`` for every job.
         self.use_launcher = True
-        #: The job-start helper's path (see jobinit.py): built at the first start;
+        #: The job-start helper's path (see jobinit.py): built by :meth:`build_jobinit`
+        #: (the daemon's start, after mtgpu-setup install), or else at the first start;
         #: None makes supervisors fork their jobs from Python.
         self.jobinit: Any = _BUILD
         #: Given a job's working directory, what to do if it is missing here (see
         #: JobLaunch.workdir_help); the daemon sets it in a cluster.
         self.workdir_help: Callable[[str], str] | None = None
+        #: Given a tenant's uid, the file of its private mount namespace (see
+        #: mtgpu.schedd.fence), which its jobs enter; None leaves jobs in ours.
+        self.tenant_namespace: Callable[[int], str | None] | None = None
+        #: Given a tenant's uid, the file of its private network namespace
+        #: (mtgpu.schedd.netns), which its jobs enter; None leaves jobs in ours.
+        self.tenant_net_namespace: Callable[[int], str | None] | None = None
+        #: A multi-member job starts here (its launch) and ends (its id): the daemon walls
+        #: its rendezvous port off from everyone but the job's own ranks.
+        self.job_network_on: Callable[[JobLaunch], None] | None = None
+        self.job_network_off: Callable[[str], None] | None = None
+        #: Given a tenant's uid and gid, variables its jobs get as its sessions do
+        #: (where its tmux server listens), over the job's own.
+        self.tenant_env: Callable[[int, int], Mapping[str, str]] | None = None
         self._active: set[str] = set()
-        self._reported: set[str] = set()
+        #: (job id, attempt) of the results poll() returned: a requeued job started
+        #: here again is a new attempt, whose end is reported in its turn.
+        self._reported: set[tuple[str, int]] = set()
         self._scanned = False
 
     def job_dir(self, job_id: str) -> Path:
@@ -265,11 +318,17 @@ class Runner:
         if launch.user.uid == 0:
             raise JobError(f"job {launch.job_id}: jobs never run as root")
         if launch.state_dir and os.path.normpath(launch.state_dir) != str(job_dir):
-            raise JobError(f"job {launch.job_id}: its state_dir {launch.state_dir} is not "
-                           f"{job_dir}, where this runner keeps it")
+            raise JobError(
+                f"job {launch.job_id}: its state_dir {launch.state_dir} is not "
+                f"{job_dir}, where this runner keeps it"
+            )
         launch = replace(launch, state_dir=str(job_dir))
         if self.workdir_help is not None and not launch.workdir_help:
             launch = replace(launch, workdir_help=self.workdir_help(launch.workdir))
+        if self.tenant_env is not None:
+            extra = self.tenant_env(launch.user.uid, launch.user.gid)
+            if extra:
+                launch = replace(launch, env={**launch.env, **extra})
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.jobinit is _BUILD:  # before the job's directory: building takes seconds
             from mtgpu.schedd.jobinit import helper
@@ -287,30 +346,57 @@ class Runner:
                 old_run = (old.get("launch", {}).get("term"), old.get("launch", {}).get("attempt", 0))
                 if old_run[0] is not None and old_run != (launch.term, launch.attempt):
                     if not (job_dir / RESULT).exists():
-                        raise EarlierRunActive(f"job {launch.job_id}: its earlier run (term "
-                                               f"{old_run[0]}, attempt {old_run[1]}) still runs here")
+                        raise EarlierRunActive(
+                            f"job {launch.job_id}: its earlier run (term "
+                            f"{old_run[0]}, attempt {old_run[1]}) still runs here"
+                        ) from None
                     # A requeued job placed here again: its earlier run is over. Keep
                     # that run's files beside the new one's.
                     os.rename(job_dir, job_dir.with_name(f".{launch.job_id}.run{old_run[0]}-{old_run[1]}"))
                     return self.start(launch)
                 raise JobAlreadyStarted(
                     f"job {launch.job_id} was already started on this host (term "
-                    f"{old.get('launch', {}).get('term', '?')}); not starting it again") from None
-        spec = {"version": 1, "launch": launch.to_dict(), "cgroup_parents": self.cgroup_parents,
-                "memory": self.memory, "created": time.time(), "jobinit": self.jobinit}
+                    f"{old.get('launch', {}).get('term', '?')}); not starting it again"
+                ) from None
+        spec = {
+            "version": 1,
+            "launch": launch.to_dict(),
+            "cgroup_parents": self.cgroup_parents,
+            "memory": self.memory,
+            "created": time.time(),
+            "jobinit": self.jobinit,
+            "mount_ns": self.tenant_namespace(launch.user.uid) if self.tenant_namespace else None,
+            # A multi-member job's ranks reach each other on the members' own
+            # addresses (rendezvous, then gloo/NCCL on ports of their choosing): it
+            # keeps the host's network until jobs get an address of their own.
+            "net_ns": (
+                self.tenant_net_namespace(launch.user.uid)
+                if self.tenant_net_namespace and launch.nnodes == 1
+                else None
+            ),
+        }
         write_json(job_dir / SPEC, spec, durable=False)
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "LANG": "C.UTF-8",
-               # The supervisor runs this very code, wherever it was installed from.
-               "PYTHONPATH": str(Path(mtgpu.__file__).resolve().parent.parent)}
+        if launch.nnodes > 1 and self.job_network_on is not None:
+            self.job_network_on(launch)
+        # A clean environment; the supervisor runs this very code (python_argv).
+        env = dict(ROOT_CHILD_ENV)
         try:
             self._start_supervisor(job_dir / SPEC, env)
         except CommandError as exc:
             now = time.time()
-            write_json(job_dir / RESULT, JobResult(
-                launch.job_id, FinalState.FAILED, reason=f"its supervisor could not start: {exc}",
-                start_time=now, end_time=now, term=launch.term, attempt=launch.attempt,
-                node_rank=launch.node_rank).to_dict())
+            write_json(
+                job_dir / RESULT,
+                JobResult(
+                    launch.job_id,
+                    FinalState.FAILED,
+                    reason=f"its supervisor could not start: {exc}",
+                    start_time=now,
+                    end_time=now,
+                    term=launch.term,
+                    attempt=launch.attempt,
+                    node_rank=launch.node_rank,
+                ).to_dict(),
+            )
             raise JobError(f"job {launch.job_id}: the supervisor could not start: {exc}") from exc
         self._active.add(launch.job_id)
         log.info("job %s started (term %d) as %s", launch.job_id, launch.term, launch.user.name)
@@ -326,14 +412,24 @@ class Runner:
                 return
             except launcher.Unavailable as exc:
                 log.warning("job launcher unavailable (%s); starting the supervisor directly", exc)
-        run([self.python, "-m", "mtgpu.schedd.supervisor", str(spec)], env=env, timeout=60)
+        run(python_argv(self.python, "mtgpu.schedd.supervisor", str(spec)), env=env, timeout=60, cwd="/")
+
+    def build_jobinit(self) -> str | None:
+        """Build the job-start helper now (or find it built), not at a job's start."""
+        from mtgpu.schedd.jobinit import helper
+
+        self.jobinit = helper(self.state_dir)
+        return self.jobinit
 
     # ---------------------------------------------------------------- status
 
     def _job_ids(self) -> list[str]:
         try:
-            return sorted(e.name for e in os.scandir(self.state_dir)
-                          if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+            return sorted(
+                e.name
+                for e in os.scandir(self.state_dir)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+            )
         except FileNotFoundError:
             return []
 
@@ -367,8 +463,9 @@ class Runner:
                 return None
             if age < START_GRACE:
                 return None
-            return self._record_lost(job_id, "its supervisor never started (the daemon "
-                                     "stopped while starting it)")
+            return self._record_lost(
+                job_id, "its supervisor never started (the daemon stopped while starting it)"
+            )
         if is_alive(pid):
             return None
         # The supervisor writes the result and then exits: look again before
@@ -376,8 +473,11 @@ class Runner:
         data = read_json(d / RESULT)
         if data is not None:
             return JobResult.from_dict(data)
-        return self._record_lost(job_id, f"its supervisor (pid {pid.get('pid')}) stopped without "
-                                 "recording an exit status; the host may have rebooted")
+        return self._record_lost(
+            job_id,
+            f"its supervisor (pid {pid.get('pid')}) stopped without "
+            "recording an exit status; the host may have rebooted",
+        )
 
     def _record_lost(self, job_id: str, reason: str) -> JobResult:
         d = self.job_dir(job_id)
@@ -390,10 +490,16 @@ class Runner:
                 cg.signal_all(signal.SIGKILL)
                 reason += "; its remaining processes were killed"
             cg.remove(timeout=2.0)
-        result = JobResult(job_id, FinalState.NODE_FAIL, reason=reason,
-                           start_time=spec.get("created", 0.0), end_time=time.time(),
-                           term=launch.get("term", 0), node_rank=launch.get("node_rank", 0),
-                           attempt=launch.get("attempt", 0))
+        result = JobResult(
+            job_id,
+            FinalState.NODE_FAIL,
+            reason=reason,
+            start_time=spec.get("created", 0.0),
+            end_time=time.time(),
+            term=launch.get("term", 0),
+            node_rank=launch.get("node_rank", 0),
+            attempt=launch.get("attempt", 0),
+        )
         write_json(d / RESULT, result.to_dict())
         log.warning("job %s: %s", job_id, reason)
         return result
@@ -417,8 +523,10 @@ class Runner:
             r = self.result(job_id)
             if r is not None:
                 self._active.discard(job_id)
-                if job_id not in self._reported:
-                    self._reported.add(job_id)
+                if self.job_network_off is not None:
+                    self.job_network_off(job_id)
+                if (job_id, r.attempt) not in self._reported:
+                    self._reported.add((job_id, r.attempt))
                     out.append(r)
         return out
 
@@ -428,6 +536,24 @@ class Runner:
             for r in self.poll():
                 yield r
             await asyncio.sleep(interval)
+
+    def start_interrupted(self, job_id: str, wait: float = 10.0) -> bool:
+        """Whether ``job_id``'s start here was cut short before its supervisor ran (the
+        daemon was killed between writing the launch and the fork): no supervisor
+        record and no result appear within ``wait`` seconds (a fork the launcher was
+        making as the daemon died has written its record by then). Such a directory is
+        set aside, so that the job can be started again in a fresh one."""
+        d = self.job_dir(job_id)
+        deadline = time.monotonic() + wait
+        while True:
+            if not (d / SPEC).exists() or (d / PIDFILE).exists() or (d / RESULT).exists():
+                return False
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        os.rename(d, d.with_name(f".{job_id}.interrupted-{int(time.time())}"))
+        log.warning("job %s: its start was interrupted before its supervisor ran; starting it again", job_id)
+        return True
 
     def launch_run(self, job_id: str) -> tuple[int, int]:
         """The (scheduler term, attempt) ``job_id`` was started here with ((0, 0) if unknown)."""
@@ -455,10 +581,12 @@ class Runner:
             return None
         return s
 
-    def ack(self, job_id: str) -> None:
-        """The daemon has recorded ``job_id``'s result; later runners will not report it."""
+    def ack(self, job_id: str, attempt: int | None = None) -> None:
+        """The daemon has recorded ``job_id``'s result (of ``attempt``: a later start's
+        result is left alone); later runners will not report it."""
         d = self.job_dir(job_id)
-        if (d / RESULT).exists():
+        data = read_json(d / RESULT)
+        if data is not None and (attempt is None or int(data.get("attempt") or 0) == attempt):
             (d / ACKED).touch(mode=0o600)
 
     def remove(self, job_id: str) -> None:
@@ -475,22 +603,48 @@ class Runner:
 
     # ---------------------------------------------------------------- cancel
 
-    def cancel(self, job_id: str, grace: float = 10.0) -> bool:
+    def cancel(self, job_id: str, grace: float = 10.0, attempt: int | None = None) -> bool:
         """Ask the job's supervisor to stop the job: SIGTERM, then SIGKILL after ``grace``.
 
-        Returns False if the job has already ended or is unknown here. The request
-        is a file, so it holds even if the signal that wakes the supervisor is lost;
-        a second call with a shorter grace shortens the wait.
+        Returns False if the job has already ended or is unknown here, or (with
+        ``attempt``) if what runs here is another attempt of it. The request is a
+        file, so it holds even if the signal that wakes the supervisor is lost; a
+        second call with a shorter grace shortens the wait.
         """
         d = self.job_dir(job_id)
         if not (d / SPEC).exists() or (d / RESULT).exists():
             return False
+        if attempt is not None and self.launch_run(job_id)[1] != attempt:
+            return False
         write_json(d / CANCEL, {"grace": max(0.0, float(grace)), "time": time.time()})
         pid = read_json(d / PIDFILE)
-        if is_alive(pid):
-            try:
-                os.kill(int(pid["pid"]), signal.SIGUSR1)  # type: ignore[index]
-            except ProcessLookupError:
-                pass
+        if signal_record(pid, signal.SIGUSR1):
             return True
         return self.result(job_id) is None
+
+    def stop_over_limit(
+        self, job_id: str, reason: str, notice: str, attempt: int | None = None, state: str = "OUT_OF_MEMORY"
+    ) -> bool:
+        """Ask the job's supervisor to stop it for a limit it broke (its VRAM): it
+        writes ``notice`` in the job's standard error, sends SIGTERM, then SIGKILL
+        after the job's grace, and records ``state`` with ``reason``.
+
+        Returns False if the job has ended, is unknown here or (with ``attempt``)
+        runs here as another attempt.
+        """
+        d = self.job_dir(job_id)
+        if not (d / SPEC).exists() or (d / RESULT).exists():
+            return False
+        if attempt is not None and self.launch_run(job_id)[1] != attempt:
+            return False
+        write_json(
+            d / STOP,
+            {"state": str(FinalState(state)), "reason": reason, "notice": notice, "time": time.time()},
+        )
+        signal_record(read_json(d / PIDFILE), signal.SIGUSR1)
+        return self.result(job_id) is None
+
+    def supervisor_pid(self, job_id: str) -> int | None:
+        """The pid of ``job_id``'s supervisor while it runs."""
+        record = read_json(self.job_dir(job_id) / PIDFILE)
+        return int(record["pid"]) if is_alive(record) and record and "pid" in record else None

@@ -10,22 +10,37 @@ dispatched, with the leader's term, so a deposed leader cannot start a job twice
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import NodeInventory
+from mtgpu.schedd.depend import Gates
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobtable import PENDING, JobTable, spec_from_dict
+from mtgpu.schedd.jobtable import FAILED, PENDING, JobTable, attempt_of, spec_from_dict
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
-from mtgpu.schedd.types import (Allocation, GpuMode, GpuSnapshot, MemberPlacement, NodeSnapshot,
-                                NodeState, Placement, ResourceRequest)
+from mtgpu.schedd.types import (
+    Allocation,
+    ClusterSnapshot,
+    GpuMode,
+    GpuSnapshot,
+    MemberPlacement,
+    NodeSnapshot,
+    NodeState,
+    Placement,
+    ResourceRequest,
+)
 
 log = logging.getLogger("mtgpu.schedd")
+
+#: Request shapes whose feasibility is remembered (each holds its server list).
+MAX_FEASIBLE_CACHE = 1024
 
 #: The shortest time between two scheduling passes, in seconds (Slurm's
 #: sched_min_interval plays this part). A pass costs about the same whether it places
@@ -61,59 +76,111 @@ Replicate = Callable[..., Awaitable[Any]]
 Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
 
 
-def node_snapshot(inv: NodeInventory, state: NodeState = NodeState.UP,
-                  previous: tuple[NodeInventory, NodeSnapshot] | None = None) -> NodeSnapshot:
+def node_snapshot(
+    inv: NodeInventory,
+    state: NodeState = NodeState.UP,
+    previous: tuple[NodeInventory, NodeSnapshot] | None = None,
+) -> NodeSnapshot:
     """The scheduler's view of one member from its latest report.
 
     With ``previous`` (an earlier report and the snapshot made from it), the GPUs'
     snapshots are kept when the GPU records are the very same objects (a
     :class:`~mtgpu.gpuinfo.types.ReportReader` keeps unchanged ones).
     """
-    if previous is not None and len(previous[0].gpus) == len(inv.gpus) and all(
-            a is b for a, b in zip(previous[0].gpus, inv.gpus, strict=True)):
+    if (
+        previous is not None
+        and len(previous[0].gpus) == len(inv.gpus)
+        and all(a is b for a, b in zip(previous[0].gpus, inv.gpus, strict=True))
+    ):
         gpus = previous[1].gpus
     else:
-        gpus = tuple(GpuSnapshot(index=g.index, brand=g.brand, type=g.type, vram_total=g.vram_total,
-                                 vram_used=g.vram_used) for g in inv.gpus)
-    return NodeSnapshot(name=inv.name, cpus=inv.host.cpus, ram_total=inv.host.ram_total,
-                        gpus=gpus, ram_used=inv.host.ram_used, state=state)
+        # A card in MIG mode is never placed whole: its instances are the GPUs.
+        gpus = tuple(
+            GpuSnapshot(
+                index=g.index, brand=g.brand, type=g.type, vram_total=g.vram_total, vram_used=g.vram_used
+            )
+            for g in inv.gpus
+            if g.placeable
+        )
+    return NodeSnapshot(
+        name=inv.name,
+        cpus=inv.host.cpus,
+        ram_total=inv.host.ram_total,
+        gpus=gpus,
+        ram_used=inv.host.ram_used,
+        state=state,
+        features=inv.features,
+    )
 
 
 def _same_snapshot(a: NodeInventory, b: NodeInventory) -> bool:
     """Whether two reports make the same :func:`node_snapshot` (unchanged GPU records
     are the same objects when read by a :class:`~mtgpu.gpuinfo.types.ReportReader`)."""
     ha, hb = a.host, b.host
-    return (ha.cpus == hb.cpus and ha.ram_total == hb.ram_total and ha.ram_used == hb.ram_used
-            and len(a.gpus) == len(b.gpus)
-            and all(x is y or x == y for x, y in zip(a.gpus, b.gpus, strict=True)))
+    return (
+        ha.cpus == hb.cpus
+        and ha.ram_total == hb.ram_total
+        and ha.ram_used == hb.ram_used
+        and a.features == b.features
+        and len(a.gpus) == len(b.gpus)
+        and all(x is y or x == y for x, y in zip(a.gpus, b.gpus, strict=True))
+    )
 
 
 _UNKNOWN = object()
+#: What :meth:`Scheduler.unknown` names while the member list itself is not current.
+MEMBER_LIST = "(the member list)"
 
 
 def _hardware(inv: NodeInventory) -> tuple[Any, ...]:
-    return (inv.host.cpus, inv.host.ram_total,
-            tuple((g.index, g.brand, g.type, g.vram_total) for g in inv.gpus))
+    return (
+        inv.host.cpus,
+        inv.host.ram_total,
+        tuple((g.index, g.brand, g.type, g.vram_total) for g in inv.gpus if g.placeable),
+        inv.features,
+    )
 
 
 def placement_from_dict(d: Mapping[str, Any]) -> Placement:
-    return Placement(job_id=d["job_id"], gpu_mode=GpuMode(d["gpu_mode"]), members=tuple(
-        MemberPlacement(node=m["node"], rank=m["rank"], gpu_indices=tuple(m["gpu_indices"]),
-                        cpus=m["cpus"], ram=m["ram"], vram_per_gpu=m["vram_per_gpu"])
-        for m in d["members"]))
+    return Placement(
+        job_id=d["job_id"],
+        gpu_mode=GpuMode(d["gpu_mode"]),
+        members=tuple(
+            MemberPlacement(
+                node=m["node"],
+                rank=m["rank"],
+                gpu_indices=tuple(m["gpu_indices"]),
+                cpus=m["cpus"],
+                ram=m["ram"],
+                vram_per_gpu=m["vram_per_gpu"],
+            )
+            for m in d["members"]
+        ),
+    )
 
 
 class Scheduler:
     """Places pending jobs on members; one instance, on the leader."""
 
-    def __init__(self, table: JobTable, replicate: Replicate, dispatch: Dispatch, *,
-                 term: Callable[[], int], clock: Callable[[], float] = time.time,
-                 policy: QueuePolicy | None = None, aging_per_hour: float = 10.0) -> None:
+    def __init__(
+        self,
+        table: JobTable,
+        replicate: Replicate,
+        dispatch: Dispatch,
+        *,
+        term: Callable[[], int],
+        clock: Callable[[], float] | None = None,
+        policy: QueuePolicy | None = None,
+        aging_per_hour: float = 10.0,
+    ) -> None:
         self.table = table
         self.replicate = replicate
         self.dispatch = dispatch
         self.term = term
-        self.clock = clock
+        self.clock = clock or time.time
+        #: The clock leases and lost members are measured on: this scheduler's own
+        #: monotonic clock (no clock sync between members is needed).
+        self.lease_clock = clock or time.monotonic
         self.policy = policy or QueuePolicy()
         self.nodes: dict[str, NodeInventory] = {}
         self.node_state: dict[str, NodeState] = {}
@@ -122,6 +189,8 @@ class Scheduler:
         self.age_weight = aging_per_hour / 3600
         self.queue = PendingQueue(self.age_weight)
         self.pending_info: dict[str, PendingInfo] = {}
+        #: Pending jobs kept out of the queue: held, before --begin, or on a dependency.
+        self.gates = Gates()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: Starts in flight (placed and journaled; the member is starting them).
@@ -130,16 +199,46 @@ class Scheduler:
         #: One gate per member (its first member, for a multi-node job).
         self._member_gates: dict[str, asyncio.Semaphore] = {}
         self._last_submit = 0.0
-        self._feasible: dict[ResourceRequest, Any] = {}
+        # Keyed by what tenants ask for, so bounded (least recently used go first).
+        self._feasible: OrderedDict[ResourceRequest, Any] = OrderedDict()
         self._seen_version = 0
-        #: Seconds after start during which submissions are not refused (members report).
+        #: The members the inventory must hold to be complete (the replicated member
+        #: list, in a cluster); None: the reports alone (a standalone host).
+        self.members: Callable[[], Collection[str]] | None = None
+        #: This member's own name: never dropped from the inventory.
+        self.own_name: str | None = None
+        #: Whether this member's replica has applied every change committed before it
+        #: became the scheduler (until then its member list may lack members).
+        self.state_current: Callable[[], bool] | None = None
+        #: The longest a submission that does not fit what has reported waits for the
+        #: members that have not (seconds); after that it is accepted and re-checked.
         self.grace = 0.0
+        #: Members taken out of the member list, and when this scheduler saw it: their
+        #: running jobs are ended as a lost member's are, ``lost_after`` later.
+        self._gone: dict[str, float] = {}
+        #: Whether pending jobs are to be checked again once the inventory is complete
+        #: (at start, and after a request was accepted on an incomplete one).
+        self._recheck = True
+        #: Whether the jobs an earlier scheduler placed but may not have started have
+        #: been started again (once per start, when the replica is current).
+        self._restarted_unstarted = False
         self.started_at = 0.0
-        #: When each member last reported (this scheduler's clock; not replicated).
+        #: When this scheduler started, on ``lease_clock``.
+        self.lease_started = 0.0
+        #: When each member last reported, and so was last granted a lease
+        #: (``lease_clock``; not replicated).
         self.last_report: dict[str, float] = {}
         #: A member silent for this long is lost: its jobs end NODE_FAIL or are
-        #: requeued. None: never (a standalone host is its own only member).
+        #: requeued. None: never (a standalone host is its own only member). In a
+        #: cluster it is the lease bound: a member's lease plus its fencing grace and
+        #: a margin (see :mod:`mtgpu.cluster.lease`).
         self.lost_after: float | None = None
+        #: The lease granted with each report (seconds); None: no leases.
+        self.lease: float | None = None
+        #: How long a deposed scheduler may still have granted leases after this one
+        #: took over (Raft's leader fall-back time): every member's clock starts then.
+        self.takeover_wait = 0.0
+        self._last_old_runs = float("-inf")
         #: Each member's snapshot, made when a pass first needs it, with the report it
         #: stands for: a report that is not the member's latest makes it stale (and
         #: its GPUs' part is reused where the GPU records are the same).
@@ -157,6 +256,8 @@ class Scheduler:
 
     def report(self, inv: NodeInventory) -> None:
         """A member's inventory and measured use (from its sampler or a peer)."""
+        if not self._listed(inv.name):
+            return  # removed from the cluster: its capacity is not the cluster's any more
         old = self.nodes.get(inv.name)
         self.nodes[inv.name] = inv
         made = self._node_snaps.get(inv.name)
@@ -164,13 +265,55 @@ class Scheduler:
             self._node_snaps[inv.name] = (inv, made[1])  # the same snapshot stands for this report
         if old is None:
             self._names = sorted(self.nodes)
-        self.last_report[inv.name] = self.clock()
+        self.last_report[inv.name] = self.lease_clock()
         if self.node_state.get(inv.name) is NodeState.DOWN:
             del self.node_state[inv.name]
             log.info("member %s reports again; it takes work again", inv.name)
             self.kick()
         if old is None or _hardware(old) != _hardware(inv):
             self._feasible.clear()
+
+    def _listed(self, name: str) -> bool:
+        names = self.members() if self.members is not None else ()
+        return not names or name in names or name == self.own_name
+
+    def unknown(self) -> list[str]:
+        """Members in the member list that have not reported to this scheduler yet.
+
+        The inventory is complete when this is empty. A member silent since this
+        scheduler started for ``lost_after`` counts as lost rather than unknown, so a
+        dead member delays nothing for longer than it takes to be declared lost.
+        """
+        if self.state_current is not None and not self.state_current():
+            return [MEMBER_LIST]
+        if self.members is not None and not self.running_now():
+            # A member's scheduler that is not running (not, or not yet, the leader:
+            # a request forwarded to it as its role changes) has only what reached it
+            # by chance, and no start time to count lost members from.
+            return [MEMBER_LIST]
+        names = self._prune()
+        if not names:
+            return []
+        missing = sorted(n for n in names if n not in self.nodes)
+        if missing and self.lost_after is not None and self.clock() - self.started_at > self.lost_after:
+            return []
+        return missing
+
+    def _prune(self) -> Collection[str]:
+        """Drop the members no longer in the member list; the list (empty: unknown)."""
+        names = self.members() if self.members is not None else ()
+        if names:
+            gone = [n for n in self.nodes if n not in names and n != self.own_name]
+            for n in gone:
+                self._gone[n] = self.clock()
+                del self.nodes[n]
+                self._node_snaps.pop(n, None)
+                self.last_report.pop(n, None)
+                self.node_state.pop(n, None)
+            if gone:
+                self._names = sorted(self.nodes)
+                self._feasible.clear()
+        return names
 
     def rebuild(self) -> None:
         """Refill the queue from the job table (start, or a new leader)."""
@@ -194,11 +337,25 @@ class Scheduler:
     def _enqueue(self, j: dict[str, Any]) -> None:
         from mtgpu.schedd.types import PendingJob
 
+        if j.get("old_run"):
+            return  # its earlier run may still be running: queued once it is known to be over
+        if self.gates.check(j, self.table, self.clock())[0] != "ok":
+            self.gates.waiting[j["job_id"]] = None  # looked at again by each pass
+            return
         spec = spec_from_dict(j["spec"])
-        self.queue.add(PendingJob(job_id=j["job_id"], tenant=j["user"], request=spec.request,
-                                  priority=spec.priority, submit_time=j["submit_time"],
-                                  time_limit=spec.time_limit, array_id=j["array_id"],
-                                  array_task=j["array_task"], array_limit=spec.array_limit))
+        self.queue.add(
+            PendingJob(
+                job_id=j["job_id"],
+                tenant=j["user"],
+                request=spec.request,
+                priority=spec.priority,
+                submit_time=j["submit_time"],
+                time_limit=spec.time_limit,
+                array_id=j["array_id"],
+                array_task=j["array_task"],
+                array_limit=spec.array_limit,
+            )
+        )
 
     def state_of(self, name: str) -> NodeState:
         """A member's state: down (lost), drained (by an admin) or up."""
@@ -207,7 +364,7 @@ class Scheduler:
             return NodeState.DRAIN
         return state
 
-    def snapshot(self):  # type: ignore[no-untyped-def]
+    def snapshot(self) -> ClusterSnapshot:
         """The cluster now: members from their latest reports, running jobs committed.
 
         Work is done only for what changed since the last call: a member's snapshot is
@@ -239,30 +396,93 @@ class Scheduler:
                 end = start + tl if tl else None
                 got = self._allocs.get(j["job_id"])
                 if got is None or got[0] is not placement or got[1] != end or got[2] != j["array_id"]:
-                    got = (placement, end, j["array_id"],
-                           Allocation(placement_from_dict(placement), end, j["array_id"]))
+                    got = (
+                        placement,
+                        end,
+                        j["array_id"],
+                        Allocation(placement_from_dict(placement), end, j["array_id"]),
+                    )
                 cache[j["job_id"]] = got
                 allocs.append(got[3])
         self._allocs = cache
         self._last_snapshot = snapshot_with_allocations(nodes, allocs, previous=self._last_snapshot)
         return self._last_snapshot
 
-    def check_submit(self, request: ResourceRequest) -> None:
-        """Refuse at once what no member could ever run.
-
-        Right after this scheduler took over, members may not have reported yet; during
-        that grace period a request is queued rather than refused on partial knowledge.
-        """
-        if self.clock() - self.started_at < self.grace:
-            return
+    def never(self, request: ResourceRequest) -> Any:
+        """Why no member that has reported could ever run ``request`` (None if one could)."""
         # Whether a request could ever run depends only on the members' hardware, so
         # the answer is kept per request shape until a member's hardware changes.
+        self._prune()
         why = self._feasible.get(request, _UNKNOWN)
         if why is _UNKNOWN:
             why = feasible_ever(self.snapshot(), request)
             self._feasible[request] = why
-        if why is not None:
-            raise JobError(f"rejected: {why.message}", )
+            while len(self._feasible) > MAX_FEASIBLE_CACHE:
+                self._feasible.popitem(last=False)
+        else:
+            self._feasible.move_to_end(request)
+        return why
+
+    def check_submit(self, request: ResourceRequest) -> None:
+        """Refuse at once what no member could ever run.
+
+        Only against a complete inventory: while a member of the list has not reported
+        (just after the cluster formed, a member joined or this scheduler took over),
+        a request that does not fit the others is accepted, since that member might
+        take it, and checked again the moment the inventory is complete
+        (:meth:`refuse_impossible`). :meth:`settle` waits for that moment first.
+        """
+        why = self.never(request)
+        if why is None:
+            return
+        if self.unknown() and not self._pinned_reported(request):
+            self._recheck = True
+            return
+        raise JobError(f"rejected: {why.message}")
+
+    def _pinned_reported(self, request: ResourceRequest) -> bool:
+        """Whether ``request`` names its members (``server=``, a workspace's own host)
+        and each has reported: then whether it could ever run is known from them."""
+        return bool(request.servers) and all(n in self.nodes for n in request.servers)
+
+    async def settle(self, request: ResourceRequest, poll: float = 0.05) -> None:
+        """Wait (``grace`` seconds at most) for a complete inventory if ``request`` does
+        not fit the members that have reported, so that the answer of
+        :meth:`check_submit` is the one a complete inventory gives."""
+        deadline = time.monotonic() + self.grace
+        while (
+            self.never(request) is not None
+            and self.unknown()
+            and not self._pinned_reported(request)
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(poll)
+
+    async def refuse_impossible(self) -> list[str]:
+        """End the pending jobs no member could ever run, with the reason a submission
+        of the same request gets (once the inventory is complete)."""
+        if self.unknown():
+            return []
+        self._recheck = False
+        refused = []
+        now = self.clock()
+        log.info(
+            "every member has reported: the inventory is complete (%.1f s after this scheduler started)",
+            now - self.started_at,
+        )
+        for j in [j for j in self.table.active() if j["state"] == PENDING]:
+            why = self.never(spec_from_dict(j["spec"]).request)
+            if why is None:
+                continue
+            r = await self.replicate(
+                self.table.finish, j["job_id"], FAILED, None, f"rejected: {why.message}", now
+            )
+            if "error" not in r:
+                refused.append(j["job_id"])
+                log.warning("job %s refused once every member had reported: %s", j["job_id"], why.message)
+            self.queue.remove(j["job_id"])
+            self.pending_info.pop(j["job_id"], None)
+        return refused
 
     def accepted(self, job_ids: list[str]) -> None:
         """Jobs newly in the table: queue them and schedule soon."""
@@ -277,6 +497,7 @@ class Scheduler:
         for jid in job_ids:
             self.queue.remove(jid)
             self.pending_info.pop(jid, None)
+            self.gates.waiting.pop(jid, None)
         self.kick()
 
     def kick(self) -> None:
@@ -284,8 +505,37 @@ class Scheduler:
 
     # --------------------------------------------------------------- loop
 
+    def running_now(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def grant(self, name: str) -> float | None:
+        """The lease for member ``name``, which has just reported (None: no lease is
+        granted, as this scheduler is not running)."""
+        if self.lease is None or not self.running_now():
+            return None
+        self.last_report[name] = self.lease_clock()
+        return self.lease
+
+    def lease_over(self, name: str, now: float | None = None) -> bool:
+        """Whether every lease ``name`` may hold has surely run out, and with it its
+        jobs' fencing grace (``lost_after`` after this scheduler's last grant to it,
+        or after this scheduler took over, whichever is later)."""
+        if self.lost_after is None:
+            return False
+        now = self.lease_clock() if now is None else now
+        since = max(self.last_report.get(name, float("-inf")), self.lease_started + self.takeover_wait)
+        return now - since > self.lost_after
+
+    def silent_members(self) -> list[str]:
+        """Members in the member list that have not reported to this scheduler."""
+        names = self.members() if self.members is not None else ()
+        return sorted(n for n in names if n not in self.nodes and n != self.own_name)
+
     def start(self) -> None:
         self.started_at = self.clock()
+        self.lease_started = self.lease_clock()
+        self._recheck = True
+        self._restarted_unstarted = False
         self.rebuild()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -298,13 +548,16 @@ class Scheduler:
         while True:
             try:
                 await asyncio.wait_for(self._kick.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._kick.clear()
             try:
                 await self.check_lost()
             except Exception:  # noqa: BLE001 - a failed commit is retried next time
                 log.exception("checking for lost members failed")
+            if not self._restarted_unstarted and (self.state_current is None or self.state_current()):
+                self._restarted_unstarted = True
+                self.start_unstarted()
             await self._defer_to_submissions()
             self.pass_cost = 0.0
             self._bounded = False
@@ -329,28 +582,110 @@ class Scheduler:
         """
         if self.lost_after is None:
             return []
-        now = self.clock()
+        now = self.lease_clock()
         lost = []
-        for name in list(self.nodes):
-            silent = now - max(self.last_report.get(name, 0.0), self.started_at)
-            if silent <= self.lost_after or self.node_state.get(name) is NodeState.DOWN:
+        # Every member is watched: those in the member list that never reported to
+        # this scheduler (it took over from one that is gone) as well.
+        listed = self.members() if self.members is not None else ()
+        for name in sorted(set(self.nodes) | set(listed)):
+            if name == self.own_name or self.node_state.get(name) is NodeState.DOWN:
+                continue
+            if not self.lease_over(name, now):
                 continue
             self.node_state[name] = NodeState.DOWN
             lost.append(name)
-            log.warning("member %s has not reported for %.0f s: marked down", name, silent)
-        for name in lost:
-            why = f"its member {name} was lost (no report for over {self.lost_after:g} s)"
+            log.warning(
+                "member %s has not reported for over %g s: its lease has run out; marked down",
+                name,
+                self.lost_after,
+            )
+        removed = [n for n, at in self._gone.items() if self.clock() - at > self.lost_after]
+        for name in removed:
+            del self._gone[name]
+        for name in lost + removed:
+            why = (
+                f"its member {name} was removed from the cluster"
+                if name in removed
+                else f"its member {name} was lost (no report for over {self.lost_after:g} s)"
+            )
             for j in self.table.running():
                 members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
                 if name not in members:
                     continue
+                # For the attempt seen lost: if its member's own report of the end (or
+                # a requeue) was applied first, this changes nothing.
+                attempt = attempt_of(j)
+                # Its lease is over: whatever ran there has been fenced, so the job may
+                # run again at once (the other parts of a multi-member job are stopped
+                # by their members, and the requeue waits for those).
+                others = [m for m in members if m != name and not self.lease_over(m, now)]
+                wall = self.clock()
                 if j["spec"].get("requeue"):
-                    await self.replicate(self.table.requeue, j["job_id"], f"requeued: {why}", now)
+                    await self.replicate(
+                        self.table.requeue, j["job_id"], f"requeued: {why}", wall, attempt, others
+                    )
                 else:
-                    await self.replicate(self.table.finish, j["job_id"], "NODE_FAIL", None, why, now)
-        if lost:
+                    await self.replicate(
+                        self.table.finish, j["job_id"], "NODE_FAIL", None, why, wall, attempt
+                    )
+        await self._end_split_jobs(now)
+        if lost or removed:
             self.kick()
-        return lost
+        await self.release_old_runs(now)
+        return lost + removed
+
+    async def _end_split_jobs(self, now: float) -> None:
+        """End the ``nodes=N`` jobs one of whose members has gone a whole lease without
+        a grant: that member is fencing its part, so the job cannot go on, and its
+        other members stop theirs now rather than once the member is declared lost."""
+        if self.lease is None:
+            return
+        for j in self.table.running():
+            members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+            if len(members) < 2:
+                continue
+            out = [
+                m
+                for m in members
+                if m != self.own_name
+                and now - max(self.last_report.get(m, float("-inf")), self.lease_started + self.takeover_wait)
+                > self.lease
+            ]
+            if not out:
+                continue
+            why = f"its member {out[0]} was lost (its lease ran out: no report for over {self.lease:g} s)"
+            log.warning("job %s: %s", j["job_id"], why)
+            if j["spec"].get("requeue"):
+                # Placed again once every part is known to have ended (the silent
+                # member's once its lease and fencing grace are surely over).
+                await self.replicate(
+                    self.table.requeue, j["job_id"], f"requeued: {why}", self.clock(), attempt_of(j), members
+                )
+            else:
+                await self.replicate(
+                    self.table.finish, j["job_id"], "NODE_FAIL", None, why, self.clock(), attempt_of(j)
+                )
+
+    async def release_old_runs(self, now: float | None = None) -> list[str]:
+        """Let requeued jobs whose old run's members have all surely stopped it (their
+        leases ran out) be placed again; a member that reports the end sooner releases
+        it itself (:meth:`JobTable.part_ended`). Once a second at most."""
+        now = self.lease_clock() if now is None else now
+        if now - self._last_old_runs < 1.0:
+            return []
+        self._last_old_runs = now
+        out = []
+        for j in [j for j in self.table.active() if j["state"] == PENDING and j.get("old_run")]:
+            old = j["old_run"]
+            if all(self.lease_over(m, now) for m in old["members"]):
+                await self.replicate(
+                    self.table.old_run_over,
+                    j["job_id"],
+                    old["attempt"],
+                    "the lease of " + ", ".join(old["members"]) + " ran out",
+                )
+                out.append(j["job_id"])
+        return out
 
     async def _defer_to_submissions(self) -> None:
         """While submissions stream in, answer them first (as Slurm's ``defer``): the
@@ -363,6 +698,62 @@ class Scheduler:
                 return
             await asyncio.sleep(wait)
 
+    def trial(self, record: dict[str, Any], now: float) -> str:
+        """--test-only: when and where a job like ``record`` would start, were it
+        submitted now behind the queue as it is; nothing is queued or journalled."""
+        import datetime as dt
+
+        from mtgpu.schedd.types import PendingJob
+
+        state, reason, why = self.gates.check({**record, "job_id": "", "submit_time": now}, self.table, now)
+        if state != "ok":
+            return f"the job would wait ({reason}: {why})"
+        spec = spec_from_dict(record["spec"])
+        probe = PendingJob(
+            job_id="test-only",
+            tenant=record["user"],
+            request=spec.request,
+            priority=spec.priority,
+            submit_time=now,
+            time_limit=spec.time_limit,
+        )
+        self.queue.add(probe)  # schedule_pass is pure, and nothing runs in between
+        try:
+            result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
+        finally:
+            self.queue.remove(probe.job_id)
+        for p in result.placements:
+            if p.job_id == probe.job_id:
+                return f"the job would start now on {','.join(p.nodes)} ({spec.request.describe()})"
+        info = result.pending.get(probe.job_id)
+        if info is None:
+            return "the job would wait behind the queue (it is longer than one pass looks at)"
+        when = (
+            dt.datetime.fromtimestamp(info.expected_start).isoformat(timespec="seconds")
+            if info.expected_start
+            else "an unknown time (the jobs ahead have no time limit)"
+        )
+        return f"the job would start at {when} ({info.reason}: {info.message})"
+
+    async def _review_gates(self) -> dict[str, PendingInfo]:
+        """Queue the jobs whose gates opened; end those whose dependency can never be
+        met (DependencyNeverSatisfied, as Slurm's kill_invalid_depend); say why the
+        rest wait."""
+        if not self.gates.waiting:
+            return {}
+        now = self.clock()
+        opened, never, still = self.gates.review(self.table, lambda jid: jid in self.queue, now)
+        for j in opened:
+            self._enqueue(j)
+        if never:
+            await self.replicate(self.table.end_never_satisfied, never, now)
+        infos = {}
+        for jid, (reason, why) in still.items():
+            rec = self.table.get(jid)
+            if rec is not None:
+                infos[jid] = PendingInfo(jid, 0, reason, why, float(rec["spec"].get("priority", 0)))
+        return infos
+
     async def run_pass(self, *, wait: bool = True) -> int:
         """Place what fits now; journal and dispatch each placement. Returns the count.
 
@@ -371,24 +762,44 @@ class Scheduler:
         go on in the background while the next pass places more.
         """
         self._catch_up()
+        gated = await self._review_gates()
+        if self._recheck and len(self.queue):
+            await self.refuse_impossible()
         if not self.nodes or not len(self.queue):
-            self.pending_info = {}
+            self.pending_info = gated
             return 0
         now = self.clock()
         began = time.monotonic()
         result = schedule_pass(self.snapshot(), self.queue, now, self.policy)
         self.pass_cost = time.monotonic() - began
-        self.pending_info = dict(result.pending)
+        self.pending_info = {**result.pending, **gated}
+        missing = self.unknown()
+        if missing:
+            # Whether it could ever run is not known until every member has reported.
+            note = (
+                "waiting for the member list to be brought up to date"
+                if missing == [MEMBER_LIST]
+                else f"waiting for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                "to report its resources"
+            )
+            for jid, info in self.pending_info.items():
+                if info.reason == "BadConstraints":
+                    self.pending_info[jid] = dataclasses.replace(info, reason="Inventory", message=note)
         term = self.term()
         for p in result.placements:
             self.queue.remove(p.job_id)
         # The placements commit in log entries of PLACE_BATCH, side by side (one after
         # the other would wait on each; one entry per placement costs a burst dearly).
-        chunks = [result.placements[k:k + PLACE_BATCH]
-                  for k in range(0, len(result.placements), PLACE_BATCH)]
-        got = await asyncio.gather(*(self.replicate(self.table.place_many,
-                                                    [(p.job_id, p.to_dict()) for p in chunk], term, now)
-                                     for chunk in chunks), return_exceptions=True)
+        chunks = [
+            result.placements[k : k + PLACE_BATCH] for k in range(0, len(result.placements), PLACE_BATCH)
+        ]
+        got = await asyncio.gather(
+            *(
+                self.replicate(self.table.place_many, [(p.job_id, p.to_dict()) for p in chunk], term, now)
+                for chunk in chunks
+            ),
+            return_exceptions=True,
+        )
         answers: list[Any] = []
         for chunk, r in zip(chunks, got, strict=True):
             answers += [r] * len(chunk) if isinstance(r, BaseException) else r
@@ -414,6 +825,38 @@ class Scheduler:
             raise failed
         return len(tasks)
 
+    def start_unstarted(self) -> list[str]:
+        """Start again the jobs an earlier scheduler placed whose start is not recorded.
+
+        A scheduler that loses its role (a hand-off, an election) stops its starts in
+        flight: a job it placed may never have been asked for on its member, and
+        would stay RUNNING there with nothing running. So a new scheduler asks each
+        such job's members again, with the term it was placed with; a member that
+        had started it already does not start it twice (and says so), and one whose
+        job was requeued since answers that the start is stale. Jobs on a member
+        marked down are left to the lost-member handling.
+        """
+        term = self.term()
+        asked = []
+        for j in self.table.running():
+            placed_term = j.get("term")
+            if j.get("start_time") is not None or not placed_term or placed_term == term:
+                continue
+            members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+            if not members or any(self.node_state.get(m) is NodeState.DOWN for m in members):
+                continue
+            asked.append(j["job_id"])
+            task = asyncio.ensure_future(self._start(j, placed_term))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+        if asked:
+            log.info(
+                "starting again %d job(s) an earlier scheduler placed but whose start is not recorded: %s",
+                len(asked),
+                ", ".join(asked[:10]) + (" ..." if len(asked) > 10 else ""),
+            )
+        return asked
+
     async def _start(self, job: dict[str, Any], term: int) -> None:
         """Start one placed job; a failed start fails that job only."""
         if self._gate is None:
@@ -430,6 +873,12 @@ class Scheduler:
             raise
         except Exception as exc:  # noqa: BLE001
             log.exception("dispatch of %s failed", job["job_id"])
-            await self.replicate(self.table.finish, job["job_id"], "FAILED", None,
-                                 f"could not start: {exc}", self.clock())
-
+            await self.replicate(
+                self.table.finish,
+                job["job_id"],
+                "FAILED",
+                None,
+                f"could not start: {exc}",
+                self.clock(),
+                attempt_of(job),
+            )

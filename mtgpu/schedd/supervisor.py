@@ -26,7 +26,9 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -34,9 +36,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from mtgpu.cluster.lease import now as lease_now
+from mtgpu.cluster.lease import read_lease
+from mtgpu.fsafe import signal_members
 from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
-from mtgpu.schedd.jobenv import JobLaunch, build_env, container_command, job_argv, output_paths
+from mtgpu.schedd.jobenv import JobLaunch, build_env, container_command, container_env, job_argv, output_paths
 from mtgpu.schedd.runner import (
     CANCEL,
     CGROUPS,
@@ -44,11 +50,13 @@ from mtgpu.schedd.runner import (
     LOGFILE,
     PIDFILE,
     RESULT,
+    STOP,
     FinalState,
     JobResult,
     pid_record,
     write_json,
 )
+from mtgpu.schedd.submitenv import apply_limits, limits_argument
 
 log = logging.getLogger("mtgpu.schedd.supervisor")
 
@@ -88,6 +96,22 @@ def default_signals() -> None:
             pass
 
 
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_mount_namespace(path: str, kind: int = _CLONE_NEWNS) -> None:
+    """Join the mount namespace bound at ``path`` (the tenant's private /tmp), or with
+    ``kind`` _CLONE_NEWNET, the network namespace (its private loopback)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, kind) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+
+
 def set_process_name(name: str) -> None:
     """Name this process in ``ps``/``top`` (the kernel keeps 15 bytes)."""
     _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
@@ -102,13 +126,23 @@ def script_fd(la: JobLaunch) -> int:
     return fd
 
 
+def env_file(env: dict[str, str]) -> int:
+    """``env`` as NUL-ended NAME=VALUE entries in an anonymous file, inheritable (the
+    job-start helper reads it)."""
+    fd = os.memfd_create("mtgpu-job-env", 0)
+    os.write(fd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def write_container_script(la: JobLaunch) -> None:
     """The script of a containerized job, written as the tenant (0600) where its
     container mounts it from (the tenant's runtime directory)."""
     d = os.path.dirname(la.container_script)
     os.makedirs(d, mode=0o700, exist_ok=True)
-    fd = os.open(la.container_script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                 | os.O_CLOEXEC, 0o600)
+    fd = os.open(
+        la.container_script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     with os.fdopen(fd, "w") as f:
         f.write(la.script)
 
@@ -122,16 +156,22 @@ def remove_container(la: JobLaunch) -> str:
     from mtgpu.proc import run
 
     u = la.user
-    kw = {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups)} if os.geteuid() == 0 else {}
+    kw: dict[str, Any] = (
+        {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups)} if os.geteuid() == 0 else {}
+    )
     error = ""
     try:
-        run([la.container_argv[0], "rm", "--force", "--ignore", "--time", "0", la.container_name],
-            env={"HOME": u.home, "USER": u.name, **la.container_env}, cwd="/", timeout=120, **kw)
+        run(
+            [la.container_argv[0], "rm", "--force", "--ignore", "--time", "0", la.container_name],
+            env={"HOME": u.home, "USER": u.name, **la.container_env},
+            cwd="/",
+            timeout=120,
+            **kw,
+        )
     except CommandError as exc:
         error = (exc.stderr or str(exc)).strip()[-300:]
     try:  # as the tenant too: never a path in a tenant's directory as root
-        run(["rm", "-f", "--", la.container_script], env={"PATH": "/usr/bin:/bin"}, cwd="/",
-            timeout=30, **kw)
+        run(["rm", "-f", "--", la.container_script], env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout=30, **kw)
     except CommandError as exc:
         error = error or (exc.stderr or str(exc)).strip()[-300:]
     return error
@@ -157,9 +197,16 @@ def start_failure(la: JobLaunch, error: str) -> str:
     return reason
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, said: str = "") -> str:
+    """``exc`` in words; its file name only when ``said`` (what is being done, e.g.
+    ``opening the output file PATH``) does not name it already.
+
+    >>> _describe(FileNotFoundError(2, "No such file or directory", "/x/o"), "opening /x/o")
+    'No such file or directory'
+    """
     if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+        name = os.fsdecode(exc.filename) if exc.filename else ""
+        return exc.strerror + (f": {name}" if name and name not in said else "")
     return str(exc) or type(exc).__name__
 
 
@@ -177,6 +224,40 @@ def _size(n: int) -> str:
     return f"{n}B"
 
 
+def tell_job(pid: int, user: Any, line: str, timeout: float = 5.0) -> bool:
+    """Append ``line`` to the standard error of the job's process ``pid``, as the tenant.
+
+    A child that has become the tenant opens ``/proc/PID/fd/2``: the kernel checks the
+    tenant's rights on whatever the job made its standard error, so a job that pointed
+    it at a file it may only read gets nothing written there. Non-blocking, so a pipe
+    nobody reads cannot hold the supervisor; the child is killed after ``timeout``.
+    """
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            if os.geteuid() == 0:
+                os.setgroups(list(user.groups) or [user.gid])
+                os.setresgid(user.gid, user.gid, user.gid)
+                os.setresuid(user.uid, user.uid, user.uid)
+            fd = os.open(
+                f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            )
+            os.write(fd, line.encode(errors="replace"))
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - the child only reports by its status
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)  # our own child, not yet reaped: its pid is ours
+            os.waitpid(child, 0)
+            return False
+        time.sleep(0.01)
+
+
 class Supervisor:
     """Runs one job member to its end and records how it ended."""
 
@@ -187,6 +268,10 @@ class Supervisor:
         self.memory_mode: str = spec.get("memory", "auto")
         #: The job-start helper (jobinit.py), or None to fork the job from Python.
         self.jobinit: str | None = spec.get("jobinit")
+        #: The tenant's private mount namespace, which the job enters (see fence.py).
+        self.mount_ns: str | None = spec.get("mount_ns")
+        #: The tenant's private network namespace, which the job enters (see netns.py).
+        self.net_ns: str | None = spec.get("net_ns")
         self.cg: JobCgroup | None = None
         self.limits: dict[str, str] = {}
         self.watchdog = False
@@ -195,10 +280,22 @@ class Supervisor:
         self.start_error = ""
         self.cause: FinalState | None = None
         self.cause_reason = ""
+        self.cause_grace = 0.0
         self.terminated = False
+        #: SIGKILL reached some process of the job after its SIGTERM (the grace ran
+        #: out with processes left): the reason says so only then.
+        self.sigkilled = False
         self.kill_at: float | None = None
         self.cancel_grace: float | None = None
+        self.stop_seen = False
+        #: When this member's lease runs out, on the monotonic clock the loop waits on
+        #: (None: no lease, a standalone host); read again from the lease file, on
+        #: CLOCK_BOOTTIME, before acting.
+        self.lease_until: float | None = None
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        #: What the job's processes used, read once they are all reaped (before any
+        #: helper of our own, such as removing a container, adds to it).
+        self.rusage: resource.struct_rusage | None = None
 
     # ----------------------------------------------------------------- setup
 
@@ -225,9 +322,14 @@ class Supervisor:
         except OSError:
             majors = set()
         self.cg, self.limits = JobCgroup.create(
-            self.parents, job_cgroup_name(la.job_id, str(self.dir)), ram=la.ram, cpus=la.cpus,
-            pids_max=la.pids_max, deny=device_deny_rules(allowed, majors),
-            use_memory=self.memory_mode != "watchdog")
+            self.parents,
+            job_cgroup_name(la.job_id, str(self.dir), la.attempt),
+            ram=la.ram,
+            cpus=la.cpus,
+            pids_max=la.pids_max,
+            deny=device_deny_rules(allowed, majors),
+            use_memory=self.memory_mode != "watchdog",
+        )
         if not self.cg.dirs:
             self.cg = None
         else:
@@ -237,8 +339,11 @@ class Supervisor:
             self.watchdog = True
             self.limits["memory"] = "watchdog (polls the job's resident memory)"
         self.limits.setdefault("devices", "none: no devices cgroup (GPU variables only)")
-        self.limits["cpus"] = ("affinity" + (" + cpuset" if self.limits.get("cpuset", "").startswith(
-            "cgroup") else "")) if la.cpus else "all"
+        self.limits["cpus"] = (
+            ("affinity" + (" + cpuset" if self.limits.get("cpuset", "").startswith("cgroup") else ""))
+            if la.cpus
+            else "all"
+        )
         log.info("job %s limits: %s", la.job_id, self.limits)
 
     # ----------------------------------------------------------------- the job
@@ -264,18 +369,51 @@ class Supervisor:
         """posix_spawn (a vfork) the job-start helper, which does what :meth:`_child`
         does in C and execs the job."""
         la, u = self.launch, self.launch.user
+        jobinit = self.jobinit
+        assert jobinit is not None  # only called when it exists (see _start)
         out, err, default = output_paths(la)
         script = script_fd(la)
+        env_fd = env_file(build_env(la))
         try:
             procs = [f"{d}/cgroup.procs" for d in self.cg.dirs.values()] if self.cg else []
-            argv = [self.jobinit, f"mtgpu-job {la.job_id}", str(job_nice()), u.name, str(report), str(u.uid),
-                    str(u.gid), ",".join(map(str, u.groups)), ",".join(map(str, la.cpus)),
-                    la.workdir, out, err, os.path.dirname(out) if default else "", *procs, "--",
-                    *job_argv(la, f"/proc/self/fd/{script}")]
+            argv = [
+                jobinit,
+                f"mtgpu-job {la.job_id}",
+                str(job_nice()),
+                u.name,
+                str(report),
+                str(u.uid),
+                str(u.gid),
+                ",".join(map(str, u.groups)),
+                ",".join(map(str, la.cpus)),
+                la.workdir,
+                out,
+                err,
+                os.path.dirname(out) if default else "",
+                str(env_fd),
+                "" if la.umask is None else format(la.umask, "o"),
+                limits_argument(la.rlimits),
+                "append" if la.open_append else "truncate",
+                *procs,
+                "--",
+                *job_argv(la, f"/proc/self/fd/{script}"),
+            ]
             os.set_inheritable(report, True)
-            return os.posix_spawn(self.jobinit, argv, build_env(la), setsigdef=_SPAWN_SIGDEF)
+            # The helper runs as root until it becomes the tenant: its own environment is
+            # empty, and the job's (LD_PRELOAD included, if the tenant asked) reaches only
+            # the job, through env_fd.
+            if self.mount_ns or self.net_ns:
+                # nsenter joins the tenant's namespaces as root and execs the helper in them.
+                nsenter = shutil.which("nsenter", path="/usr/bin:/bin") or "/usr/bin/nsenter"
+                ns = [
+                    *([f"--mount={self.mount_ns}"] if self.mount_ns else []),
+                    *([f"--net={self.net_ns}"] if self.net_ns else []),
+                ]
+                return os.posix_spawn(nsenter, [nsenter, *ns, "--", *argv], {}, setsigdef=_SPAWN_SIGDEF)
+            return os.posix_spawn(jobinit, argv, {}, setsigdef=_SPAWN_SIGDEF)
         finally:
             os.close(script)
+            os.close(env_fd)
 
     def _child(self, report: int) -> None:
         la, u = self.launch, self.launch.user
@@ -294,6 +432,13 @@ class Supervisor:
             if la.cpus:
                 stage = f"pinning the job to CPUs {list(la.cpus)}"
                 os.sched_setaffinity(0, la.cpus)
+            if self.net_ns:
+                # Opened before the mount namespace changes: the file is under our RUN_DIR.
+                stage = "entering the tenant's private network"
+                enter_mount_namespace(self.net_ns, _CLONE_NEWNET)
+            if self.mount_ns:
+                stage = "entering the tenant's private /tmp"
+                enter_mount_namespace(self.mount_ns)
             stage = f"becoming {u.name} (uid {u.uid})"
             if os.geteuid() == 0:
                 os.setgroups(list(u.groups) or [u.gid])
@@ -302,7 +447,9 @@ class Supervisor:
             elif os.geteuid() != u.uid:
                 raise PermissionError(f"the supervisor runs as uid {os.geteuid()}, not root")
             os.setsid()
-            os.umask(0o022)
+            os.umask(0o022 if la.umask is None else la.umask)
+            stage = "setting the submitting shell's resource limits"
+            apply_limits(la.rlimits)  # as the tenant: held within the hard limits here
             # From here on every path is the tenant's and is opened with the tenant's rights.
             stage = f"entering the working directory {la.workdir}"
             if la.container_argv and not os.path.isdir(la.workdir):
@@ -311,7 +458,7 @@ class Supervisor:
                 os.chdir(la.workdir)
             out, err, default = output_paths(la)
             stage = f"opening the output file {out}"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if la.open_append else os.O_TRUNC)
             if default:
                 os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
                 flags |= os.O_NOFOLLOW  # our own default file is never a link
@@ -324,7 +471,7 @@ class Supervisor:
                 env = build_env(la)
                 write_container_script(la)
                 argv = container_command(la, env)
-                env.update(la.container_env)
+                env = container_env(la, env)
             else:
                 script = script_fd(la)  # made after becoming the tenant: the tenant's file
                 argv = job_argv(la, f"/proc/self/fd/{script}")
@@ -335,7 +482,7 @@ class Supervisor:
             os.execvpe(argv[0], argv, env)
         except BaseException as exc:  # noqa: BLE001 - reported, then _exit: never back into our loop
             try:
-                os.write(report, f"{stage}: {_describe(exc)}".encode()[:4000])
+                os.write(report, f"{stage}: {_describe(exc, stage)}".encode()[:4000])
             finally:
                 os._exit(127)
 
@@ -350,7 +497,7 @@ class Supervisor:
                     text = Path(f"/proc/{entry}/stat").read_text()
                 except OSError:
                     continue
-                ppid = int(text[text.rindex(")") + 2:].split()[1])
+                ppid = int(text[text.rindex(")") + 2 :].split()[1])
                 children.setdefault(ppid, []).append(int(entry))
         out, todo = set[int](), [me]
         while todo:
@@ -363,18 +510,29 @@ class Supervisor:
     def _signal_all(self, sig: int) -> int:
         if self.cg is not None:
             return self.cg.signal_all(sig)
-        pids = self._procs()
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        return len(pids)
+        return signal_members(self._procs, sig)
+
+    def _kill_all(self) -> None:
+        if self._signal_all(signal.SIGKILL) and self.terminated:
+            self.sigkilled = True
+
+    def _how_stopped(self) -> str:
+        """What was sent to stop the job, as it happened: SIGKILL only if it was sent."""
+        if not self.terminated or self.cause_grace <= 0:
+            return ""
+        if self.sigkilled:
+            return (
+                f"; SIGTERM was sent to all its processes, then SIGKILL after {self.cause_grace:g}s "
+                "to those still running"
+            )
+        return (
+            f"; SIGTERM was sent to all its processes, and they ended within its {self.cause_grace:g}s grace"
+        )
 
     def _terminate(self, cause: FinalState, reason: str, grace: float) -> None:
         """SIGTERM every process of the job now, SIGKILL after ``grace``; first cause wins."""
         if self.cause is None:
-            self.cause, self.cause_reason = cause, reason
+            self.cause, self.cause_reason, self.cause_grace = cause, reason, grace
         deadline = time.monotonic() + grace
         self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
         if not self.terminated:
@@ -382,21 +540,60 @@ class Supervisor:
             self._signal_all(signal.SIGCONT)  # a stopped process must run to see SIGTERM
             self._signal_all(signal.SIGTERM)
 
+    def _check_stop(self) -> None:
+        """A stop the daemon asked for (the VRAM watchdog's ``stop.json``): one line in the
+        job's standard error, then as for a job over its RAM limit."""
+        if self.stop_seen:
+            return
+        try:
+            data = json.loads((self.dir / STOP).read_text())
+            state = FinalState(data.get("state", "OUT_OF_MEMORY"))
+            reason, notice = str(data["reason"])[:1000], str(data.get("notice", ""))[:1000]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return
+        self.stop_seen = True
+        grace = self.launch.kill_grace
+        if notice and self.pid is not None and self.cause is None:
+            tell_job(self.pid, self.launch.user, f"{notice}; SIGTERM now, SIGKILL after {grace:g}s\n")
+        self._terminate(state, reason, grace)
+
     def _check_cancel(self, signalled: bool) -> None:
+        self._check_stop()
         data = None
         try:
             data = json.loads((self.dir / CANCEL).read_text())
         except (OSError, ValueError):
             pass
-        if data is None and not signalled:
+        if data is None and (not signalled or self.stop_seen):
             return
         grace = float(data.get("grace", self.launch.kill_grace)) if data else self.launch.kill_grace
         if self.cancel_grace is not None and grace >= self.cancel_grace:
             return
         self.cancel_grace = grace
         who = "on request" if data else "by a signal to its supervisor"
-        self._terminate(FinalState.CANCELLED, f"the job was cancelled {who}; SIGTERM was sent "
-                        f"to all its processes, then SIGKILL after {grace:g}s", grace)
+        self._terminate(
+            FinalState.CANCELLED,
+            f"the job was cancelled {who}",
+            grace,
+        )
+
+    def _check_lease(self) -> None:
+        """Fence the job if this member's lease from the scheduler ran out unrenewed."""
+        lease = read_lease(self.dir.parent)
+        if lease is None:
+            self.lease_until = None
+            return
+        until, grace = lease
+        left = until - lease_now()
+        self.lease_until = time.monotonic() + left
+        if left > 0 or self.terminated:
+            return
+        self._terminate(
+            FinalState.NODE_FAIL,
+            "fenced: this member could not renew its lease from the cluster's scheduler "
+            "(cut off, or the scheduler is gone)",
+            grace,
+        )
 
     def _reap(self) -> None:
         while True:
@@ -418,9 +615,12 @@ class Supervisor:
             except (OSError, IndexError, ValueError):
                 pass
         if used > ram and self.cause is None:
-            self._terminate(FinalState.OUT_OF_MEMORY,
-                            f"the memory watchdog stopped the job: its processes held {_size(used)}, "
-                            f"over its limit of {_size(ram)}", 0.0)
+            self._terminate(
+                FinalState.OUT_OF_MEMORY,
+                f"the memory watchdog stopped the job: its processes held {_size(used)}, "
+                f"over its limit of {_size(ram)}",
+                0.0,
+            )
 
     # ----------------------------------------------------------------- main loop
 
@@ -435,13 +635,14 @@ class Supervisor:
             _oom_score_adj(-1000)
             self._cgroups()
             self._check_cancel(False)
+            self._check_lease()
             err_r = None if self.cause else self._spawn()
             self._loop(err_r, time.monotonic())
             self._drain()
             self._finish_leftovers()
+            self.rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
             if la.container_argv and (err := remove_container(la)):
-                log.warning("job %s: removing its container %s: %s", la.job_id, la.container_name,
-                            err)
+                log.warning("job %s: removing its container %s: %s", la.job_id, la.container_name, err)
         except Exception as exc:  # whatever went wrong, the job still gets an end
             log.exception("supervisor failed")
             self.start_error = self.start_error or f"the job's supervisor failed: {_describe(exc)}"
@@ -462,6 +663,8 @@ class Supervisor:
     def _loop(self, err_r: int | None, t0: float) -> None:
         la = self.launch
         limit_at = t0 + la.time_limit if la.time_limit else None
+        # sbatch's --signal: a warning signal this long before the time limit.
+        warn_at = limit_at - la.warn_before if limit_at is not None and la.warn_signal else None
         next_cancel = next_watch = t0
         err_buf = b""
         while self.pid is not None and self.status is None:
@@ -469,8 +672,12 @@ class Supervisor:
             waits = [next_cancel + CANCEL_CHECK - now]
             if limit_at is not None and not self.terminated:
                 waits.append(limit_at - now)
+            if warn_at is not None:
+                waits.append(warn_at - now)
             if self.kill_at is not None:
                 waits.append(self.kill_at - now)
+            if self.lease_until is not None and not self.terminated:
+                waits.append(self.lease_until - now)
             if self.watchdog:
                 waits.append(next_watch + WATCHDOG_INTERVAL - now)
             fds = [self.wake_r] + ([err_r] if err_r is not None else [])
@@ -493,13 +700,24 @@ class Supervisor:
             if signalled or now >= next_cancel + CANCEL_CHECK:
                 next_cancel = now
                 self._check_cancel(signalled)
+                self._check_lease()
+            elif self.lease_until is not None and now >= self.lease_until and not self.terminated:
+                self._check_lease()  # read again: it may have been renewed
+            if warn_at is not None and now >= warn_at:
+                warn_at = None
+                if not self.terminated:
+                    if la.warn_batch_only and self.pid is not None:
+                        os.kill(self.pid, la.warn_signal)  # our own child, not yet reaped
+                    else:
+                        self._signal_all(la.warn_signal)
             if limit_at is not None and now >= limit_at and not self.terminated:
-                self._terminate(FinalState.TIMEOUT,
-                                f"the job ran past its time limit of {la.time_limit:g}s; SIGTERM was "
-                                f"sent to all its processes, then SIGKILL after {la.kill_grace:g}s",
-                                la.kill_grace)
+                self._terminate(
+                    FinalState.TIMEOUT,
+                    f"the job ran past its time limit of {la.time_limit:g}s",
+                    la.kill_grace,
+                )
             if self.kill_at is not None and now >= self.kill_at:
-                self._signal_all(signal.SIGKILL)
+                self._kill_all()
                 self.kill_at = now + 0.5  # again, until the main process is gone
             if self.watchdog and now >= next_watch + WATCHDOG_INTERVAL:
                 next_watch = now
@@ -526,12 +744,22 @@ class Supervisor:
             self._reap()
             if not self._procs():
                 return
-            self._signal_all(signal.SIGKILL)
+            self._kill_all()
             time.sleep(0.02)
         log.warning("job %s: processes %s would not die", self.launch.job_id, sorted(self._procs()))
 
+    def _max_rss(self, ru: resource.struct_rusage | None) -> int | None:
+        """The job's peak memory, bytes: its cgroup's where it has one (only what the
+        job's own processes used); else the largest process's (``ru_maxrss``, KiB on
+        Linux), which counts what this supervisor held when it started the job."""
+        peak = self.cg.memory_peak() if self.cg is not None else None
+        if peak is not None:
+            return peak
+        return ru.ru_maxrss * 1024 if ru is not None and self.pid is not None else None
+
     def _result(self, started: float) -> JobResult:
         la = self.launch
+        ru = self.rusage
         code = sig = None
         if self.status is not None and not self.start_error:
             if os.WIFEXITED(self.status):
@@ -540,13 +768,15 @@ class Supervisor:
                 sig = os.WTERMSIG(self.status)
         ooms = self.cg.oom_kills() if self.cg is not None else None
         if self.cause is not None:
-            state, reason = self.cause, self.cause_reason
+            state, reason = self.cause, self.cause_reason + self._how_stopped()
         elif self.start_error:
             state, reason = FinalState.FAILED, start_failure(la, self.start_error)
         elif ooms:
             state = FinalState.OUT_OF_MEMORY
-            reason = (f"the kernel's OOM killer stopped {ooms} process{'es' if ooms > 1 else ''} "
-                      f"of the job at its memory limit of {_size(la.ram or 0)}")
+            reason = (
+                f"the kernel's OOM killer stopped {ooms} process{'es' if ooms > 1 else ''} "
+                f"of the job at its memory limit of {_size(la.ram or 0)}"
+            )
         elif code == 0:
             state, reason = FinalState.COMPLETED, ""
         elif code is not None:
@@ -554,12 +784,27 @@ class Supervisor:
         else:
             name = signal.Signals(sig).name if sig else "?"
             state, reason = FinalState.FAILED, f"the job was killed by {name}"
-        return JobResult(la.job_id, state, code, sig, reason, started, time.time(), la.term,
-                         la.node_rank, self.cg.memory_peak() if self.cg is not None else None,
-                         self.limits, attempt=la.attempt)
+        return JobResult(
+            la.job_id,
+            state,
+            code,
+            sig,
+            reason,
+            started,
+            time.time(),
+            la.term,
+            la.node_rank,
+            self.cg.memory_peak() if self.cg is not None else None,
+            self.limits,
+            attempt=la.attempt,
+            cpu_user=round(ru.ru_utime, 3) if ru else None,
+            cpu_system=round(ru.ru_stime, 3) if ru else None,
+            max_rss=self._max_rss(ru),
+        )
 
 
 # --------------------------------------------------------------------- entry point
+
 
 def _detach(job_dir: Path, reply: socket.socket | None = None) -> Callable[[], None]:
     """Leave whoever started us; returns, in the supervisor, what reports it ready.
@@ -585,9 +830,11 @@ def _detach(job_dir: Path, reply: socket.socket | None = None) -> Callable[[], N
             os.write(ready_w, b"ok")
             os.close(ready_w)
     else:
+
         def ready() -> None:
             _say(reply, "")
             reply.close()  # nothing of the launcher stays with the supervisor
+
     os.setsid()
     os.chdir("/")
     logfd = os.open(job_dir / LOGFILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)

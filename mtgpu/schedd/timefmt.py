@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import re
 
-_EXPECTED = ("expected MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or a number with "
-             "s, m, h, d or w (such as 30m or 2h)")
-_UNIT_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+from mtgpu.config.units import MAX_DURATION
+
+_EXPECTED = (
+    "expected MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or a number with "
+    "s, m, h, d or w (such as 30m or 2h)"
+)
+# ASCII digits, at most ten a field: every form is bounded before any arithmetic.
+_N = "([0-9]{1,10})"
+_UNIT_RE = re.compile(r"^([0-9]{1,10}(?:\.[0-9]{1,10})?)([smhdw])$", re.ASCII)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DAYS_RE = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
-_CLOCK_RE = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+_DAYS_RE = re.compile(rf"^{_N}-{_N}(?::{_N})?(?::{_N})?$", re.ASCII)
+_CLOCK_RE = re.compile(rf"^{_N}(?::{_N})?(?::{_N})?$", re.ASCII)
 _UNLIMITED = {"infinite", "unlimited", "inf"}
 
 
@@ -66,7 +72,12 @@ D-HH:MM:SS or a number with s, m, h, d or w (such as 30m or 2h)
         else:
             seconds = parts[0] * 3600.0 + parts[1] * 60 + parts[2]
     else:
-        raise ValueError(f"{value!r} is not a time limit; {_EXPECTED}")
+        shown = repr(value) if len(value) <= 40 else f"a value of {len(value)} characters"
+        raise ValueError(f"{shown} is not a time limit; {_EXPECTED}")
+    if seconds > MAX_DURATION:
+        raise ValueError(
+            f"{value!r} is longer than the longest time limit, 100 years; use unlimited for no limit"
+        )
     # Slurm takes a zero limit to mean "no limit"; doing the same keeps scripts' meaning.
     return None if seconds == 0 else seconds
 

@@ -70,11 +70,16 @@ class ResourceRequest:
     ram: int = DEFAULT_RAM
     nodes: int = 1
     servers: tuple[str, ...] = ()
+    #: Members never to use (sbatch's --exclude).
+    exclude: tuple[str, ...] = ()
+    #: sbatch's --constraint: the NODE_FEATURES a member must have (``a100&nvlink|h100``).
+    constraint: str | None = None
 
     def gpu_matches(self, brand: str, type_: str) -> bool:
         """True if a GPU of this brand and type satisfies the brand/type constraint."""
-        return ((self.gpu_brand is None or self.gpu_brand == brand)
-                and (self.gpu_type is None or self.gpu_type == type_))
+        return (self.gpu_brand is None or self.gpu_brand == brand) and (
+            self.gpu_type is None or self.gpu_type == type_
+        )
 
     def gpu_label(self) -> str:
         """The GPU constraint as a user wrote it: ``nvidia``, ``a100``, ``nvidia:a100`` or ``any``."""
@@ -93,7 +98,12 @@ class ResourceRequest:
         bits.append(f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}")
         bits.append(f"{format_size(self.ram)} RAM")
         where = f"on each of {self.nodes} members" if self.nodes > 1 else "on one member"
-        pin = f" among {','.join(self.servers)}" if self.servers else ""
+        more = f" and {len(self.servers) - 3} more" if len(self.servers) > 3 else ""
+        pin = f" among {','.join(self.servers[:3])}{more}" if self.servers else ""
+        if self.constraint:
+            pin += f" with features {self.constraint}"
+        if self.exclude:
+            pin += f" excluding {','.join(self.exclude[:3])}" + (" ..." if len(self.exclude) > 3 else "")
         return ", ".join(bits) + f" {where}{pin}"
 
 
@@ -119,6 +129,28 @@ class JobSpec:
     container: str | None = None
     requeue: bool = False
     warnings: tuple[str, ...] = ()
+    #: sbatch's task counts (--ntasks, --ntasks-per-node, --cpus-per-task), None when
+    #: the job file does not say: the job's SLURM_NTASKS and SLURM_CPUS_PER_TASK.
+    ntasks: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    #: sbatch's ``--export`` as written (None: ``ALL``), applied at submission to the
+    #: submitting shell's environment (:func:`mtgpu.schedd.submitenv.exported`).
+    export: str | None = None
+    #: sbatch's --hold, --dependency (as written), --begin (as written; the submission
+    #: makes it a time) and --kill-on-invalid-dep (:mod:`mtgpu.schedd.depend`).
+    hold: bool = False
+    dependency: str | None = None
+    begin: str | None = None
+    kill_on_invalid_dep: bool = True
+    #: sbatch's --test-only (answer when and where it would start; submit nothing) and
+    #: --wait (the submitting command returns when the job ends).
+    test_only: bool = False
+    wait: bool = False
+    #: sbatch's --open-mode: "truncate" (the default) or "append" the output files.
+    open_mode: str = "truncate"
+    #: sbatch's --signal as written (``B:USR1@90``): a warning before the time limit.
+    signal: str | None = None
 
     @property
     def gpus_total(self) -> int:
@@ -157,6 +189,8 @@ class NodeSnapshot:
     cpus_committed: int = 0
     ram_committed: int = 0
     state: NodeState = NodeState.UP
+    #: Its NODE_FEATURES, for sbatch's --constraint.
+    features: tuple[str, ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -193,10 +227,22 @@ class Placement:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form with snake_case keys."""
-        return {"job_id": self.job_id, "gpu_mode": str(self.gpu_mode),
-                "members": [{"node": m.node, "rank": m.rank, "gpu_indices": list(m.gpu_indices),
-                             "cpus": m.cpus, "ram": m.ram, "vram_per_gpu": m.vram_per_gpu,
-                             "scores": dict(m.scores)} for m in self.members]}
+        return {
+            "job_id": self.job_id,
+            "gpu_mode": str(self.gpu_mode),
+            "members": [
+                {
+                    "node": m.node,
+                    "rank": m.rank,
+                    "gpu_indices": list(m.gpu_indices),
+                    "cpus": m.cpus,
+                    "ram": m.ram,
+                    "vram_per_gpu": m.vram_per_gpu,
+                    "scores": dict(m.scores),
+                }
+                for m in self.members
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -213,8 +259,7 @@ class Reason:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
-        return {"code": self.code, "message": self.message,
-                "per_filter_counts": dict(self.per_filter_counts)}
+        return {"code": self.code, "message": self.message, "per_filter_counts": dict(self.per_filter_counts)}
 
 
 #: Pending reasons, named as Slurm names them where Slurm has one.

@@ -47,12 +47,16 @@ class AuditLog(SyncObjConsumer):
         self.entries: list[dict[str, Any]] = []
         self.next_seq = 1
 
-    def list(self, limit: int | None = None, actor: str | None = None,
-             action: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, limit: int | None = None, actor: str | None = None, action: str | None = None
+    ) -> list[dict[str, Any]]:
         """The newest ``limit`` entries (oldest first), optionally of one actor or action."""
-        out = [e for e in list(self.entries)
-               if (actor is None or e["actor"] == actor)
-               and (action is None or e["action"] == action or e["action"].startswith(action + "."))]
+        out = [
+            e
+            for e in list(self.entries)
+            if (actor is None or e["actor"] == actor)
+            and (action is None or e["action"] == action or e["action"].startswith(action + "."))
+        ]
         return out[-limit:] if limit else out
 
     @replicated
@@ -62,5 +66,5 @@ class AuditLog(SyncObjConsumer):
         self.next_seq += 1
         self.entries.append({**entry, "seq": seq})
         if len(self.entries) > MAX_ENTRIES:
-            del self.entries[:len(self.entries) - MAX_ENTRIES]
+            del self.entries[: len(self.entries) - MAX_ENTRIES]
         return seq

@@ -62,7 +62,7 @@ def _walk(data: bytes) -> tuple[int, int, int | None, str]:
         idx, _term = struct.unpack_from("<QQ", data, off + 4)
         if prev is not None and idx != prev + 1:
             return off, count, prev, f"record {count + 1} has index {idx} after {prev}"
-        command = data[off + 4 + 16:end - 4]
+        command = data[off + 4 + 16 : end - 4]
         if command[:1] == bytes([_REGULAR]):
             try:
                 raft_pickle.loads(command[1:])
@@ -97,8 +97,15 @@ def repair_journal(path: str | Path, now: float | None = None) -> JournalRepair 
     # else: no usable header; PySyncObj starts a new journal (the dump, if any, stays)
     _lower_commit_index(Path(str(p) + ".meta"), last_index)
     repair = JournalRepair(kept, last_index, problem, str(saved))
-    log.error("the state journal %s was damaged: %s. Kept the %d intact records before it "
-              "(up to index %s); the original is saved as %s", p, problem, kept, last_index, saved)
+    log.error(
+        "the state journal %s was damaged: %s. Kept the %d intact records before it "
+        "(up to index %s); the original is saved as %s",
+        p,
+        problem,
+        kept,
+        last_index,
+        saved,
+    )
     return repair
 
 

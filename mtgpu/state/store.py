@@ -26,9 +26,29 @@ from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
 from mtgpu.errors import StateError
+from mtgpu.state import syncobj
+from mtgpu.state.durable import DurableSyncObj, durable_replace
 from mtgpu.state.journal import repair_journal
 
 log = logging.getLogger("mtgpu.state")
+
+
+class CommitTimeout(StateError):
+    """A state change was proposed but not seen committed in time. It may still be
+    (the entry is in the leader's log), or never be (that leader lost its majority
+    and a new one's log wins): its outcome is unknown, not a failure."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            f"the state change was not committed within {timeout:.0f}s; check `mtgpu-admin cluster status`"
+        )
+        self.timeout = timeout
+
+
+#: A replica counts as cut off from its cluster's majority after this long without
+#: hearing from it (a follower: its leader; the leader: a majority of voters): the
+#: leader's heartbeats come every 0.1 s, and elections start after 1-2 s without.
+OUT_OF_TOUCH_AFTER = 3.0
 
 _FAIL_TEXT = {
     FAIL_REASON.QUEUE_FULL: "the command queue is full; retry shortly",
@@ -38,6 +58,19 @@ _FAIL_TEXT = {
     FAIL_REASON.LEADER_CHANGED: "the leader changed before the command committed; retry",
     FAIL_REASON.REQUEST_DENIED: "the request was denied",
 }
+#: The refusal's code (mtgpu.errors): ``no_leader`` and ``busy`` appended nothing, so
+#: the same request may be sent again; after ``leader_changed`` it may have committed.
+_FAIL_CODE = {
+    FAIL_REASON.QUEUE_FULL: "busy",
+    FAIL_REASON.MISSING_LEADER: "no_leader",
+    FAIL_REASON.NOT_LEADER: "no_leader",
+    FAIL_REASON.DISCARDED: "leader_changed",
+    FAIL_REASON.LEADER_CHANGED: "leader_changed",
+}
+
+
+def _failure(error: int) -> StateError:
+    return StateError(_FAIL_TEXT.get(error, f"commit failed ({error})"), _FAIL_CODE.get(error, "error"))
 
 
 #: Free space STATE_DIR must keep for a state change to be accepted. The journal is a
@@ -46,8 +79,20 @@ _FAIL_TEXT = {
 STATE_MIN_FREE = 32 << 20
 #: Records of what already happened (a job started, ended, was cancelled) may use
 #: most of that reserve: refusing them would leave a job's end unrecorded.
-OUTCOMES = frozenset({"started", "part_ended", "finish", "cancel", "requeue", "purge",
-                      "set_progress", "place", "place_many"})
+OUTCOMES = frozenset(
+    {
+        "started",
+        "part_ended",
+        "finish",
+        "cancel",
+        "requeue",
+        "purge",
+        "purge_usage",
+        "set_progress",
+        "place",
+        "place_many",
+    }
+)
 
 #: gzip level of the full dump PySyncObj writes when it compacts the log. Its default
 #: (9) took 1.5 s for 20,000 jobs and 5,000 tenants here, in the tick thread that also
@@ -66,9 +111,9 @@ def _fast_dumps() -> None:
 
     if getattr(serializer.gzip, "mtgpu_level", None) == DUMP_GZIP_LEVEL:
         return
-    serializer.gzip = types.SimpleNamespace(  # type: ignore[assignment]
-        GzipFile=functools.partial(gzip.GzipFile, compresslevel=DUMP_GZIP_LEVEL),
-        mtgpu_level=DUMP_GZIP_LEVEL)
+    serializer.gzip = types.SimpleNamespace(
+        GzipFile=functools.partial(gzip.GzipFile, compresslevel=DUMP_GZIP_LEVEL), mtgpu_level=DUMP_GZIP_LEVEL
+    )
 
 
 _fast_dumps()
@@ -108,6 +153,11 @@ class LocalTransport(Transport):
         return None
 
 
+#: How long a Raft leader cut off from its majority goes on leading (seconds): a new
+#: scheduler counts every member's lease from its own start plus this.
+LEADER_FALLBACK = 5.0
+
+
 def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
     """The SyncObjConf MTGPU runs with, journaling under ``state_dir``.
 
@@ -136,7 +186,7 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
         raftMaxTimeout=2.0,
         connectionTimeout=3.5,
         # A leader cut off from its majority steps down after this long (default 30 s).
-        leaderFallbackTimeout=5.0,
+        leaderFallbackTimeout=LEADER_FALLBACK,
     )
     kw.update(overrides)
     return SyncObjConf(**kw)
@@ -145,9 +195,20 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
 class StateStore:
     """One PySyncObj instance and its consumers (the registry, the job table...)."""
 
-    def __init__(self, self_node: str | None, consumers: Sequence[SyncObjConsumer], state_dir: str, *,
-                 peers: Sequence[str] = (), transport_factory: Callable[..., Transport] | None = None,
-                 **conf_overrides: Any) -> None:
+    def __init__(
+        self,
+        self_node: str | None,
+        consumers: Sequence[SyncObjConsumer],
+        state_dir: str,
+        *,
+        peers: Sequence[str] = (),
+        transport_factory: Callable[..., Transport] | None = None,
+        fsync: bool = True,
+        **conf_overrides: Any,
+    ) -> None:
+        """``fsync=False`` leaves the journal to the kernel's writeback: an
+        acknowledged change then survives the daemon's crash, not the host's power cut
+        (for benchmarks and tests comparing the two; the daemon always syncs)."""
         self.consumers = list(consumers)
         conf = make_conf(state_dir, **conf_overrides)
         #: What was cut from a damaged journal at this start, if anything.
@@ -155,17 +216,35 @@ class StateStore:
         tclass = transport_factory or LocalTransport
         try:
             # A self node of None makes a read-only member: a full replica that never votes.
-            self.sync = SyncObj(Node(self_node) if self_node else None, [Node(p) for p in peers], conf=conf,
-                                consumers=self.consumers, nodeClass=Node, transportClass=tclass)
+            self.sync = DurableSyncObj(
+                Node(self_node) if self_node else None,
+                [Node(p) for p in peers],
+                conf=conf,
+                consumers=self.consumers,
+                nodeClass=Node,
+                transportClass=tclass,
+                fsync=fsync,
+            )
         except (OSError, ValueError, EOFError) as exc:
-            raise StateError(f"cannot open the state journal in {state_dir}: {exc}; "
-                             "check the disk and the directory's permissions") from exc
+            raise StateError(
+                f"cannot open the state journal in {state_dir}: {exc}; "
+                "check the disk and the directory's permissions"
+            ) from exc
+        missing = syncobj.check(self.sync) + syncobj.missing_module_attributes()
+        if missing:
+            self.sync.destroy()
+            raise StateError(
+                f"the installed PySyncObj lacks {', '.join(missing)}, which MTGPU "
+                f"uses; install pysyncobj=={syncobj.TESTED} (pyproject.toml pins it)"
+            )
         if not peers:
             self.sync.addOnTickCallback(self._commit_alone)
             if self_node:
                 self.sync.addOnTickCallback(self._elect_alone)
         self.state_dir = state_dir
         self._free: tuple[float, int] = (-1.0, 0)  # (when, bytes free)
+        self._contact = time.monotonic()  # last heard from the majority (see out_of_touch_since)
+        self.sync.addOnTickCallback(self._watch_contact)
 
     def check_space(self, method: Callable[..., Any] | None = None) -> None:
         """Refuse a state change while STATE_DIR is nearly full (looked at most every
@@ -180,9 +259,11 @@ class StateStore:
             self._free = (now, free)
         need = STATE_MIN_FREE // 4 if getattr(method, "__name__", "") in OUTCOMES else STATE_MIN_FREE
         if free < need:
-            raise StateError(f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
-                             f"{need >> 20} MiB needed); nothing was recorded. "
-                             "An admin must free space there, then retry")
+            raise StateError(
+                f"STATE_DIR {self.state_dir} is nearly full ({free >> 20} MiB free, "
+                f"{need >> 20} MiB needed); nothing was recorded. "
+                "An admin must free space there, then retry"
+            )
 
     def _elect_alone(self) -> None:
         # A voter with no other voter (a standalone host, a cluster's founder) needs
@@ -190,8 +271,8 @@ class StateStore:
         # timeout (1-2 s) at every start. With others in its configuration (from its
         # journal) it waits, as PySyncObj does. Uses PySyncObj 0.3.17 internals.
         s = self.sync
-        if not s.otherNodes and s._getLeader() is None:
-            s._SyncObj__raftElectionDeadline = 0.0
+        if not s.otherNodes and syncobj.leader(s) is None:
+            syncobj.set_election_deadline(s, 0.0)
 
     def _commit_alone(self) -> None:
         # A leader without peers commits an entry on the tick after appending it, but
@@ -205,10 +286,39 @@ class StateStore:
         s = self.sync
         if s.otherNodes:
             return
-        if s._SyncObj__getCurrentLogIndex() > s._SyncObj__raftCommitIndex:
-            notifier = getattr(s, "_SyncObj__pipeNotifier", None)
-            if notifier is not None:
-                notifier.notify()
+        if syncobj.current_log_index(s) > syncobj.commit_index(s):
+            syncobj.wake(s)
+
+    def _watch_contact(self) -> None:
+        # On PySyncObj's tick: when this replica last heard its cluster's majority (a
+        # follower: its leader, whose every message pushes the election deadline 1-2 s
+        # ahead; the leader: a majority of voters), through mtgpu/state/syncobj.py.
+        s = self.sync
+        now = time.monotonic()
+        if syncobj.is_leader(s):
+            others = list(s.otherNodes)
+            heard = sorted((syncobj.last_response_time(s, n) for n in others), reverse=True)
+            need = (len(others) + 1) // 2  # others that, with the leader, make a majority
+            last = heard[need - 1] if need else now
+        elif syncobj.leader(s) is not None and syncobj.election_deadline(s) > now:
+            last = now
+        else:
+            return
+        if last > self._contact:
+            self._contact = last
+
+    def out_of_touch_since(self) -> float | None:
+        """Since when (wall-clock time) this replica cannot reach its cluster's
+        majority, or None while it can (it heard from it within
+        :data:`OUT_OF_TOUCH_AFTER` seconds; a cluster of one always can). A change
+        accepted there could be lost (a new leader's log wins), and one relayed from
+        there waits for an answer that cannot come: tenants are told to retry instead."""
+        if not self.sync.otherNodes:
+            return None
+        mono = time.monotonic()
+        if mono - self._contact < OUT_OF_TOUCH_AFTER:
+            return None
+        return time.time() - (mono - self._contact)
 
     async def call(self, method: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         """Run a replicated ``method`` and return its result once committed."""
@@ -222,9 +332,8 @@ class StateStore:
         method(*args, callback=done)
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError as exc:
-            raise StateError(f"the state change was not committed within {timeout:.0f}s; "
-                             "check `mtgpu-admin cluster status`") from exc
+        except TimeoutError as exc:
+            raise CommitTimeout(timeout) from exc
 
     def call_sync(self, method: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
         """Blocking form of :meth:`call`, for threads outside the event loop."""
@@ -242,25 +351,31 @@ class StateStore:
         if not ev.wait(timeout):
             raise StateError(f"the state change was not committed within {timeout:.0f}s")
         if box["e"] != FAIL_REASON.SUCCESS:
-            raise StateError(_FAIL_TEXT.get(box["e"], f"commit failed ({box['e']})"))
+            raise _failure(box["e"])
         return box["r"]
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until the journal is replayed and a leader is known."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not (self.sync.isReady() and self.sync._getLeader() is not None):
+        while not (self.sync.isReady() and syncobj.leader(self.sync) is not None):
             if loop.time() > deadline:
-                raise StateError("the replicated state did not become ready in time; "
-                                 "check the journal under STATE_DIR and the cluster peers")
+                raise StateError(
+                    "the replicated state did not become ready in time; "
+                    "check the journal under STATE_DIR and the cluster peers"
+                )
             await asyncio.sleep(0.02)
 
     def status(self) -> dict[str, Any]:
         st = self.sync.getStatus()
         leader = st.get("leader")
-        return {"leader": getattr(leader, "id", None), "term": st.get("raft_term"),
-                "commit_idx": st.get("commit_idx"), "state": st.get("state"),
-                "self": getattr(st.get("self"), "id", None)}
+        return {
+            "leader": getattr(leader, "id", None),
+            "term": st.get("raft_term"),
+            "commit_idx": st.get("commit_idx"),
+            "state": st.get("state"),
+            "self": getattr(st.get("self"), "id", None),
+        }
 
     def snapshot(self, timeout: float = 5.0) -> bool:
         """Write the full dump at the last applied entry and trim the journal to it.
@@ -271,13 +386,13 @@ class StateStore:
         consumers already hold. Uses PySyncObj 0.3.17 internals.
         """
         s = self.sync
-        before = s._SyncObj__lastSerializedEntry
-        if before is not None and before >= s._SyncObj__raftLastApplied - 1:
+        before = syncobj.last_serialized_entry(s)
+        if before is not None and before >= syncobj.last_applied(s) - 1:
             return True  # the dump on disk is current
         s.forceLogCompaction()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            now = s._SyncObj__lastSerializedEntry
+            now = syncobj.last_serialized_entry(s)
             if now is not None and now != before:
                 return True
             time.sleep(0.01)
@@ -293,11 +408,11 @@ class StateStore:
         """
         s = self.sync
         until = time.monotonic() + seconds
-        conf = s._getConf()
+        conf = syncobj.conf(s)
 
         def hold() -> None:
-            if s._getLeader() is None and time.monotonic() < until:
-                s._SyncObj__raftElectionDeadline = time.monotonic() + conf.raftMaxTimeout
+            if syncobj.leader(s) is None and time.monotonic() < until:
+                syncobj.set_election_deadline(s, time.monotonic() + conf.raftMaxTimeout)
 
         s.addOnTickCallback(hold)
 
@@ -305,7 +420,7 @@ class StateStore:
         """Stop the tick thread and flush the journal."""
         try:
             self.sync.destroy()
-            t = getattr(self.sync, "_SyncObj__thread", None)
+            t = syncobj.tick_thread(self.sync)
             if t is not None and t.is_alive():
                 t.join(5)
         except Exception:  # noqa: BLE001 - closing must not raise during shutdown
@@ -331,7 +446,7 @@ def strip_dump_nodes(state_dir: str, drop: set[str | None]) -> None:
     tmp = path.with_suffix(".tmp-role")
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as g:
         raft_pickle.dump((data[0], data[1], data[2], cluster), g)
-    os.replace(tmp, path)
+    durable_replace(str(tmp), str(path))
 
 
 def forget_term(state_dir: str) -> None:
@@ -352,7 +467,7 @@ def forget_term(state_dir: str) -> None:
     meta.pop("votedForNodeId", None)
     tmp = path.with_suffix(".tmp-role")
     tmp.write_bytes(raft_pickle.dumps(meta))
-    os.replace(tmp, path)
+    durable_replace(str(tmp), str(path))
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any, error: int) -> None:
@@ -361,4 +476,4 @@ def _resolve(fut: asyncio.Future[Any], result: Any, error: int) -> None:
     if error == FAIL_REASON.SUCCESS:
         fut.set_result(result)
     else:
-        fut.set_exception(StateError(_FAIL_TEXT.get(error, f"commit failed ({error})")))
+        fut.set_exception(_failure(error))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,15 +18,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, ApiError, MtgpuError
 from mtgpu.tui.link import ServerLink, ServerUnreachable
-from mtgpu.tui.sources import (CLUSTER, SSH_CONFIG, ServerList, Target, add_server,
-                               member_target, remove_server, save_server_list, ssh_config_hosts)
+from mtgpu.tui.sources import (
+    CLUSTER,
+    SSH_CONFIG,
+    ServerList,
+    Target,
+    add_server,
+    member_target,
+    remove_server,
+    save_server_list,
+    ssh_config_hosts,
+)
+from mtgpu.tui.view import FINAL, GpuHistory
 
 log = logging.getLogger("remotegpu")
 
+#: Answers after which a submission is sent again with its key: its outcome is in
+#: doubt, or nothing was done (the codes mtgpu.api.client retries on too; this
+#: package ships without mtgpu.api, with mtgpu.errors).
+SUBMIT_RETRIED = RESEND_CODES | RETRYABLE_CODES
+
 CONNECTING, UP, UNREACHABLE = "connecting", "up", "unreachable"
-FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
 
 
 @dataclass
@@ -44,6 +59,9 @@ class ServerState:
     workspaces: list[dict[str, Any]] | None = None  # None: workspaces are off there
     updated: float | None = None
     hidden: bool = False  # a ~/.ssh/config host that did not answer as MTGPU
+    notice: str | None = None  # the server's warning for this user (retention, disk limit)
+    #: Recent usage of each GPU, by (node, index), for the sparklines.
+    history: dict[tuple[str, Any], GpuHistory] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -64,23 +82,56 @@ class ServerState:
     def to_dict(self) -> dict[str, Any]:
         """The ``remotegpu-cli servers --json`` object."""
         n = self.node() or {}
-        return {"name": self.name, "host": self.target.host, "port": self.target.port,
-                "user": self.user or self.target.user, "source": self.target.source,
-                "status": self.status, "reason": self.reason or None, "server": self.server,
-                "cluster_id": self.cluster_id, "state": n.get("state"),
-                "cpus": n.get("cpus"), "cpu_percent": n.get("cpu_percent"),
-                "ram_total": n.get("ram_total"), "ram_used": n.get("ram_used"),
-                "gpus": [{k: g.get(k) for k in ("index", "brand", "type", "vram_total",
-                                                 "vram_used", "util", "jobs")}
-                         for g in n.get("gpus", [])],
-                "workspaces": self.workspaces, "updated": self.updated}
+        return {
+            "name": self.name,
+            "host": self.target.host,
+            "port": self.target.port,
+            "user": self.user or self.target.user,
+            "source": self.target.source,
+            "status": self.status,
+            "reason": self.reason or None,
+            "server": self.server,
+            "notice": self.notice,
+            "cluster_id": self.cluster_id,
+            "state": n.get("state"),
+            "cpus": n.get("cpus"),
+            "cpu_percent": n.get("cpu_percent"),
+            "ram_total": n.get("ram_total"),
+            "ram_used": n.get("ram_used"),
+            "gpus": [
+                {
+                    k: g.get(k)
+                    for k in (
+                        "index",
+                        "brand",
+                        "type",
+                        "vram_total",
+                        "vram_used",
+                        "util",
+                        "jobs",
+                        "mig_mode",
+                        "parent",
+                    )
+                }
+                for g in n.get("gpus", [])
+            ],
+            "workspaces": self.workspaces,
+            "updated": self.updated,
+        }
 
 
 class Fleet:
     """Every server the user can reach, refreshed in the background."""
 
-    def __init__(self, server_list: ServerList, *, timeout: float = 10.0, interval: float = 2.0,
-                 workspace_every: int = 15, ssh_config: Path | None = None) -> None:
+    def __init__(
+        self,
+        server_list: ServerList,
+        *,
+        timeout: float = 10.0,
+        interval: float = 2.0,
+        workspace_every: int = 15,
+        ssh_config: Path | None = None,
+    ) -> None:
         self.server_list = server_list
         self.timeout = timeout
         self.interval = interval
@@ -125,20 +176,25 @@ class Fleet:
                 self._tasks[name] = loop.create_task(self._run(self.states[name]))
         self._new = []
 
-    async def stop(self) -> None:
+    def abort(self) -> None:
+        """Stop at once: cancel every refresh and drop every connection without waiting
+        for any server, so that quitting never waits for the network."""
         self._stopping = True
-        for ev in self._wake.values():
-            ev.set()
-        tasks = list(self._tasks.values())
-        for t in tasks:
+        for t in self._tasks.values():
             t.cancel()
+        for link in self.links.values():
+            link.abort()
+
+    async def stop(self) -> None:
+        """:meth:`abort`, then let the cancelled tasks end (each at its next turn)."""
+        tasks = list(self._tasks.values())
+        self.abort()
         if tasks:
             # A cancel can be lost inside a timeout that fires at the same moment
-            # (asyncio.wait_for before 3.12); the flag ends those tasks at their next turn.
+            # (asyncio.wait_for before 3.12); the flag ends those tasks at their next
+            # turn, before any further wait.
             await asyncio.wait(tasks, timeout=self.timeout + 5)
         self._tasks.clear()
-        await asyncio.gather(*(link.close() for link in self.links.values()),
-                             return_exceptions=True)
 
     def refresh_now(self, state: ServerState | None = None) -> None:
         for name, ev in self._wake.items():
@@ -159,13 +215,13 @@ class Fleet:
                     try:
                         await asyncio.wait_for(ev.wait(), self.interval)
                         count = 0  # an action asked: workspaces too
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     ev.clear()
             except ServerUnreachable as exc:
                 if not self._alive(st):
                     break
-                self._unreachable(st, str(exc))
+                self._unreachable(st, str(exc), host_key=exc.host_key)
                 if st.hidden:
                     await self.links[st.name].close()
                     return
@@ -174,9 +230,11 @@ class Fleet:
                     break
                 log.exception("refreshing %s failed", st.name)
                 self._unreachable(st, f"internal error: {exc}")
+            if not self._alive(st):
+                break  # stopping: wait for nothing (a lost cancel would wait out the backoff)
             try:
                 await asyncio.wait_for(self._wake[st.name].wait(), backoff)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake[st.name].clear()
             backoff = min(backoff * 2, 30.0)
@@ -186,12 +244,17 @@ class Fleet:
         cancelled (a cancel can be lost in a timeout that fires at the same moment, in
         asyncio.wait_for before Python 3.12, but the task still counts it)."""
         task = asyncio.current_task()
-        return (not self._stopping and self.states.get(st.name) is st
-                and not (task is not None and task.cancelling()))
+        return (
+            not self._stopping
+            and self.states.get(st.name) is st
+            and not (task is not None and task.cancelling())
+        )
 
-    def _unreachable(self, st: ServerState, reason: str) -> None:
+    def _unreachable(self, st: ServerState, reason: str, host_key: bool = False) -> None:
         # A ~/.ssh/config host that never answered as MTGPU is some other host: hide it.
-        if st.target.source == SSH_CONFIG and st.server is None:
+        # One whose host key is not trusted yet stays, with how to trust it: it may well
+        # be a server, and hiding it would leave the user guessing.
+        if st.target.source == SSH_CONFIG and st.server is None and not host_key:
             st.hidden = True
         st.status, st.reason = UNREACHABLE, reason
         self.on_change()
@@ -216,7 +279,7 @@ class Fleet:
         except ApiError:
             on = False
         st.workspaces = [] if on else None
-        st.status, st.reason = UP, ""
+        st.status, st.reason, st.notice = UP, "", link.notice
         self._learn_members(st)
         self.on_change()
 
@@ -229,8 +292,11 @@ class Fleet:
             if m.get("name") in known_servers or m.get("name") == st.server:
                 continue
             t = member_target(st.target, m, st.user)
-            if t is None or t.key() in known_keys or any(
-                    s.target.source == CLUSTER and s.target.name == t.name for s in self.states.values()):
+            if (
+                t is None
+                or t.key() in known_keys
+                or any(s.target.source == CLUSTER and s.target.name == t.name for s in self.states.values())
+            ):
                 continue
             self._add(t)
             added = True
@@ -240,6 +306,9 @@ class Fleet:
     async def _refresh(self, st: ServerState, workspaces: bool = True) -> None:
         link = self.links[st.name]
         st.nodes = list(await link.call("nodes"))
+        for n in st.nodes:
+            for g in n.get("gpus") or []:
+                st.history.setdefault((str(n.get("name")), g.get("index")), GpuHistory()).add(g)
         st.jobs = list(await link.call("job.list", all=True))
         if workspaces and st.workspaces is not None:
             try:
@@ -247,6 +316,7 @@ class Fleet:
             except ApiError as exc:
                 log.info("workspace.list on %s: %s", st.name, exc)
         st.status, st.reason, st.updated = UP, "", time.time()
+        st.notice = link.notice or st.notice
         self.on_change()
 
     async def once(self) -> list[ServerState]:
@@ -257,8 +327,7 @@ class Fleet:
                 await asyncio.gather(*(self._once(self.states[n]) for n in batch))
         finally:
             self._stopping = True
-            await asyncio.gather(*(link.close() for link in self.links.values()),
-                                 return_exceptions=True)
+            await asyncio.gather(*(link.close() for link in self.links.values()), return_exceptions=True)
         return self.visible()
 
     async def _once(self, st: ServerState) -> None:
@@ -266,7 +335,7 @@ class Fleet:
             await self._connect(st)
             await self._refresh(st)
         except ServerUnreachable as exc:
-            self._unreachable(st, str(exc))
+            self._unreachable(st, str(exc), host_key=exc.host_key)
         except ApiError as exc:
             self._unreachable(st, f"refused: {exc}")
 
@@ -290,15 +359,18 @@ class Fleet:
             j = item[1]
             state = j.get("state", "")
             if state not in FINAL:
-                return (0 if state == "RUNNING" else 1, j.get("position") or 0,
-                        j.get("submit_time") or 0, str(j.get("job_id")))
+                return (
+                    0 if state == "RUNNING" else 1,
+                    j.get("position") or 0,
+                    j.get("submit_time") or 0,
+                    str(j.get("job_id")),
+                )
             return (2, -(j.get("end_time") or j.get("submit_time") or 0), str(j.get("job_id")))
 
         return sorted(out, key=order)
 
     def workspaces(self) -> list[tuple[ServerState, dict[str, Any]]]:
-        return [(st, w) for st in self.states.values() if st.status == UP
-                for w in (st.workspaces or [])]
+        return [(st, w) for st in self.states.values() if st.status == UP for w in (st.workspaces or [])]
 
     def state(self, name: str) -> ServerState:
         try:
@@ -328,12 +400,30 @@ class Fleet:
             raise MtgpuError(f"cannot read the job file {p}: {exc.strerror}") from exc
         except UnicodeDecodeError as exc:
             raise MtgpuError(f"{p} is not a text file (UTF-8); a job file is a shell script") from exc
-        r = await self._link(st).call_long("job.submit", script=script)
+        r = await self._submit(st, script, p.name)
         self.refresh_now(st)
         return dict(r)
 
-    async def create_workspace(self, st: ServerState, name: str, source: str,
-                               ports: list[int] | None = None) -> dict[str, Any]:
+    async def _submit(self, st: ServerState, script: str, file_name: str = "") -> Any:
+        """``job.submit`` with a key of its own, sent again with that key (for a
+        minute at most) while its outcome is unknown or nothing was done, so that a
+        retry returns the first job rather than a second one."""
+        key = secrets.token_hex(16)
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                # The job file's name names the job, as mt-job submit names it (a
+                # script typed in has none: the daemon's default applies).
+                named: dict[str, Any] = {"file_name": file_name} if file_name else {}
+                return await self._link(st).call_long("job.submit", script=script, token=key, **named)
+            except ApiError as exc:
+                if exc.code not in SUBMIT_RETRIED or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.5)
+
+    async def create_workspace(
+        self, st: ServerState, name: str, source: str, ports: list[int] | None = None
+    ) -> dict[str, Any]:
         """``source`` is a template name, or an image (anything with ``/`` or ``:``)."""
         args: dict[str, Any] = {"name": name, "ports": ports or None}
         args["image" if ("/" in source or ":" in source) else "template"] = source
@@ -356,8 +446,10 @@ class Fleet:
         r = await link.call("workspace.ports", name=name)
         if not r.get("ports"):
             asked = ", ".join(str(p) for p in r.get("requested_ports", [])) or "none"
-            raise MtgpuError(f"{name} publishes no ports now (state {r.get('state')}; asked for: "
-                             f"{asked}); create it with ports, such as `web busybox 8888`")
+            raise MtgpuError(
+                f"{name} publishes no ports now (state {r.get('state')}; asked for: "
+                f"{asked}); create it with ports, such as `web busybox 8888`"
+            )
         out = []
         for p in r["ports"]:
             cport, hport = int(p["container_port"]), int(p["host_port"])

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,18 +35,44 @@ SUBSYSTEM = "mtgpu-api"
 
 
 class ServerUnreachable(MtgpuError):
-    """No working connection: ``str()`` is the reason, in words a user can act on."""
+    """No working connection: ``str()`` is the reason, in words a user can act on.
+    ``host_key`` is set when the server answered but its host key is not trusted here:
+    it is a server all the same, one ``ssh`` away from being usable."""
+
+    def __init__(self, reason: str, host_key: bool = False) -> None:
+        super().__init__(reason)
+        self.host_key = host_key
+
+
+def host_key_unknown(exc: BaseException, target: Target) -> bool:
+    """Whether connecting failed only because this computer does not trust the host key
+    yet: the key is not in known_hosts, or the known_hosts file that ~/.ssh/config
+    names does not exist yet (``ssh`` creates it when the key is accepted)."""
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return True
+    identity = os.path.expanduser(target.identity) if target.identity else None
+    return isinstance(exc, FileNotFoundError) and bool(exc.filename) and exc.filename != identity
 
 
 def reason_for(exc: BaseException, target: Target, timeout: float) -> str:
     """What went wrong, and what to do, for an error raised while connecting."""
     dest = " ".join(target.ssh_argv()[1:])
-    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return (f"host key not trusted ({exc.reason}); check and accept it once with "
-                f"`ssh {dest}`, or add the cluster's @cert-authority line to known_hosts")
+    if host_key_unknown(exc, target):
+        why = (
+            exc.reason
+            if isinstance(exc, asyncssh.HostKeyNotVerifiable)
+            else f"there is no {getattr(exc, 'filename', '')} yet"
+        )
+        return (
+            f"host key unknown ({why}): check its fingerprint and trust it once "
+            f"with `ssh {dest}`, or add the cluster's @cert-authority line to known_hosts; "
+            "then press r"
+        )
     if isinstance(exc, asyncssh.PermissionDenied):
-        return ("key not accepted: ask an admin to add your public key or for an invite "
-                f"(`ssh {dest}` redeems it)")
+        return (
+            "key not accepted: ask an admin to add your public key or for an invite "
+            f"(`ssh {dest}` redeems it)"
+        )
     if isinstance(exc, asyncssh.ChannelOpenError):
         return f"not an MTGPU server (no {SUBSYSTEM} subsystem): {exc.reason}"
     if isinstance(exc, asyncssh.DisconnectError):
@@ -72,6 +99,8 @@ class ApiChannel:
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._pump = asyncio.get_running_loop().create_task(self._read())
         self.closed: str | None = None
+        #: The last warning the server added to an answer (USER_DISK_LIMIT, retention).
+        self.notice: str | None = None
 
     async def _read(self) -> None:
         try:
@@ -107,14 +136,16 @@ class ApiChannel:
         try:
             self._writer.write(json.dumps(req) + "\n")
             answer = await asyncio.wait_for(fut, timeout)
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise ServerUnreachable(f"{op} got no answer within {timeout:g} s") from exc
         except (asyncssh.Error, OSError) as exc:
             raise ServerUnreachable(f"connection lost: {exc}") from exc
         finally:
             self._waiting.pop(rid, None)
         if not answer.get("ok"):
-            raise ApiError(str(answer.get("error", "request refused")), str(answer.get("code", "error")))
+            raise ApiError.from_answer(answer)
+        if answer.get("notice"):
+            self.notice = str(answer["notice"])[:2000]
         return answer.get("result")
 
     def close(self) -> None:
@@ -139,28 +170,38 @@ class ServerLink:
         """Connect and open the API channel, or raise ServerUnreachable with the reason."""
         await self.close()
         t = self.target
-        kwargs: dict[str, Any] = {"connect_timeout": self.timeout, "login_timeout": self.timeout,
-                                  "keepalive_interval": 15, "keepalive_count_max": 3}
+        kwargs: dict[str, Any] = {
+            "connect_timeout": self.timeout,
+            "login_timeout": self.timeout,
+            "keepalive_interval": 15,
+            "keepalive_count_max": 3,
+        }
         if t.port:
             kwargs["port"] = t.port
         if t.user:
             kwargs["username"] = t.user
         if t.identity:
-            import os
-
             kwargs["client_keys"] = [os.path.expanduser(t.identity)]
         try:
             self.conn = await asyncssh.connect(t.host, **kwargs)
             self.api = await self._open_channel()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a reason on screen
             await self.close()
-            raise ServerUnreachable(reason_for(exc, t, self.timeout)) from exc
+            raise ServerUnreachable(
+                reason_for(exc, t, self.timeout), host_key=host_key_unknown(exc, t)
+            ) from exc
 
     async def _open_channel(self) -> ApiChannel:
         assert self.conn is not None
         writer, reader, _ = await asyncio.wait_for(
-            self.conn.open_session(subsystem=SUBSYSTEM, encoding="utf-8"), self.timeout)
+            self.conn.open_session(subsystem=SUBSYSTEM, encoding="utf-8"), self.timeout
+        )
         return ApiChannel(writer, reader)
+
+    @property
+    def notice(self) -> str | None:
+        """The server's last warning for this user, if any."""
+        return self.api.notice if self.api is not None else None
 
     @property
     def up(self) -> bool:
@@ -177,7 +218,7 @@ class ServerLink:
             raise ServerUnreachable("not connected")
         try:
             chan = await self._open_channel()
-        except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, asyncssh.Error, OSError) as exc:
             raise ServerUnreachable(reason_for(exc, self.target, self.timeout)) from exc
         try:
             return await chan.call(op, timeout, **args)
@@ -189,8 +230,9 @@ class ServerLink:
         if self.conn is None:
             raise ServerUnreachable("not connected")
         try:
-            proc = await self.conn.create_process(command, encoding="utf-8", errors="replace",
-                                                  stderr=asyncssh.STDOUT)
+            proc = await self.conn.create_process(
+                command, encoding="utf-8", errors="replace", stderr=asyncssh.STDOUT
+            )
         except (asyncssh.Error, OSError) as exc:
             raise ServerUnreachable(reason_for(exc, self.target, self.timeout)) from exc
         try:
@@ -208,8 +250,7 @@ class ServerLink:
         if self.conn is None:
             raise ServerUnreachable("not connected")
         try:
-            listener = await self.conn.forward_local_port("127.0.0.1", local_port, "127.0.0.1",
-                                                          remote_port)
+            listener = await self.conn.forward_local_port("127.0.0.1", local_port, "127.0.0.1", remote_port)
         except OSError:
             if local_port == 0:
                 raise
@@ -217,17 +258,29 @@ class ServerLink:
         self.forwards.append(listener)
         return int(listener.get_port())
 
-    async def close(self) -> None:
+    def _release(self) -> asyncssh.SSHClientConnection | None:
+        """Close the API channel and the forwards; hand back the connection to end."""
         if self.api is not None:
             self.api.close()
             self.api = None
         for f in self.forwards:
             f.close()
         self.forwards = []
-        if self.conn is not None:
-            self.conn.close()
+        conn, self.conn = self.conn, None
+        return conn
+
+    def abort(self) -> None:
+        """Drop the connection now, without waiting for the server (quitting)."""
+        conn = self._release()
+        if conn is not None:
+            conn.abort()
+
+    async def close(self) -> None:
+        """Close the connection politely (for at most 2 s)."""
+        conn = self._release()
+        if conn is not None:
+            conn.close()
             try:
-                await asyncio.wait_for(self.conn.wait_closed(), 2)
-            except (asyncio.TimeoutError, asyncssh.Error, OSError):
+                await asyncio.wait_for(conn.wait_closed(), 2)
+            except (TimeoutError, asyncssh.Error, OSError):
                 pass
-            self.conn = None

@@ -10,28 +10,37 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
+from mtgpu.cmdline import with_examples
 from mtgpu.errors import MtgpuError
 from mtgpu.tui.fleet import Fleet, ServerState
 from mtgpu.tui.sources import load_server_list, servers_file
+from mtgpu.tui.view import FINAL, duration, elapsed, gib, left_text
 
 
-def gib(n: int | None) -> str:
-    """Bytes as GiB with one decimal.
-
-    >>> gib(3 * 2**30)
-    '3.0G'
-    """
-    return "-" if n is None else f"{n / 2**30:.1f}G"
+def mig_under_cards(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A server's GPUs by index, a MIG device (``parent`` set) right after its card."""
+    return sorted(
+        gpus,
+        key=lambda g: (
+            (int(g.get("index") or 0), -1)
+            if g.get("parent") is None
+            else (int(g["parent"]), int(g.get("index") or 0))
+        ),
+    )
 
 
 def gpu_summary(node: dict[str, Any] | None) -> str:
-    """``2x rtx4090 24.0G`` style, one group per GPU type."""
+    """``2x rtx4090 24.0G`` style, one group per GPU type; a card in MIG mode counts
+    as its MIG devices, which are what jobs get."""
     if not node or not node.get("gpus"):
         return "no GPUs" if node else "-"
     groups: dict[tuple[str, int], int] = {}
-    for g in node["gpus"]:
+    for g in mig_under_cards(node["gpus"]):
+        if g.get("mig_mode") and g.get("parent") is None:
+            continue
         k = (str(g.get("type")), int(g.get("vram_total") or 0))
         groups[k] = groups.get(k, 0) + 1
     return ", ".join(f"{n}x {t} {gib(v)}" for (t, v), n in groups.items())
@@ -51,11 +60,11 @@ def cmd_servers(args: argparse.Namespace) -> int:
     states = asyncio.run(_fleet(args).once())
     if args.json:
         print(json.dumps([s.to_dict() for s in states], indent=2, sort_keys=True))
-        return 0
+        return 1 if states and all(s.status != "up" for s in states) else 0
     if not states:
-        print(f"no servers: add one with `remotegpu-cli` (key a) or to {servers_file()}",
-              file=sys.stderr)
+        print(f"no servers: add one with `remotegpu-cli` (key a) or to {servers_file()}", file=sys.stderr)
         return 0
+    down = [s for s in states if s.status != "up"]
     rows = []
     for s in states:
         n = s.node() or {}
@@ -63,9 +72,14 @@ def cmd_servers(args: argparse.Namespace) -> int:
             rows.append([s.name, s.status, s.reason, "", "", ""])
             continue
         ram = f"{gib(n.get('ram_used'))}/{gib(n.get('ram_total'))}" if n else "-"
-        rows.append([s.name, s.status, s.cluster_id or "standalone", gpu_summary(n),
-                     n.get("cpus", "-"), ram])
+        rows.append([s.name, s.status, s.cluster_id or "standalone", gpu_summary(n), n.get("cpus", "-"), ram])
     print(_table(rows, ["SERVER", "STATUS", "CLUSTER", "GPUS", "CPUS", "RAM"]))
+    for s in states:
+        if s.status == "up" and s.notice:
+            print(f"remotegpu-cli: {s.name}: warning: {s.notice}", file=sys.stderr)
+    if len(down) == len(states):
+        print("remotegpu-cli: no server answered", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -78,37 +92,77 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     states = asyncio.run(fleet.once())
     jobs = job_rows(fleet.jobs())
     if not args.all:
-        jobs = [j for j in jobs if j.get("state") not in
-                ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")]
+        jobs = [j for j in jobs if j.get("state") not in FINAL]
     down = [s for s in states if s.status != "up"]
     for s in down:
         print(f"remotegpu-cli: {s.name}: {s.reason}", file=sys.stderr)
     if args.json:
         print(json.dumps(jobs, indent=2, sort_keys=True))
     else:
-        rows = [[j["job_id"], j.get("name", ""), j["state"], j["server"],
-                 ",".join(j.get("nodes") or []) or "-",
-                 (f"#{j['position']} " if j.get("position") else "") + (j.get("reason") or "")]
-                for j in jobs]
-        print(_table(rows, ["JOBID", "NAME", "STATE", "SERVER", "NODES", "REASON"]))
+        now = time.time()
+        rows = [
+            [
+                j["job_id"],
+                j.get("name", ""),
+                j["state"],
+                j["server"],
+                ",".join(j.get("nodes") or []) or "-",
+                duration(elapsed(j, now)),
+                left_text(j, now),
+                (f"#{j['position']} " if j.get("position") else "") + (j.get("reason") or ""),
+            ]
+            for j in jobs
+        ]
+        print(_table(rows, ["JOBID", "NAME", "STATE", "SERVER", "NODES", "ELAPSED", "LEFT", "REASON"]))
     return 1 if states and len(down) == len(states) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="remotegpu-cli",
-        description="Your MTGPU servers: hardware, live usage, workspaces and jobs, over SSH.")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="give up on a server that does not answer in this time (default 10)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
-                   help="refresh every this many seconds (default 2)")
+        description="Your MTGPU servers: hardware, live usage, workspaces and jobs, over SSH.",
+        epilog=(
+            "examples:\n"
+            "  remotegpu-cli                  the full-screen view (press ? for its keys)\n"
+            "  remotegpu-cli servers          every server, its GPUs and whether it answers\n"
+            "  remotegpu-cli jobs --all       your jobs everywhere, finished ones too\n"
+            "\n"
+            "Servers come from ~/.ssh/config and ~/.config/remotegpu/servers.yaml."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up on a server that does not answer in this time (default 10)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="refresh every this many seconds (default 2)",
+    )
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    sp = sub.add_parser("servers", help="every server found, with its hardware and state")
+    sp = sub.add_parser(
+        "servers",
+        help="every server found, with its hardware and state",
+        description="Every server found, with its hardware and state; exits 1 when none answers.",
+    )
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     jp = sub.add_parser("jobs", help="your jobs on every server")
     jp.add_argument("--json", action="store_true", help="machine-readable output")
     jp.add_argument("--all", "-a", action="store_true", help="finished jobs too")
-    return p
+    return with_examples(
+        p,
+        {
+            "": "remotegpu-cli\nremotegpu-cli --interval 5",
+            "servers": "remotegpu-cli servers\nremotegpu-cli servers --json",
+            "jobs": "remotegpu-cli jobs --all",
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """The full-screen view of remotegpu-cli (urwid): one list of servers, GPUs, jobs and
-workspaces, with the keys of the focused line shown at the bottom.
+workspaces, laid out for the terminal's width, with the keys of the focused line shown
+at the bottom (the keys themselves are :data:`mtgpu.tui.view.KEYMAP`).
 
 It only draws :class:`~mtgpu.tui.fleet.Fleet` and calls its actions. Colours are the
 terminal's own 16 (default background); with ``NO_COLOR`` set only bold and reverse
@@ -19,9 +20,27 @@ from typing import Any, Literal
 import urwid
 
 from mtgpu.errors import MtgpuError
-from mtgpu.tui.fleet import FINAL, UP, Fleet, ServerState
-from mtgpu.tui.main import gib
+from mtgpu.text import printable
+from mtgpu.tui.fleet import UP, Fleet, ServerState
+from mtgpu.tui.main import mig_under_cards
 from mtgpu.tui.sources import LIST, ServerListError, parse_destination, ssh_config_file
+from mtgpu.tui.view import (
+    FINAL,
+    WIDE,
+    Column,
+    GpuLayout,
+    action_for,
+    bar_cells,
+    fit,
+    footer_keys,
+    gib,
+    gpu_layout,
+    help_lines,
+    job_cells,
+    job_columns,
+    job_details,
+    sparkline,
+)
 
 #: (name, foreground, background, mono): the mono column is used under NO_COLOR.
 PALETTE = [
@@ -39,15 +58,6 @@ PALETTE = [
 ]
 
 MAX_FINISHED = 8
-BAR = 10
-
-KEYS = {
-    "server": [("t", "terminal"), ("j", "submit job"), ("n", "new workspace"), ("a", "add server"),
-               ("d", "drop server")],
-    "job": [("c", "cancel"), ("l", "log"), ("t", "terminal"), ("j", "submit job")],
-    "workspace": [("t", "shell"), ("s", "start"), ("x", "stop"), ("D", "remove"),
-                  ("f", "forward ports"), ("n", "new")],
-}
 
 
 def state_attr(state: str) -> str:
@@ -58,20 +68,45 @@ def state_attr(state: str) -> str:
     return "down" if state in FINAL or state in ("unreachable", "ENDED") else "dim"
 
 
-def bar(used: int, total: int) -> list[Any]:
-    """A usage bar as urwid markup: ``[█████░░░░░]``."""
-    frac = 0.0 if total <= 0 else min(1.0, max(0.0, used / total))
-    n = round(frac * BAR)
-    return ["[", ("hot" if frac >= 0.9 else "bar", "\u2588" * n), ("dim", "\u2591" * (BAR - n)), "]"]
+def bar(fraction: float, width: int) -> list[Any]:
+    """A usage bar as urwid markup: ``[█████░░░░░]``, red from 90 %."""
+    n = bar_cells(fraction, width)
+    return ["[", ("hot" if fraction >= 0.9 else "bar", "\u2588" * n), ("dim", "\u2591" * (width - n)), "]"]
+
+
+def safe_markup(markup: Any) -> Any:
+    r"""urwid markup with every string passed through :func:`printable`: job names,
+    reasons and user names come from tenants, and urwid writes control characters to
+    the terminal as they are.
+
+    >>> safe_markup([("up", "a\x1b[2Jb"), " c\x07"])
+    [('up', 'a\\x1b[2Jb'), ' c\\x07']
+    """
+    if isinstance(markup, str):
+        return printable(markup)
+    if isinstance(markup, tuple):
+        return (markup[0], safe_markup(markup[1]))
+    if isinstance(markup, list):
+        return [safe_markup(m) for m in markup]
+    return markup
 
 
 class Row(urwid.WidgetWrap):
-    """One selectable line; ``kind`` says which keys apply to it."""
+    """One selectable line; ``kind`` says which keys apply to it. ``markup`` is urwid
+    text markup (made printable here), or a widget whose texts already are."""
 
-    def __init__(self, markup: Any, kind: str, key: tuple[Any, ...], state: ServerState,
-                 item: dict[str, Any] | None = None, wrap: Literal["clip", "space"] = "clip") -> None:
+    def __init__(
+        self,
+        markup: Any,
+        kind: str,
+        key: tuple[Any, ...],
+        state: ServerState,
+        item: dict[str, Any] | None = None,
+        wrap: Literal["clip", "space"] = "clip",
+    ) -> None:
         self.kind, self.key, self.state, self.item = kind, key, state, item
-        super().__init__(urwid.AttrMap(urwid.Text(markup, wrap=wrap), None, focus_map="focus"))
+        inner = markup if isinstance(markup, urwid.Widget) else urwid.Text(safe_markup(markup), wrap=wrap)
+        super().__init__(urwid.AttrMap(inner, None, focus_map="focus"))
 
     def selectable(self) -> bool:
         return True
@@ -100,16 +135,21 @@ class Prompt(urwid.Edit):
 class App:
     """The screen: builds rows from the fleet and turns keys into actions."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, width: int = 80) -> None:
         self.fleet = fleet
+        #: The terminal's width the rows were laid out for (the loop's, once running).
+        self.width = width
+        #: Only lines containing this text are shown (``/``); empty: all.
+        self.filter = ""
         self.walker: Any = urwid.SimpleFocusListWalker([])
         self.listbox = urwid.ListBox(self.walker)
         self.header = urwid.Text("", wrap="clip")
         self.message = urwid.Text("", wrap="clip")
-        self.keys = urwid.Text("", wrap="clip")
+        self.keys = urwid.Text("", wrap="space")
         self.footer = urwid.Pile([self.message, self.keys])
-        self.frame = urwid.Frame(self.listbox, header=urwid.AttrMap(self.header, "header"),
-                                 footer=self.footer)
+        self.frame = urwid.Frame(
+            self.listbox, header=urwid.AttrMap(self.header, "header"), footer=self.footer
+        )
         self.loop: urwid.MainLoop | None = None
         self.confirm: tuple[str, Callable[[], Awaitable[Any]], str] | None = None
         self.overlay: dict[str, Any] | None = None
@@ -133,26 +173,53 @@ class App:
         if self.loop is not None and self.loop.screen.started:
             self.loop.draw_screen()
 
+    def _shown(self, *texts: Any) -> bool:
+        """Whether a line with these texts passes the filter (case does not matter)."""
+        if not self.filter:
+            return True
+        return self.filter.lower() in " ".join(str(t) for t in texts if t is not None).lower()
+
     def rows(self) -> list[urwid.Widget]:
         fleet = self.fleet
+        now = time.time()
         out: list[urwid.Widget] = [urwid.AttrMap(urwid.Text("SERVERS"), "heading")]
         servers = fleet.visible()
         if not servers:
-            out.append(urwid.Text(("dim", "  none yet: press a to add one, or add a Host to "
-                                   "~/.ssh/config")))
+            out.append(urwid.Text(("dim", "  none yet: press a to add one, or add a Host to ~/.ssh/config")))
         for st in servers:
-            out += self.server_rows(st)
+            n = st.node() or {}
+            gpu_types = " ".join(str(g.get("type")) for g in n.get("gpus") or [])
+            if self._shown(st.name, st.status, st.reason, st.user, st.server, st.cluster_id, gpu_types):
+                out += self.server_rows(st)
         out.append(urwid.AttrMap(urwid.Text("JOBS"), "heading"))
-        jobs = fleet.jobs()
+        if fleet.jobs():
+            cols = job_columns(self.width)
+            out.append(
+                urwid.Text(("dim", self._cells_text({c.name: c.heading for c in cols}, cols)), wrap="clip")
+            )
+        jobs = [
+            (st, j)
+            for st, j in fleet.jobs()
+            if self._shown(*job_cells(j, st.server or st.name, now, self.width >= WIDE).values())
+        ]
         active = [x for x in jobs if x[1].get("state") not in FINAL]
         done = [x for x in jobs if x[1].get("state") in FINAL][:MAX_FINISHED]
         if not active and not done:
-            out.append(urwid.Text(("dim", "  no jobs: press j on a server to submit a job file")))
+            what = (
+                f"no jobs matching {self.filter!r}"
+                if self.filter
+                else "no jobs: press b on a server to submit a job file"
+            )
+            out.append(urwid.Text(("dim", f"  {what}")))
         for st, j in active + done:
-            out.append(self.job_row(st, j))
+            out.append(self.job_row(st, j, now))
         if any(st.workspaces is not None for st in servers if st.status == UP):
             out.append(urwid.AttrMap(urwid.Text("WORKSPACES"), "heading"))
-            wss = fleet.workspaces()
+            wss = [
+                (st, w)
+                for st, w in fleet.workspaces()
+                if self._shown(w.get("name"), w.get("state"), st.name, w.get("image"), w.get("reason"))
+            ]
             if not wss:
                 out.append(urwid.Text(("dim", "  none: press n on a server to create one")))
             for st, w in wss:
@@ -162,61 +229,105 @@ class App:
     def server_rows(self, st: ServerState) -> list[urwid.Widget]:
         if st.status != UP:
             mark = "\u2717" if st.status != "connecting" else "\u2026"
-            text = [(state_attr(st.status), f"{mark} {st.name}"), "  ",
-                    (state_attr(st.status), st.status)]
+            text = [(state_attr(st.status), f"{mark} {st.name}"), "  ", (state_attr(st.status), st.status)]
             if st.reason:
                 text.append(f": {st.reason}")
             return [Row(text, "server", ("server", st.name), st, wrap="space")]
         n = st.node() or {}
-        where = st.server if st.server == st.name else f"{st.server}"
-        head = [("up", f"\u25cf {st.name}"), f"  {st.user}@{where}",
-                f"  {st.cluster_id or 'standalone'}" if st.cluster_id else "",
-                f"  CPU {n.get('cpus', '-')} {int(n.get('cpu_percent') or 0):>3}%",
-                f"  RAM {gib(n.get('ram_used'))}/{gib(n.get('ram_total'))}"]
+        head = [
+            ("up", f"\u25cf {st.name}"),
+            f"  {st.user}@{st.server}",
+            f"  {st.cluster_id}" if st.cluster_id else "",
+            f"  CPU {n.get('cpus', '-')} {int(n.get('cpu_percent') or 0):>3}%",
+            f"  RAM {gib(n.get('ram_used'))}/{gib(n.get('ram_total'))}",
+        ]
         if n.get("state") and n.get("state") != "up":
             head.append(("wait", f"  {n['state']}"))
         rows: list[urwid.Widget] = [Row(head, "server", ("server", st.name), st)]
-        for g in n.get("gpus", []):
-            used, total = int(g.get("vram_used") or 0), int(g.get("vram_total") or 0)
-            jobs = ",".join(str(x) for x in g.get("jobs", []))
-            text = [f"   GPU{g.get('index')} {str(g.get('type'))[:12]:<12} ", *bar(used, total),
-                    f" {used / 2**30:5.1f}/{gib(total):<6} {int(g.get('util') or 0):>3}%",
-                    ("dim", f"  jobs {jobs}") if jobs else ""]
-            rows.append(Row(text, "server", ("gpu", st.name, g.get("index")), st))
+        if st.notice:
+            rows.append(
+                Row(("error", f"   warning: {st.notice}"), "server", ("notice", st.name), st, wrap="space")
+            )
+        lay = gpu_layout(self.width)
+        for g in mig_under_cards(n.get("gpus", [])):
+            rows.append(
+                Row(
+                    self.gpu_text(st, str(n.get("name")), g, lay),
+                    "server",
+                    ("gpu", st.name, g.get("index")),
+                    st,
+                    g,
+                )
+            )
         if not n.get("gpus"):
             rows.append(Row(("dim", "   no GPUs"), "server", ("gpu", st.name, None), st))
         return rows
 
-    def job_row(self, st: ServerState, j: dict[str, Any]) -> Row:
-        state = str(j.get("state"))
-        where = ",".join(j.get("nodes") or []) or st.server or st.name
-        gpus = ",".join(f"GPU{g['index']}" for g in j.get("gpus") or [])
-        extra = ""
-        if state == "PENDING":
-            pos = j.get("position")
-            extra = (f"#{pos} " if pos else "") + str(j.get("reason") or "")
-        elif state == "RUNNING" and j.get("start_time"):
-            extra = _age(time.time() - float(j["start_time"]))
-        elif state in FINAL:
-            extra = f"exit {j.get('exit_code')}" if j.get("exit_code") is not None else ""
-            if j.get("reason") and state != "COMPLETED":
-                extra = (extra + " " + str(j["reason"])).strip()
-        text = [f" {str(j.get('job_id')):>6} {str(j.get('name', ''))[:14]:<14} ",
-                (state_attr(state), f"{state:<10}"), f" {where[:12]:<12} {gpus[:9]:<9} ",
-                ("dim", extra)]
-        return Row(text, "job", ("job", st.group, str(j.get("job_id"))), st, j)
+    def gpu_text(self, st: ServerState, node: str, g: dict[str, Any], lay: GpuLayout) -> list[Any]:
+        """``GPU0 rtx4090  [███░░] 45% ▁▂▅▇ [██░░░] 12.0/24.0G  jobs 3``: utilisation
+        as a bar, its recent history, then memory in use (and its history when wide)."""
+        used, total = int(g.get("vram_used") or 0), int(g.get("vram_total") or 0)
+        util = int(g.get("util") or 0)
+        jobs = ",".join(str(x) for x in g.get("jobs", []))
+        hist = st.history.get((node, g.get("index")))
+        # A MIG device is drawn under its card, which no job gets whole.
+        lead = "     \u2514 " if g.get("parent") is not None else "   "
+        kind = str(g.get("type")) + (" MIG" if g.get("mig_mode") and g.get("parent") is None else "")
+        text = [
+            f"{lead}GPU{g.get('index')} {fit(kind, lay.type_width)} ",
+            *bar(util / 100, lay.bar),
+            f" {util:>3}% ",
+            ("bar", sparkline(hist.util if hist else (), lay.spark)),
+            " ",
+            *bar(used / total if total else 0.0, lay.bar),
+            f" {used / 2**30:4.1f}/{gib(total)}",
+        ]
+        if lay.mem_spark:
+            text += [" ", ("bar", sparkline(hist.mem if hist else (), lay.mem_spark))]
+        if jobs:
+            text.append(("dim", f"  jobs {jobs}"))
+        return text
+
+    @staticmethod
+    def _cells_text(cells: dict[str, str], cols: list[Column]) -> str:
+        return " ".join(
+            fit(cells.get(c.name, ""), c.width, c.align) if c.width else cells.get(c.name, "") for c in cols
+        )
+
+    def job_row(self, st: ServerState, j: dict[str, Any], now: float | None = None) -> Row:
+        """One job in the columns that fit the terminal; its reason wraps in the last."""
+        cols = job_columns(self.width)
+        cells = job_cells(j, st.server or st.name, time.time() if now is None else now, self.width >= WIDE)
+        parts: list[Any] = []
+        for c in cols:
+            if not c.width:
+                # A waiting job's reason is what the user acts on: all of it, wrapped.
+                # A finished one's stays on its line (Enter shows it whole).
+                wrap: Literal["clip", "space"] = "space" if cells["state"] == "PENDING" else "clip"
+                parts.append(urwid.Text(("dim", printable(cells["reason"])), wrap=wrap))
+                continue
+            text = fit(printable(cells[c.name]), c.width, c.align)
+            markup = (state_attr(cells["state"]), text) if c.name == "state" else text
+            parts.append((c.width, urwid.Text(markup, wrap="clip")))
+        return Row(urwid.Columns(parts, dividechars=1), "job", ("job", st.group, str(j.get("job_id"))), st, j)
 
     def workspace_row(self, st: ServerState, w: dict[str, Any]) -> Row:
         state = str(w.get("state"))
-        ports = " ".join(f"{p.get('container_port')}\u2192{p.get('host_port')}"
-                         for p in w.get("ports") or [])
+        ports = " ".join(f"{p.get('container_port')}\u2192{p.get('host_port')}" for p in w.get("ports") or [])
         extra = w.get("reason") or w.get("error") or ""
-        text = [f" {str(w.get('name'))[:16]:<16} ", (state_attr(state), f"{state:<9}"),
-                f" {st.name[:12]:<12} {str(w.get('image') or '').removeprefix('localhost/')[-20:]:<20} ", ports,
-                ("dim", f" {extra}" if extra else "")]
-        return Row(text, "workspace", ("ws", st.name, w.get("name")), st, w)
+        wide = self.width >= WIDE
+        text = [
+            f" {fit(str(w.get('name')), 24 if wide else 16)} ",
+            (state_attr(state), f"{state:<9}"),
+            f" {fit(st.name, 16 if wide else 12)} {str(w.get('image') or '').removeprefix('localhost/')[-20:]:<20} ",
+            ports,
+            ("dim", f" {extra}" if extra else ""),
+        ]
+        return Row(text, "workspace", ("ws", st.name, w.get("name")), st, w, wrap="space")
 
     def rebuild(self) -> None:
+        if self.loop is not None and self.loop.screen.started:
+            self.width = self.loop.screen.get_cols_rows()[0]
         focus = self.focused()
         key = focus.key if focus is not None else None
         rows = self.rows()
@@ -226,8 +337,11 @@ class App:
                 self.walker.set_focus(i)
                 break
         up = sum(1 for s in self.fleet.visible() if s.status == UP)
-        self.header.set_text(f"remotegpu-cli  {up}/{len(self.fleet.visible())} servers up  "
-                             f"{time.strftime('%H:%M:%S')}   ? help  q quit")
+        shown = f"   filter: {printable(self.filter)} (Esc clears)" if self.filter else ""
+        self.header.set_text(
+            f"remotegpu-cli  {up}/{len(self.fleet.visible())} servers up  "
+            f"{time.strftime('%H:%M:%S')}{shown}   ? keys  q quit"
+        )
         self.show_keys()
 
     def focused(self) -> Row | None:
@@ -239,10 +353,12 @@ class App:
             self.keys.set_text([("key", self.confirm[0]), " (y/n)"])
             return
         row = self.focused()
-        pairs = KEYS.get(row.kind, []) if row else [("a", "add server")]
+        pairs = footer_keys(row.kind if row else None)
+        if row is None:
+            pairs = [("a", "add server"), *pairs]
         markup: list[Any] = []
         for k, what in pairs:
-            markup += [("key", k), f" {what}  "]
+            markup += ["  " if markup else "", ("key", k), f" {what}"]
         self.keys.set_text(markup)
 
     def say(self, text: str, error: bool = False) -> None:
@@ -252,12 +368,40 @@ class App:
 
     # ------------------------------------------------------------- input
 
+    def move(self, where: int | str) -> None:
+        """Focus the next (``1``), previous (``-1``), ``first`` or ``last`` line that
+        takes keys."""
+        rows = [i for i, w in enumerate(self.walker) if isinstance(w, Row)]
+        if not rows:
+            return
+        here = self.walker.get_focus()[1] or 0
+        if where == "first":
+            i = rows[0]
+        elif where == "last":
+            i = rows[-1]
+        elif where == 1:
+            i = next((r for r in rows if r > here), rows[-1])
+        else:
+            i = next((r for r in reversed(rows) if r < here), rows[0])
+        self.walker.set_focus(i)
+        self.show_keys()
+
+    def input_filter(self, keys: list[Any], raw: list[int]) -> list[Any]:
+        """The terminal was resized: lay the rows out again for its new width."""
+        if "window resize" in keys:
+            self.changed()
+        return keys
+
     def on_key(self, key: Any) -> bool:
         if not isinstance(key, str):
             return False
         if self.overlay is not None:
-            if key in ("esc", "q", "enter"):
+            if key in ("q", "Q"):
+                self.quit()
+            if key in ("esc", "enter"):
                 self.close_overlay()
+            elif key in ("j", "k") and self.loop is not None:  # scroll, as in less
+                self.loop.widget.keypress(self.loop.screen.get_cols_rows(), "down" if key == "j" else "up")
             return True
         if self.confirm is not None:
             _, action, busy = self.confirm
@@ -268,56 +412,122 @@ class App:
                 self.say("not done")
             self.show_keys()
             return True
-        row = self.focused()
-        handler = {"q": self.quit, "Q": self.quit, "?": self.help, "r": self.refresh,
-                   "a": self.ask_add_server}.get(key)
-        if handler is not None:
-            handler()
+        if key == "esc" and self.filter:
+            self.set_filter("")
             return True
-        if row is None:
+        row = self.focused()
+        name = action_for(key, row.kind if row else None)
+        anywhere = {
+            "down": lambda: self.move(1),
+            "up": lambda: self.move(-1),
+            "top": lambda: self.move("first"),
+            "bottom": lambda: self.move("last"),
+            "filter": self.ask_filter,
+            "help": self.help,
+            "refresh": self.refresh,
+            "add_server": self.ask_add_server,
+            "quit": self.quit,
+        }
+        if name in anywhere:
+            anywhere[name]()
+            return True
+        if row is None or name is None:
             return False
-        st = row.state
-        if key in ("t", "enter"):
-            self.terminal(row)
-        elif key == "j":
-            self.ask("Job file to submit on %s: " % st.name,
-                     lambda p: self.run(self.fleet.submit_job(st, p), f"submitting {p}",
-                                        lambda r: f"submitted job {r['job_id']}"))
-        elif key == "n":
-            self.ask(f"New workspace on {st.name} (NAME TEMPLATE|IMAGE [PORT...]): ",
-                     lambda text: self.new_workspace(st, text))
-        elif key == "d" and row.kind == "server":
-            if st.target.source != LIST:
-                self.say(f"{st.name} comes from {st.target.source.replace('_', ' ')}, not "
-                         "your list: remove it there", error=True)
-            else:
-                self.ask_confirm(f"Drop {st.name} from your list?",
-                                 lambda: self.fleet.remove_server(st), "dropping")
-        elif row.kind == "job" and key in ("c", "l"):
-            jid = str(row.item["job_id"]) if row.item else ""
-            if key == "c":
-                self.ask_confirm(f"Cancel job {jid} on {st.name}?",
-                                 lambda: self.fleet.cancel_job(st, jid), f"cancelling {jid}",
-                                 lambda r: (f"cancelled {jid}" if r.get("cancelled") else
-                                            f"cancelled {jid}; its processes are stopping"
-                                            if r.get("stopping") else f"job {jid}: nothing to cancel"))
-            else:
-                self.follow_log(st, jid)
-        elif row.kind == "workspace" and key in ("s", "x", "D", "f"):
-            name = str(row.item["name"]) if row.item else ""
-            if key == "f":
-                self.run(self.fleet.forward_ports(st, name), f"forwarding {name}",
-                         lambda pairs: self.forwarded(st, name, pairs))
-            elif key == "D":
-                self.ask_confirm(f"Remove workspace {name} on {st.name}?",
-                                 lambda: self.fleet.workspace_action(st, "rm", name), f"removing {name}")
-            else:
-                verb = "start" if key == "s" else "stop"
-                self.run(self.fleet.workspace_action(st, verb, name), f"{verb} {name}",
-                         lambda r: f"{name} is {r.get('state', 'done')}")
-        else:
-            return False
+        self.act(name, row)
         return True
+
+    def act(self, name: str, row: Row) -> None:
+        """Do ``name`` (an action of :data:`~mtgpu.tui.view.KEYMAP`) on ``row``."""
+        st = row.state
+        item = row.item or {}
+        if name == "details":
+            self.details(row)
+        elif name == "ssh":
+            self.terminal(row)
+        elif name == "submit":
+            self.ask(
+                f"Job file to submit on {st.name}: ",
+                lambda p: self.run(
+                    self.fleet.submit_job(st, p), f"submitting {p}", lambda r: f"submitted job {r['job_id']}"
+                ),
+            )
+        elif name == "new_workspace":
+            self.ask(
+                f"New workspace on {st.name} (NAME TEMPLATE|IMAGE [PORT...]): ",
+                lambda text: self.new_workspace(st, text),
+            )
+        elif name == "drop_server":
+            if st.target.source != LIST:
+                self.say(
+                    f"{st.name} comes from {st.target.source.replace('_', ' ')}, not "
+                    "your list: remove it there",
+                    error=True,
+                )
+            else:
+                self.ask_confirm(
+                    f"Drop {st.name} from your list?", lambda: self.fleet.remove_server(st), "dropping"
+                )
+        elif name == "cancel":
+            jid = str(item.get("job_id"))
+            self.ask_confirm(
+                f"Cancel job {jid} on {st.name}?",
+                lambda: self.fleet.cancel_job(st, jid),
+                f"cancelling {jid}",
+                lambda r: (
+                    f"cancelled {jid}"
+                    if r.get("cancelled")
+                    else f"cancelled {jid}; its processes are stopping"
+                    if r.get("stopping")
+                    else f"job {jid}: nothing to cancel"
+                ),
+            )
+        elif name == "log":
+            self.follow_log(st, str(item.get("job_id")))
+        elif name == "forward":
+            ws = str(item.get("name"))
+            self.run(
+                self.fleet.forward_ports(st, ws),
+                f"forwarding {ws}",
+                lambda pairs: self.forwarded(st, ws, pairs),
+            )
+        elif name == "remove":
+            ws = str(item.get("name"))
+            self.ask_confirm(
+                f"Remove workspace {ws} on {st.name}?",
+                lambda: self.fleet.workspace_action(st, "rm", ws),
+                f"removing {ws}",
+            )
+        elif name in ("start", "stop"):
+            ws = str(item.get("name"))
+            self.run(
+                self.fleet.workspace_action(st, name, ws),
+                f"{name} {ws}",
+                lambda r: f"{ws} is {r.get('state', 'done')}",
+            )
+
+    def set_filter(self, text: str) -> None:
+        self.filter = text.strip()
+        self.rebuild()
+        if self.loop is not None and self.loop.screen.started:
+            self.loop.draw_screen()
+
+    def ask_filter(self) -> None:
+        """``/``: lines are filtered as the text is typed; Enter keeps it, Esc clears it."""
+        before = self.filter
+
+        def done(answer: str | None) -> None:
+            self.footer.contents[0] = (self.message, self.footer.options())
+            self.frame.focus_position = "body"
+            self.set_filter(answer if answer is not None else "")
+            self.say(f"showing lines with {self.filter!r}; Esc shows all" if self.filter else "")
+
+        prompt = Prompt("/", done)
+        prompt.set_edit_text(before)
+        prompt.set_edit_pos(len(before))
+        urwid.connect_signal(prompt, "postchange", lambda w, _old: self.set_filter(w.edit_text))
+        self.footer.contents[0] = (prompt, self.footer.options())
+        self.footer.focus_position = 0
+        self.frame.focus_position = "footer"
 
     def ask(self, caption: str, then: Callable[[str], None]) -> None:
         def done(answer: str | None) -> None:
@@ -332,8 +542,13 @@ class App:
         self.footer.focus_position = 0
         self.frame.focus_position = "footer"
 
-    def ask_confirm(self, question: str, action: Callable[[], Awaitable[Any]], busy: str,
-                    done: Callable[[Any], str] | None = None) -> None:
+    def ask_confirm(
+        self,
+        question: str,
+        action: Callable[[], Awaitable[Any]],
+        busy: str,
+        done: Callable[[Any], str] | None = None,
+    ) -> None:
         async def go() -> Any:
             r = await action()
             return done(r) if done else f"{busy}: done"
@@ -363,12 +578,14 @@ class App:
     def new_workspace(self, st: ServerState, text: str) -> None:
         parts = text.split()
         if len(parts) < 2 or not all(p.isdigit() for p in parts[2:]):
-            self.say("write a name and a template or image, then any ports: dev busybox 8888",
-                     error=True)
+            self.say("write a name and a template or image, then any ports: dev busybox 8888", error=True)
             return
         name, source, ports = parts[0], parts[1], [int(p) for p in parts[2:]]
-        self.run(self.fleet.create_workspace(st, name, source, ports), f"creating {name}",
-                 lambda r: f"workspace {name} is {r.get('state', 'created')}")
+        self.run(
+            self.fleet.create_workspace(st, name, source, ports),
+            f"creating {name}",
+            lambda r: f"workspace {name} is {r.get('state', 'created')}",
+        )
 
     def forwarded(self, st: ServerState, name: str, pairs: list[tuple[int, int]]) -> str:
         text = ", ".join(f"localhost:{local} \u2192 {name}:{c}" for c, local in pairs)
@@ -394,6 +611,12 @@ class App:
         self.say("refreshing")
 
     def quit(self) -> None:
+        """Leave at once: nothing waits for a server (see :meth:`Fleet.abort`)."""
+        for t in self._tasks:
+            t.cancel()
+        if self.overlay is not None and self.overlay.get("task") is not None:
+            self.overlay["task"].cancel()
+        self.fleet.abort()
         raise urwid.ExitMainLoop()
 
     # ---------------------------------------------------------- terminals
@@ -435,8 +658,9 @@ class App:
         body: Any = urwid.SimpleFocusListWalker([])
         box = urwid.LineBox(urwid.ListBox(body), title=f"job {job_id} on {st.name}  (Esc closes)")
         assert self.loop is not None
-        self.loop.widget = urwid.Overlay(box, self.frame, "center", ("relative", 96), "middle",
-                                         ("relative", 90))
+        self.loop.widget = urwid.Overlay(
+            box, self.frame, "center", ("relative", 96), "middle", ("relative", 90)
+        )
         self.overlay = {"body": body, "partial": ""}
 
         async def go() -> None:
@@ -462,7 +686,7 @@ class App:
         for line in lines:
             body.append(urwid.Text(line.expandtabs()))
         if len(body) > 5000:
-            del body[:len(body) - 5000]
+            del body[: len(body) - 5000]
         if len(body):
             body.set_focus(len(body) - 1)
         if self.loop is not None and self.loop.screen.started:
@@ -475,40 +699,64 @@ class App:
         assert self.loop is not None
         self.loop.widget = self.frame
 
-    def help(self) -> None:
-        lines = [
-            "remotegpu-cli keys",
-            "",
-            "  up/down, PgUp/PgDn  move        r  refresh now        q  quit",
-            "  on a server:     t/Enter terminal (ssh into its tmux session)",
-            "                   j submit a job file   n new workspace",
-            "                   a add a server        d drop it from your list",
-            "  on a job:        c cancel   l follow its log   t terminal",
-            "  on a workspace:  t shell in it   s start   x stop   D remove",
-            "                   f forward its ports to localhost",
-            "",
-            f"  your list: {self.fleet.server_list.path}",
-            "  Esc closes this",
-        ]
-        box = urwid.LineBox(urwid.ListBox(urwid.SimpleFocusListWalker([urwid.Text(x) for x in lines])))
+    def _show_overlay(self, title: str, lines: list[Any]) -> None:
+        texts = [urwid.Text(safe_markup(x)) for x in lines]
+        box = urwid.LineBox(urwid.ListBox(urwid.SimpleFocusListWalker(texts)), title=printable(title))
         assert self.loop is not None
-        self.loop.widget = urwid.Overlay(box, self.frame, "center", ("relative", 96), "middle",
-                                         len(lines) + 2)
+        cols, rows = self.loop.screen.get_cols_rows()
+        inner = max(10, cols * 96 // 100 - 2)
+        height = min(sum(t.rows((inner,)) for t in texts) + 2, max(5, rows - 2))
+        self.loop.widget = urwid.Overlay(box, self.frame, "center", ("relative", 96), "middle", height)
         self.overlay = {}
 
+    def help(self) -> None:
+        lines = [*help_lines(), "", f"your list: {self.fleet.server_list.path}"]
+        self._show_overlay("remotegpu-cli keys  (Esc closes)", lines)
 
-def _age(seconds: float) -> str:
-    """Elapsed time in the largest unit.
+    def details(self, row: Row) -> None:
+        """Enter: everything known of the focused line, long texts wrapped in full."""
+        st = row.state
+        if row.kind == "job" and row.item is not None:
+            pairs = job_details(row.item, st.server or st.name, time.time())
+            title = f"job {row.item.get('job_id')} on {st.name}"
+        elif row.kind == "workspace" and row.item is not None:
+            pairs = [(str(k), str(v)) for k, v in row.item.items() if v not in (None, "", [], {})]
+            title = f"workspace {row.item.get('name')} on {st.name}"
+        else:
+            pairs = self.server_details(st)
+            title = f"server {st.name}"
+        width = max(len(k) for k, _ in pairs) if pairs else 0
+        self._show_overlay(f"{title}  (Esc closes)", [[("key", f"{k:<{width}}  "), v] for k, v in pairs])
 
-    >>> _age(59), _age(125), _age(7300)
-    ('59s', '2m', '2h01')
-    """
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}"
+    def server_details(self, st: ServerState) -> list[tuple[str, str]]:
+        n = st.node() or {}
+        pairs = [
+            ("server", st.name),
+            ("reached as", " ".join(self._ssh(st))),
+            ("from", st.target.source.replace("_", " ")),
+            ("status", st.status),
+            ("reason", st.reason or "-"),
+            ("user", st.user or "-"),
+            ("name there", st.server or "-"),
+            ("cluster", st.cluster_id or "standalone"),
+            ("cpus", f"{n.get('cpus', '-')} ({int(n.get('cpu_percent') or 0)}% busy)"),
+            ("ram", f"{gib(n.get('ram_used'))} of {gib(n.get('ram_total'))}"),
+        ]
+        if st.notice:
+            pairs.append(("warning", st.notice))
+        for g in mig_under_cards(n.get("gpus", [])):
+            hist = st.history.get((str(n.get("name")), g.get("index")))
+            jobs = ",".join(str(x) for x in g.get("jobs", [])) or "none"
+            pairs.append(
+                (
+                    f"GPU{g.get('index')}",
+                    f"{g.get('type')}  util {int(g.get('util') or 0)}% "
+                    f"{sparkline(hist.util if hist else (), min(30, len(hist.util) if hist else 0))}  memory {gib(g.get('vram_used'))} "
+                    f"of {gib(g.get('vram_total'))} {sparkline(hist.mem if hist else (), min(30, len(hist.mem) if hist else 0))}"
+                    f"  jobs {jobs}",
+                )
+            )
+        return pairs
 
 
 def no_color() -> bool:
@@ -526,14 +774,20 @@ def run_screen(fleet: Fleet) -> int:
     if no_color():
         screen.set_terminal_properties(colors=1)
     app = App(fleet)
-    app.loop = urwid.MainLoop(app.frame, PALETTE, screen=screen, unhandled_input=app.on_key,
-                              event_loop=urwid.AsyncioEventLoop(loop=loop), handle_mouse=False)
+    app.loop = urwid.MainLoop(
+        app.frame,
+        PALETTE,
+        screen=screen,
+        unhandled_input=app.on_key,
+        input_filter=app.input_filter,
+        event_loop=urwid.AsyncioEventLoop(loop=loop),
+        handle_mouse=False,
+    )
     loop.call_soon(fleet.start)
     try:
         app.loop.run()
     finally:
+        # Connections are dropped, not closed politely: quitting waits for no server.
         loop.run_until_complete(fleet.stop())
         loop.close()
     return 0
-
-

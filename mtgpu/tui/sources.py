@@ -79,8 +79,10 @@ class Target:
         return argv + [self.host, *command]
 
 
-_DEST = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s\[\]]+))"
-                   r"(?::(?P<port>\d{1,5}))?$")
+_DEST = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s\[\]]+))"
+    r"(?::(?P<port>\d{1,5}))?$"
+)
 
 
 def parse_destination(text: str, name: str | None = None, source: str = LIST) -> Target:
@@ -96,16 +98,17 @@ def parse_destination(text: str, name: str | None = None, source: str = LIST) ->
     m = _DEST.match(text.strip())
     port = int(m["port"]) if m and m["port"] else None
     if m is None or (port is not None and not 1 <= port <= 65535):
-        raise ServerListError(f"{text!r} is not a server: write [user@]host[:port], such as "
-                              "alice@gpu01:2222, or a Host of ~/.ssh/config")
+        raise ServerListError(
+            f"{text!r} is not a server: write [user@]host[:port], such as "
+            "alice@gpu01:2222, or a Host of ~/.ssh/config"
+        )
     host = m["v6"] or m["host"]
     return Target(name=name or host, host=host, port=port, user=m["user"], source=source)
 
 
 def config_dir() -> Path:
     """``~/.config/remotegpu`` (``$XDG_CONFIG_HOME/remotegpu``; ``%APPDATA%`` on Windows)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or (
-        os.environ.get("APPDATA") if os.name == "nt" else None)
+    base = os.environ.get("XDG_CONFIG_HOME") or (os.environ.get("APPDATA") if os.name == "nt" else None)
     return Path(base).expanduser() / "remotegpu" if base else Path.home() / ".config" / "remotegpu"
 
 
@@ -139,8 +142,7 @@ def load_server_list(path: Path | None = None) -> ServerList:
         raise ServerListError(f"{path}: expected a mapping with a `servers:` list")
     unknown = sorted(set(data) - {"servers", "ssh_config"})
     if unknown:
-        raise ServerListError(f"{path}: unknown key {unknown[0]!r}; the keys are `servers` and "
-                              "`ssh_config`")
+        raise ServerListError(f"{path}: unknown key {unknown[0]!r}; the keys are `servers` and `ssh_config`")
     raw = data.get("servers") or []
     if not isinstance(raw, list):
         raise ServerListError(f"{path}: `servers` must be a list")
@@ -154,18 +156,24 @@ def load_server_list(path: Path | None = None) -> ServerList:
                 raise ServerListError(f"{where}: {exc}") from None
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("host"), str):
-            raise ServerListError(f"{where}: write a destination such as alice@gpu01:2222, or a "
-                                  "mapping with at least `host:`")
+            raise ServerListError(
+                f"{where}: write a destination such as alice@gpu01:2222, or a mapping with at least `host:`"
+            )
         bad = sorted(set(entry) - {"name", "host", "port", "user", "identity"})
         if bad:
-            raise ServerListError(f"{where}: unknown key {bad[0]!r}; use name, host, port, user, "
-                                  "identity")
+            raise ServerListError(f"{where}: unknown key {bad[0]!r}; use name, host, port, user, identity")
         port = entry.get("port")
         if port is not None and (not isinstance(port, int) or not 1 <= port <= 65535):
             raise ServerListError(f"{where}: port must be a number from 1 to 65535")
-        targets.append(Target(name=str(entry.get("name") or entry["host"]), host=entry["host"],
-                              port=port, user=_opt_str(entry, "user", where),
-                              identity=_opt_str(entry, "identity", where)))
+        targets.append(
+            Target(
+                name=str(entry.get("name") or entry["host"]),
+                host=entry["host"],
+                port=port,
+                user=_opt_str(entry, "user", where),
+                identity=_opt_str(entry, "identity", where),
+            )
+        )
     flag = data.get("ssh_config", True)
     if not isinstance(flag, bool):
         raise ServerListError(f"{path}: ssh_config must be true or false")
@@ -187,13 +195,24 @@ def save_server_list(sl: ServerList) -> Path:
         if t.identity is None and t.name == t.host:
             entries.append(t.destination())
         else:
-            entries.append({k: v for k, v in (("name", t.name), ("host", t.host), ("port", t.port),
-                                               ("user", t.user), ("identity", t.identity))
-                            if v is not None})
+            entries.append(
+                {
+                    k: v
+                    for k, v in (
+                        ("name", t.name),
+                        ("host", t.host),
+                        ("port", t.port),
+                        ("user", t.user),
+                        ("identity", t.identity),
+                    )
+                    if v is not None
+                }
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump({"servers": entries, "ssh_config": sl.ssh_config},
-                                  sort_keys=False), encoding="utf-8")
+    tmp.write_text(
+        yaml.safe_dump({"servers": entries, "ssh_config": sl.ssh_config}, sort_keys=False), encoding="utf-8"
+    )
     os.replace(tmp, path)
     return path
 
@@ -207,8 +226,10 @@ def add_server(sl: ServerList, target: Target) -> ServerList:
 def remove_server(sl: ServerList, name: str) -> ServerList:
     left = tuple(t for t in sl.targets if t.name != name)
     if len(left) == len(sl.targets):
-        raise ServerListError(f"{name} is not in your list ({sl.path}); servers found in "
-                              "~/.ssh/config or from a cluster are not stored there")
+        raise ServerListError(
+            f"{name} is not in your list ({sl.path}); servers found in "
+            "~/.ssh/config or from a cluster are not stored there"
+        )
     return replace(sl, targets=left)
 
 
@@ -264,5 +285,11 @@ def member_target(origin: Target, member: dict[str, Any], user: str | None) -> T
     host = host.strip("[]")
     if not host or not port.isdigit() or host in ("0.0.0.0", "::"):
         return None
-    return Target(name=str(member["name"]), host=host, port=int(port), user=user or origin.user,
-                  identity=origin.identity, source=CLUSTER)
+    return Target(
+        name=str(member["name"]),
+        host=host,
+        port=int(port),
+        user=user or origin.user,
+        identity=origin.identity,
+        source=CLUSTER,
+    )

@@ -47,8 +47,12 @@ def device_names(specs: Iterable[Mapping[str, Any]]) -> set[str]:
     >>> sorted(device_names([{"kind": "nvidia.com/gpu", "devices": [{"name": "0"}, {"name": "GPU-1"}]}]))
     ['nvidia.com/gpu=0', 'nvidia.com/gpu=GPU-1']
     """
-    return {f"{s['kind']}={d.get('name')}" for s in specs for d in s.get("devices") or []
-            if d.get("name") is not None}
+    return {
+        f"{s['kind']}={d.get('name')}"
+        for s in specs
+        for d in s.get("devices") or []
+        if d.get("name") is not None
+    }
 
 
 def host_paths(specs: Iterable[Mapping[str, Any]]) -> set[str]:

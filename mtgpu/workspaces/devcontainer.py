@@ -62,7 +62,7 @@ def strip_jsonc(text: str) -> str:
     result: list[str] = []
     for i, c, in_str in _scan(plain):
         if c == "," and not in_str:
-            rest = plain[i + 1:].lstrip()
+            rest = plain[i + 1 :].lstrip()
             if rest[:1] in ("}", "]"):
                 continue
         result.append(c)
@@ -94,10 +94,12 @@ def workspace_folder(config_path: str) -> str:
 
 def _subst(value: Any, folder: str) -> Any:
     if isinstance(value, str):
-        return (value.replace("${localWorkspaceFolder}", folder)
-                .replace("${containerWorkspaceFolder}", folder)
-                .replace("${localWorkspaceFolderBasename}", os.path.basename(folder))
-                .replace("${containerWorkspaceFolderBasename}", os.path.basename(folder)))
+        return (
+            value.replace("${localWorkspaceFolder}", folder)
+            .replace("${containerWorkspaceFolder}", folder)
+            .replace("${localWorkspaceFolderBasename}", os.path.basename(folder))
+            .replace("${containerWorkspaceFolderBasename}", os.path.basename(folder))
+        )
     if isinstance(value, list):
         return [_subst(v, folder) for v in value]
     if isinstance(value, dict):
@@ -160,8 +162,12 @@ def _ports(config: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def spec_from_devcontainer(config: Mapping[str, Any], *, name: str, config_path: str,
-                           ) -> WorkspaceSpec:
+def spec_from_devcontainer(
+    config: Mapping[str, Any],
+    *,
+    name: str,
+    config_path: str,
+) -> WorkspaceSpec:
     """The workspace a devcontainer.json describes (before the tenant's overrides)."""
     from mtgpu.config.units import parse_size
 
@@ -169,14 +175,16 @@ def spec_from_devcontainer(config: Mapping[str, Any], *, name: str, config_path:
     config = _subst(dict(config), folder)
     warnings: list[str] = []
     if config.get("dockerComposeFile"):
-        raise WorkspaceError("Docker Compose devcontainers are not supported; use image or "
-                             "build.dockerfile")
+        raise WorkspaceError("Docker Compose devcontainers are not supported; use image or build.dockerfile")
     if config.get("features"):
-        warnings.append("devcontainer features are not supported and were skipped; install "
-                        "them in a Dockerfile")
+        warnings.append(
+            "devcontainer features are not supported and were skipped; install them in a Dockerfile"
+        )
     if config.get("containerUser"):
-        warnings.append("containerUser is ignored: the container runs as your own account "
-                        "(--userns=keep-id); remoteUser is honoured for shells")
+        warnings.append(
+            "containerUser is ignored: the container runs as your own account "
+            "(--userns=keep-id); remoteUser is honoured for shells"
+        )
     build = config.get("build") or {}
     image = config.get("image") or ""
     spec_build = None
@@ -186,14 +194,15 @@ def spec_from_devcontainer(config: Mapping[str, Any], *, name: str, config_path:
             dockerfile=os.path.normpath(os.path.join(cfg_dir, build["dockerfile"])),
             context=os.path.normpath(os.path.join(cfg_dir, build.get("context", "."))),
             args={str(k): str(v) for k, v in (build.get("args") or {}).items()},
-            target=str(build.get("target", "")), config_path=os.path.normpath(config_path),
-            workspace_folder=folder)
+            target=str(build.get("target", "")),
+            config_path=os.path.normpath(config_path),
+            workspace_folder=folder,
+        )
         image = image or f"localhost/mtgpu-devcontainer/{name}:latest"
     if not image:
         raise WorkspaceError(f"{config_path} names no image and no build.dockerfile")
     env = {str(k): str(v) for k, v in (config.get("containerEnv") or {}).items()}
-    env.update({str(k): str(v) for k, v in (config.get("remoteEnv") or {}).items()
-                if v is not None})
+    env.update({str(k): str(v) for k, v in (config.get("remoteEnv") or {}).items() if v is not None})
     req = config.get("hostRequirements") or {}
     gpus = 0
     gpu = req.get("gpu")
@@ -205,16 +214,23 @@ def spec_from_devcontainer(config: Mapping[str, Any], *, name: str, config_path:
     if not isinstance(run_args, list) or not all(isinstance(a, str) for a in run_args):
         raise WorkspaceError("runArgs must be an array of strings")
     return WorkspaceSpec(
-        name=name, image=image, source=f"devcontainer:{os.path.normpath(config_path)}",
-        gpus=gpus, cpus=int(req.get("cpus") or 1),
+        name=name,
+        image=image,
+        source=f"devcontainer:{os.path.normpath(config_path)}",
+        gpus=gpus,
+        cpus=int(req.get("cpus") or 1),
         ram=parse_size(req["memory"]) if req.get("memory") else 1 << 30,
-        ports=_ports(config), env=env,
+        ports=_ports(config),
+        env=env,
         mounts=tuple(_mount(m) for m in config.get("mounts") or []),
         use_image_command=config.get("overrideCommand") is False,
         post_create=_command(config.get("postCreateCommand"), "postCreateCommand"),
         user=str(config.get("remoteUser") or ""),
         workdir=str(config.get("workspaceFolder") or folder),
-        run_args=tuple(run_args), build=spec_build, warnings=tuple(warnings))
+        run_args=tuple(run_args),
+        build=spec_build,
+        warnings=tuple(warnings),
+    )
 
 
 def build_argv(build: BuildSpec, image: str) -> list[str]:
@@ -229,8 +245,18 @@ def build_argv(build: BuildSpec, image: str) -> list[str]:
 
 def devcontainer_cli_argv(cli: str, build: BuildSpec, image: str, docker_path: str) -> list[str]:
     """The ``devcontainer build`` command line, when that CLI is installed."""
-    return [cli, "build", "--workspace-folder", build.workspace_folder, "--config",
-            build.config_path, "--image-name", image, "--docker-path", docker_path]
+    return [
+        cli,
+        "build",
+        "--workspace-folder",
+        build.workspace_folder,
+        "--config",
+        build.config_path,
+        "--image-name",
+        image,
+        "--docker-path",
+        docker_path,
+    ]
 
 
 def merge_overrides(spec: WorkspaceSpec, overrides: Mapping[str, Any]) -> WorkspaceSpec:
@@ -249,4 +275,4 @@ def merge_overrides(spec: WorkspaceSpec, overrides: Mapping[str, Any]) -> Worksp
 
 
 def as_argv(value: str | Sequence[str]) -> tuple[str, ...]:
-    return (("/bin/sh", "-c", value) if isinstance(value, str) else tuple(value))
+    return ("/bin/sh", "-c", value) if isinstance(value, str) else tuple(value)

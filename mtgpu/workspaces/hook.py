@@ -51,10 +51,13 @@ def _log(home: str, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mtgpu.cmdline import add_version
+
     p = argparse.ArgumentParser(prog="mtgpu-podman-hook")
     p.add_argument("--api", required=True, help="the daemon's API socket")
     p.add_argument("--uid-range", default="1000-4294967294", help="tenant UIDs, FIRST-LAST")
     p.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    add_version(p)
     args = p.parse_args(argv)
     raw = sys.stdin.read()
     try:

@@ -100,13 +100,28 @@ def dropin_text(facts: HostFacts) -> str:
 
 def hook_json(hook_path: str, api_socket: str, uid_range: tuple[int, int]) -> str:
     """The OCI hook definition (oci-hooks(5), schema 1.0.0) for every container."""
-    return json.dumps({
-        "version": "1.0.0",
-        "hook": {"path": hook_path,
-                 "args": ["mtgpu-podman-hook", "--api", api_socket,
-                          "--uid-range", f"{uid_range[0]}-{uid_range[1]}",
-                          "MTGPU-container-policy:see-~/.mtgpu/podman-policy.log"]},
-        "when": {"always": True}, "stages": ["precreate"]}, indent=2) + "\n"
+    return (
+        json.dumps(
+            {
+                "version": "1.0.0",
+                "hook": {
+                    "path": hook_path,
+                    "args": [
+                        "mtgpu-podman-hook",
+                        "--api",
+                        api_socket,
+                        "--uid-range",
+                        f"{uid_range[0]}-{uid_range[1]}",
+                        "MTGPU-container-policy:see-~/.mtgpu/podman-policy.log",
+                    ],
+                },
+                "when": {"always": True},
+                "stages": ["precreate"],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def assess(facts: HostFacts, options: Options, hook_path: str) -> list[Finding]:
@@ -115,45 +130,112 @@ def assess(facts: HostFacts, options: Options, hook_path: str) -> list[Finding]:
     if facts.podman:
         f.append(Finding("podman", True, f"{facts.podman} {facts.podman_version}".strip()))
     else:
-        f.append(Finding("podman", False, "not installed; apt-get install podman (Debian, Ubuntu) "
-                                          "or dnf install podman"))
-    f.append(Finding("newuidmap", facts.newuidmap_setuid,
-                     "setuid newuidmap/newgidmap present" if facts.newuidmap_setuid else
-                     "newuidmap/newgidmap missing or not setuid; apt-get install uidmap"))
-    f.append(Finding("network helper", bool(facts.network_helper),
-                     facts.network_helper or "neither slirp4netns nor pasta is installed; "
-                                             "apt-get install slirp4netns"))
-    f.append(Finding("user namespaces", facts.userns_max > 0,
-                     f"user.max_user_namespaces = {facts.userns_max}" + (
-                         "" if facts.userns_max > 0 else "; set it above 0 in /etc/sysctl.d")))
+        f.append(
+            Finding(
+                "podman",
+                False,
+                "not installed; apt-get install podman (Debian, Ubuntu) or dnf install podman",
+            )
+        )
+    f.append(
+        Finding(
+            "newuidmap",
+            facts.newuidmap_setuid,
+            "setuid newuidmap/newgidmap present"
+            if facts.newuidmap_setuid
+            else "newuidmap/newgidmap missing or not setuid; apt-get install uidmap",
+        )
+    )
+    f.append(
+        Finding(
+            "network helper",
+            bool(facts.network_helper),
+            facts.network_helper or "neither slirp4netns nor pasta is installed; apt-get install slirp4netns",
+        )
+    )
+    f.append(
+        Finding(
+            "user namespaces",
+            facts.userns_max > 0,
+            f"user.max_user_namespaces = {facts.userns_max}"
+            + ("" if facts.userns_max > 0 else "; set it above 0 in /etc/sysctl.d"),
+        )
+    )
     if options.containers.prepull:
-        f.append(Finding("skopeo", facts.skopeo, "present (pre-pulls images)" if facts.skopeo else
-                         "CONTAINERS.prepull needs skopeo; apt-get install skopeo"))
+        f.append(
+            Finding(
+                "skopeo",
+                facts.skopeo,
+                "present (pre-pulls images)"
+                if facts.skopeo
+                else "CONTAINERS.prepull needs skopeo; apt-get install skopeo",
+            )
+        )
     if not facts.cgroup_unified:
         ok = facts.runc
-        f.append(Finding("runtime", ok, "hybrid/v1 cgroups: runc is used (crun refuses them)" if ok
-                         else "hybrid/v1 cgroups need runc (crun refuses them); apt-get install runc"))
+        f.append(
+            Finding(
+                "runtime",
+                ok,
+                "hybrid/v1 cgroups: runc is used (crun refuses them)"
+                if ok
+                else "hybrid/v1 cgroups need runc (crun refuses them); apt-get install runc",
+            )
+        )
     else:
-        f.append(Finding("runtime", facts.runc or facts.crun,
-                         "crun or runc present" if facts.runc or facts.crun
-                         else "no OCI runtime; apt-get install crun"))
+        f.append(
+            Finding(
+                "runtime",
+                facts.runc or facts.crun,
+                "crun or runc present"
+                if facts.runc or facts.crun
+                else "no OCI runtime; apt-get install crun",
+            )
+        )
     want = dropin_text(facts)
-    f.append(Finding("containers.conf", facts.dropin == want,
-                     f"{DROPIN} is current" if facts.dropin == want else
-                     f"{DROPIN} must say: " + "; ".join(want.splitlines()[2:]), "dropin"))
+    f.append(
+        Finding(
+            "containers.conf",
+            facts.dropin == want,
+            f"{DROPIN} is current"
+            if facts.dropin == want
+            else f"{DROPIN} must say: " + "; ".join(want.splitlines()[2:]),
+            "dropin",
+        )
+    )
     want_hook = hook_json(hook_path, options.api_socket, options.tenant_uid_range)
-    f.append(Finding("policy hook", facts.hook == want_hook,
-                     f"{HOOK_FILE} is installed" if facts.hook == want_hook else
-                     f"{HOOK_FILE} must run {hook_path} before each container is created", "hook"))
+    f.append(
+        Finding(
+            "policy hook",
+            facts.hook == want_hook,
+            f"{HOOK_FILE} is installed"
+            if facts.hook == want_hook
+            else f"{HOOK_FILE} must run {hook_path} before each container is created",
+            "hook",
+        )
+    )
     if facts.tun_mode is None:
         f.append(Finding("/dev/net/tun", False, "missing; load the tun module (modprobe tun)"))
     else:
         ok = facts.tun_mode & 0o666 == 0o666
-        f.append(Finding("/dev/net/tun", ok, f"mode {facts.tun_mode:04o}" + (
-            "" if ok else "; rootless networking needs 0666"), "" if ok else "tun"))
-    f.append(Finding("/run/user", facts.run_user,
-                     "present; each tenant's XDG_RUNTIME_DIR is made there on first use"
-                     if facts.run_user else "missing", "" if facts.run_user else "run_user"))
+        f.append(
+            Finding(
+                "/dev/net/tun",
+                ok,
+                f"mode {facts.tun_mode:04o}" + ("" if ok else "; rootless networking needs 0666"),
+                "" if ok else "tun",
+            )
+        )
+    f.append(
+        Finding(
+            "/run/user",
+            facts.run_user,
+            "present; each tenant's XDG_RUNTIME_DIR is made there on first use"
+            if facts.run_user
+            else "missing",
+            "" if facts.run_user else "run_user",
+        )
+    )
     bad = []
     for name, uid in sorted(facts.tenants.items()):
         try:
@@ -164,14 +246,27 @@ def assess(facts: HostFacts, options: Options, hook_path: str) -> list[Finding]:
         want_range = (lo, hi - lo + 1)
         if want_range not in facts.subuid.get(uid, []) or want_range not in facts.subgid.get(uid, []):
             bad.append(name)
-    f.append(Finding("subuid/subgid", not bad,
-                     f"{len(facts.tenants)} tenants have their derived ranges" if not bad else
-                     f"missing ranges for {', '.join(bad)}", "" if not bad else "subids"))
+    f.append(
+        Finding(
+            "subuid/subgid",
+            not bad,
+            f"{len(facts.tenants)} tenants have their derived ranges"
+            if not bad
+            else f"missing ranges for {', '.join(bad)}",
+            "" if not bad else "subids",
+        )
+    )
     if facts.nvidia:
-        f.append(Finding("NVIDIA CDI", facts.cdi_nvidia,
-                         "a CDI spec for nvidia.com/gpu exists" if facts.cdi_nvidia else
-                         "no CDI spec: run nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
-                         "" if facts.cdi_nvidia or not facts.nvidia_ctk else "cdi"))
+        f.append(
+            Finding(
+                "NVIDIA CDI",
+                facts.cdi_nvidia,
+                "a CDI spec for nvidia.com/gpu exists"
+                if facts.cdi_nvidia
+                else "no CDI spec: run nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+                "" if facts.cdi_nvidia or not facts.nvidia_ctk else "cdi",
+            )
+        )
     f.append(store_finding(options.containers.storage, options.tenant_home_root, facts.home_fs))
     return f
 
@@ -190,9 +285,13 @@ def store_finding(setting: str, home_root: str, home_fs: str) -> Finding:
 
     where = f"TENANT_HOME_ROOT {home_root} is on {home_fs or 'an unknown filesystem'}"
     if setting == "home" and home_fs in NETWORK_FILESYSTEMS:
-        return Finding("container stores", False, f"CONTAINERS.storage is home, but {where}, "
-                       "where rootless podman cannot keep its storage; set CONTAINERS.storage "
-                       "to auto or to a directory on this member's disk")
+        return Finding(
+            "container stores",
+            False,
+            f"CONTAINERS.storage is home, but {where}, "
+            "where rootless podman cannot keep its storage; set CONTAINERS.storage "
+            "to auto or to a directory on this member's disk",
+        )
     root = root_for(setting, home_fs)
     if root:
         return Finding("container stores", True, f"on this member's disk, under {root} ({where})")
@@ -230,15 +329,20 @@ def gather(options: Options) -> HostFacts:
             version = run([podman, "--version"], timeout=30).stdout.strip().rsplit(" ", 1)[-1]
         except CommandError:
             version = "(does not run)"
-    setuid = all(os.path.exists(p) and bool(os.stat(p).st_mode & stat.S_ISUID)
-                 or _has_caps(p) for p in ("/usr/bin/newuidmap", "/usr/bin/newgidmap"))
+    setuid = all(
+        os.path.exists(p) and bool(os.stat(p).st_mode & stat.S_ISUID) or _has_caps(p)
+        for p in ("/usr/bin/newuidmap", "/usr/bin/newgidmap")
+    )
     try:
         tun_mode: int | None = stat.S_IMODE(os.stat("/dev/net/tun").st_mode)
     except OSError:
         tun_mode = None
     lo, hi = options.tenant_uid_range
-    tenants = {p.pw_name: p.pw_uid for p in pwd.getpwall()
-               if lo <= p.pw_uid <= hi or "MTGPU tenant" in (p.pw_gecos or "")}
+    tenants = {
+        p.pw_name: p.pw_uid
+        for p in pwd.getpwall()
+        if lo <= p.pw_uid <= hi or "MTGPU tenant" in (p.pw_gecos or "")
+    }
     try:
         userns = int(_read("/proc/sys/user/max_user_namespaces").strip() or "1")
     except ValueError:
@@ -248,18 +352,28 @@ def gather(options: Options) -> HostFacts:
     nvidia = os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
     names = cdi.device_names(cdi.load_specs()) if nvidia else set()
     return HostFacts(
-        podman=podman, podman_version=version, newuidmap_setuid=setuid,
+        podman=podman,
+        podman_version=version,
+        newuidmap_setuid=setuid,
         network_helper=shutil.which("slirp4netns") or shutil.which("pasta"),
         skopeo=bool(shutil.which("skopeo")),
         runc=bool(shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/sbin")),
         crun=bool(shutil.which("crun")),
         cgroup_unified=os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
-        systemd=os.path.isdir("/run/systemd/system"), tun_mode=tun_mode,
-        run_user=os.path.isdir("/run/user"), userns_max=userns,
-        subuid=_subids("/etc/subuid", tenants), subgid=_subids("/etc/subgid", tenants),
-        tenants=tenants, dropin=_read(DROPIN), hook=_read(HOOK_FILE), nvidia=nvidia,
+        systemd=os.path.isdir("/run/systemd/system"),
+        tun_mode=tun_mode,
+        run_user=os.path.isdir("/run/user"),
+        userns_max=userns,
+        subuid=_subids("/etc/subuid", tenants),
+        subgid=_subids("/etc/subgid", tenants),
+        tenants=tenants,
+        dropin=_read(DROPIN),
+        hook=_read(HOOK_FILE),
+        nvidia=nvidia,
         cdi_nvidia=any(n.startswith("nvidia.com/gpu=") for n in names),
-        nvidia_ctk=bool(shutil.which("nvidia-ctk")), home_fs=_home_fs(options.tenant_home_root))
+        nvidia_ctk=bool(shutil.which("nvidia-ctk")),
+        home_fs=_home_fs(options.tenant_home_root),
+    )
 
 
 def _home_fs(home_root: str) -> str:
@@ -301,16 +415,19 @@ def fix(findings: list[Finding], facts: HostFacts, options: Options, hook: str) 
             done.append(f"installed {HOOK_FILE}")
         elif f.fix == "tun":
             os.chmod("/dev/net/tun", 0o666)
-            done.append("made /dev/net/tun mode 0666 (udev may reset it at boot: the daemon "
-                        "sets it again when it starts with CONTAINERS.enabled)")
+            done.append(
+                "made /dev/net/tun mode 0666 (udev may reset it at boot: the daemon "
+                "sets it again when it starts with CONTAINERS.enabled)"
+            )
         elif f.fix == "run_user":
             Path("/run/user").mkdir(mode=0o755, parents=True, exist_ok=True)
             done.append("made /run/user")
         elif f.fix == "subids":
             for name, uid in sorted(facts.tenants.items()):
                 lo, hi = subid_range(uid)
-                if (lo, hi - lo + 1) in facts.subuid.get(uid, []) and \
-                        (lo, hi - lo + 1) in facts.subgid.get(uid, []):
+                if (lo, hi - lo + 1) in facts.subuid.get(uid, []) and (lo, hi - lo + 1) in facts.subgid.get(
+                    uid, []
+                ):
                     continue
                 args = []
                 if (lo, hi - lo + 1) not in facts.subuid.get(uid, []):

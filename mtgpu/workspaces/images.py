@@ -44,8 +44,13 @@ class PrepullResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"image": self.image, "archive": self.archive, "ok": self.ok, "error": self.error,
-                "seconds": round(self.seconds, 2)}
+        return {
+            "image": self.image,
+            "archive": self.archive,
+            "ok": self.ok,
+            "error": self.error,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def archive_file(ref: str) -> str:
@@ -69,8 +74,10 @@ def auth_json(text: str, registry: str) -> str:
         return stripped
     user, sep, password = stripped.partition(":")
     if not sep or not user:
-        raise WorkspaceError("the registry credentials file must be a containers auth file "
-                             "(JSON, as `podman login` writes) or one USER:PASSWORD line")
+        raise WorkspaceError(
+            "the registry credentials file must be a containers auth file "
+            "(JSON, as `podman login` writes) or one USER:PASSWORD line"
+        )
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     return json.dumps({"auths": {registry: {"auth": token}}})
 
@@ -122,13 +129,11 @@ class ImageArchives:
             t0 = time.monotonic()
             try:
                 self._copy(ref, target)
-                results.append(PrepullResult(ref, str(target), True, "",
-                                             time.monotonic() - t0))
+                results.append(PrepullResult(ref, str(target), True, "", time.monotonic() - t0))
                 log.info("pre-pulled %s into %s", ref, target)
             except WorkspaceError as exc:
                 log.error("pre-pulling %s failed: %s", ref, exc)
-                results.append(PrepullResult(ref, str(target), False, str(exc),
-                                             time.monotonic() - t0))
+                results.append(PrepullResult(ref, str(target), False, str(exc), time.monotonic() - t0))
         return results
 
     def _copy(self, ref: str, target: Path) -> None:
@@ -139,10 +144,14 @@ class ImageArchives:
             try:
                 text = Path(reg["credentials"]).read_text()
             except OSError as exc:
-                raise WorkspaceError(f"cannot read the registry credentials "
-                                     f"{reg['credentials']}: {exc.strerror}") from exc
-            fd, auth_path = tempfile.mkstemp(prefix="mtgpu-auth-", suffix=".json",
-                                             dir=self.run_dir if os.path.isdir(self.run_dir) else None)
+                raise WorkspaceError(
+                    f"cannot read the registry credentials {reg['credentials']}: {exc.strerror}"
+                ) from exc
+            fd, auth_path = tempfile.mkstemp(
+                prefix="mtgpu-auth-",
+                suffix=".json",
+                dir=self.run_dir if os.path.isdir(self.run_dir) else None,
+            )
             with os.fdopen(fd, "w") as f:
                 f.write(auth_json(text, self.registry))
             argv += ["--src-authfile", auth_path]
@@ -155,8 +164,9 @@ class ImageArchives:
             run(argv, timeout=3600)
         except CommandError as exc:
             tmp.unlink(missing_ok=True)
-            raise WorkspaceError(f"skopeo could not copy {ref}: "
-                                 f"{(exc.stderr or str(exc)).strip()[-500:]}") from exc
+            raise WorkspaceError(
+                f"skopeo could not copy {ref}: {(exc.stderr or str(exc)).strip()[-500:]}"
+            ) from exc
         finally:
             if auth_path:
                 os.unlink(auth_path)

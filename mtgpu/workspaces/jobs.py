@@ -95,8 +95,7 @@ class ImageCache:
 
     def evict(self, keep: str = "") -> list[str]:
         """Remove the least recently used archives until the rest fit the limit."""
-        files = sorted((p for p in self.dir.glob("*.tar") if p.is_file()),
-                       key=lambda p: p.stat().st_mtime)
+        files = sorted((p for p in self.dir.glob("*.tar") if p.is_file()), key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in files)
         gone = []
         for p in files:
@@ -144,18 +143,26 @@ class JobContainers:
     def resolve(self, user: str, uid: int, ref: str) -> dict[str, Any]:
         """What a job's ``container=`` names, checked and found (blocking; at submission)."""
         if not self.ws.enabled:
-            raise WorkspaceError("containerized jobs need containers on this host; an admin "
-                                 "turns them on with CONTAINERS.enabled: true")
+            raise WorkspaceError(
+                "containerized jobs need containers on this host; an admin "
+                "turns them on with CONTAINERS.enabled: true"
+            )
         t = self.ws.tenant(user, uid)
         image = self.image_name(ref)
         if not ref.startswith("saved:"):
             check_image(image, self.ws.policy(t))
         image_id = self._image_id(t, image)
         if image_id is None and ref.startswith("saved:"):
-            raise WorkspaceError(f"you have no saved image {ref[6:]!r} here; `mt-container save "
-                                 "WORKSPACE NAME` makes one")
-        src: dict[str, Any] = {"ref": ref, "image": image, "id": image_id, "origin": self.node,
-                               "archive": None}
+            raise WorkspaceError(
+                f"you have no saved image {ref[6:]!r} here; `mt-container save WORKSPACE NAME` makes one"
+            )
+        src: dict[str, Any] = {
+            "ref": ref,
+            "image": image,
+            "id": image_id,
+            "origin": self.node,
+            "archive": None,
+        }
         if image_id is not None and self.homes_shared_with():
             src["archive"] = self._archive(t, image_id)
         return src
@@ -173,16 +180,23 @@ class JobContainers:
             return path
         tmp = f"{d}/.{image_id}.tar.partial"
         self.ws.runtime.run(t, argv=["/bin/mkdir", "-p", "-m", "0700", d], what="making " + d)
-        self.ws.runtime.run(t, "save", "--quiet", "--output", tmp, image_id, timeout=3600,
-                            what=f"archiving the image {image_id[:12]} in your home")
+        self.ws.runtime.run(
+            t,
+            "save",
+            "--quiet",
+            "--output",
+            tmp,
+            image_id,
+            timeout=3600,
+            what=f"archiving the image {image_id[:12]} in your home",
+        )
         self.ws.runtime.run(t, argv=["/bin/mv", "-f", "--", tmp, path], what="archiving")
         log.info("archived image %s of %s at %s", image_id[:12], t.name, path)
         return path
 
     # ------------------------------------------------------------- the member
 
-    async def prepare(self, job: dict[str, Any], launch: JobLaunch,
-                      progress: Progress) -> JobLaunch:
+    async def prepare(self, job: dict[str, Any], launch: JobLaunch, progress: Progress) -> JobLaunch:
         """Get the image here and make the part's ``podman run``; raises with the reason."""
         src = job["container"]
         u = launch.user
@@ -197,9 +211,18 @@ class JobContainers:
         if cdis:  # CUDA numbers the GPUs a container sees from 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(cdis)))
         name = container_name(launch.job_id, launch.node_rank, launch.nnodes)
-        argv = [self.podman, "run", "--rm", f"--name={name}", "--userns=keep-id",
-                f"--label={JOB_LABEL}={launch.job_id}", f"--annotation={JOB_LABEL}={launch.job_id}",
-                "--log-driver=none", f"--workdir={launch.workdir}", "--stop-timeout=5"]
+        argv = [
+            self.podman,
+            "run",
+            "--rm",
+            f"--name={name}",
+            "--userns=keep-id",
+            f"--label={JOB_LABEL}={launch.job_id}",
+            f"--annotation={JOB_LABEL}={launch.job_id}",
+            "--log-driver=none",
+            f"--workdir={launch.workdir}",
+            "--stop-timeout=5",
+        ]
         argv += tenant_mounts(t, pol, c.cache_volumes)
         self.ws._cache_dirs(t)
         argv += [f"--device={d}" for d in [*cdis, *nodes]]
@@ -208,12 +231,19 @@ class JobContainers:
         elif not pol.network:
             argv.append("--network=none")
         argv.append(image)
-        return replace(launch, container=image, container_argv=tuple(argv), container_name=name,
-                       container_script=f"{t.runtime_dir}/mtgpu-jobs/{name}.sh",
-                       container_env={"XDG_RUNTIME_DIR": t.runtime_dir, "PATH": SYSTEM_PATH,
-                                      **({"CONTAINERS_STORAGE_CONF": t.storage_conf}
-                                         if t.storage_conf else {})},
-                       gpu_env=env or launch.gpu_env)
+        return replace(
+            launch,
+            container=image,
+            container_argv=tuple(argv),
+            container_name=name,
+            container_script=f"{t.runtime_dir}/mtgpu-jobs/{name}.sh",
+            container_env={
+                "XDG_RUNTIME_DIR": t.runtime_dir,
+                "PATH": SYSTEM_PATH,
+                **({"CONTAINERS_STORAGE_CONF": t.storage_conf} if t.storage_conf else {}),
+            },
+            gpu_env=env or launch.gpu_env,
+        )
 
     async def ensure_image(self, t: Tenant, src: dict[str, Any], progress: Progress) -> str:
         """The image in the tenant's store here; returns the name or id to run."""
@@ -265,13 +295,13 @@ class JobContainers:
                 return image
             except WorkspaceError as exc:
                 tried.append(str(exc))
-        raise WorkspaceError(f"the image {src['ref']} cannot reach {self.node}: "
-                             + "; ".join(tried or ["no way to get it"]))
+        raise WorkspaceError(
+            f"the image {src['ref']} cannot reach {self.node}: " + "; ".join(tried or ["no way to get it"])
+        )
 
     def _tenant_file(self, t: Tenant, path: str) -> bool:
         """Whether the tenant can read ``path`` (checked as the tenant, never as root)."""
-        p = self.ws.runtime.run(t, argv=["/usr/bin/test", "-f", path, "-a", "-r", path],
-                                check=False)
+        p = self.ws.runtime.run(t, argv=["/usr/bin/test", "-f", path, "-a", "-r", path], check=False)
         return p.returncode == 0
 
     def _load_root_file(self, t: Tenant, path: Path) -> None:
@@ -282,8 +312,16 @@ class JobContainers:
         if os.geteuid() == 0:
             kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
         with open(path, "rb") as f:
-            p = subprocess.run([self.podman, "load", "--quiet"], stdin=f, capture_output=True,
-                               text=True, env=tenant_env(t), cwd="/", timeout=1800, **kw)
+            p = subprocess.run(
+                [self.podman, "load", "--quiet"],
+                stdin=f,
+                capture_output=True,
+                text=True,
+                env=tenant_env(t),
+                cwd="/",
+                timeout=1800,
+                **kw,
+            )
         if p.returncode != 0:
             raise PodmanError([self.podman, "load"], p.stderr or p.stdout, "loading the image")
 
@@ -291,7 +329,8 @@ class JobContainers:
         archives = self.ws.archives
         reg = self.ws.options.containers.registry or {}
         if reg.get("credentials") and canonical_image(image, archives.registry).startswith(
-                archives.registry + "/"):
+            archives.registry + "/"
+        ):
             # The registry's credentials stay root's: skopeo copies, the tenant loads.
             target = self.cache.dir / f"pull-{re.sub(r'[^A-Za-z0-9._-]+', '_', image)}.tar"
             self.cache.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -308,8 +347,9 @@ class JobContainers:
 
     # ------------------------------------------------------------ streaming
 
-    async def _stream(self, t: Tenant, image_id: str, origin: str, progress: Progress,
-                      tried: list[str]) -> Path | None:
+    async def _stream(
+        self, t: Tenant, image_id: str, origin: str, progress: Progress, tried: list[str]
+    ) -> Path | None:
         """Copy the image from ``origin`` into this member's cache; None (with why in
         ``tried``) if it cannot come."""
         assert self.connect is not None
@@ -322,11 +362,10 @@ class JobContainers:
         try:
             conn = await self.connect(origin)
             proc = await conn.create_process(subsystem=IMAGE_SUBSYSTEM, encoding=None)
-            proc.stdin.write(json.dumps({"user": t.name, "uid": t.uid, "image": image_id}).encode()
-                             + b"\n")
+            proc.stdin.write(json.dumps({"user": t.name, "uid": t.uid, "image": image_id}).encode() + b"\n")
             proc.stdin.write_eof()
             last = t0
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb") as f:  # noqa: ASYNC230 - the root-owned cache on local disk
                 while True:
                     chunk = await asyncio.wait_for(proc.stdout.read(1 << 20), STALL_TIMEOUT)
                     if not chunk:
@@ -335,15 +374,14 @@ class JobContainers:
                     got += len(chunk)
                     if time.monotonic() - last >= PROGRESS_EVERY:
                         last = time.monotonic()
-                        await progress(f"streaming image {image_id[:12]} from {origin}: "
-                                       f"{_size(got)} so far")
+                        await progress(f"streaming image {image_id[:12]} from {origin}: {_size(got)} so far")
             await asyncio.wait_for(proc.wait(), STALL_TIMEOUT)
             if proc.exit_status != 0:
                 err = (await proc.stderr.read()).decode(errors="replace").strip()
                 tried.append(f"{origin} could not send it: {err or 'no reason given'}")
                 tmp.unlink(missing_ok=True)
                 return None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             tried.append(f"streaming from {origin} stalled for {STALL_TIMEOUT:.0f}s")
             tmp.unlink(missing_ok=True)
             return None
@@ -371,7 +409,7 @@ class JobContainers:
             if acct is None or acct.uid != uid:
                 raise ValueError(f"{user} (UID {uid}) has no account on {self.node}")
             t = await asyncio.to_thread(self.ws.tenant, user, uid)
-        except (ValueError, KeyError, TypeError, asyncio.TimeoutError, WorkspaceError) as exc:
+        except (TimeoutError, ValueError, KeyError, TypeError, WorkspaceError) as exc:
             process.stderr.write(f"mtgpu: {exc}\n".encode())
             process.exit(2)
             return
@@ -382,8 +420,17 @@ class JobContainers:
             kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
         log.info("streaming image %s of %s to %s", image_id[:12], user, peer)
         p = await asyncio.create_subprocess_exec(
-            self.podman, "save", "--quiet", image_id, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tenant_env(t), cwd="/", **kw)
+            self.podman,
+            "save",
+            "--quiet",
+            image_id,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=tenant_env(t),
+            cwd="/",
+            **kw,
+        )
         assert p.stdout is not None and p.stderr is not None
         try:
             while chunk := await p.stdout.read(1 << 20):

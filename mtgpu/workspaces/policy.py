@@ -22,28 +22,47 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mtgpu.accounts.published import DATASETS_ROOT
-from mtgpu.workspaces.types import JOB_LABEL, LABEL, SAVED_PREFIX, Mount, Policy, PolicyRefusal, Tenant, WorkspaceSpec
+from mtgpu.workspaces.types import (
+    JOB_LABEL,
+    LABEL,
+    SAVED_PREFIX,
+    Mount,
+    Policy,
+    PolicyRefusal,
+    Tenant,
+    WorkspaceSpec,
+)
 
 RULES: dict[str, str] = {
     "no-privileged": "containers never run --privileged",
     "no-host-devices": "--device may name only the GPUs you hold on this host",
-    "no-host-namespaces": "containers never share the host's PID, network, IPC, UTS or "
-                          "cgroup namespace",
+    "no-host-namespaces": "containers never share the host's PID, network, IPC, UTS or cgroup namespace",
     "host-paths": "bind mounts come only from your home and the published datasets",
     "datasets-read-only": "datasets are mounted read-only",
     "ports": "ports are published only as CONTAINERS.port_publishing allows",
     "network": "containers have no network when CONTAINERS.network is false",
     "user-images": "only templates, pre-pulled and your saved images, unless "
-                   "CONTAINERS.allow_user_images is true",
+    "CONTAINERS.allow_user_images is true",
     "podman-config": "the OCI hooks and configuration that carry this policy cannot be "
-                     "replaced from the command line",
+    "replaced from the command line",
     "no-api-service": "podman's API service and kube play are not available: they would "
-                      "create containers this policy never sees",
+    "create containers this policy never sees",
 }
 
 #: Devices podman gives every container; never the tenant's choice, always allowed.
-STANDARD_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/random",
-                              "/dev/urandom", "/dev/console", "/dev/ptmx", "/dev/pts/ptmx"})
+STANDARD_DEVICES = frozenset(
+    {
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/tty",
+        "/dev/random",
+        "/dev/urandom",
+        "/dev/console",
+        "/dev/ptmx",
+        "/dev/pts/ptmx",
+    }
+)
 
 #: The keep-alive main process of a workspace whose image command is not wanted.
 KEEPALIVE = ("-c", "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done")
@@ -51,17 +70,41 @@ KEEPALIVE = ("-c", "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; d
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 # run/create options that take no value (every other long option takes one).
-_RUN_BOOL = frozenset({"--detach", "--disable-content-trust", "--env-host", "--help",
-                       "--http-proxy", "--init", "--interactive", "--no-healthcheck", "--no-hosts",
-                       "--oom-kill-disable", "--passwd", "--privileged", "--publish-all", "--quiet",
-                       "--read-only", "--read-only-tmpfs", "--replace", "--rm", "--rmi", "--rootfs",
-                       "--sig-proxy", "--tls-verify", "--tty", "--unsetenv-all"})
+_RUN_BOOL = frozenset(
+    {
+        "--detach",
+        "--disable-content-trust",
+        "--env-host",
+        "--help",
+        "--http-proxy",
+        "--init",
+        "--interactive",
+        "--no-healthcheck",
+        "--no-hosts",
+        "--oom-kill-disable",
+        "--passwd",
+        "--privileged",
+        "--publish-all",
+        "--quiet",
+        "--read-only",
+        "--read-only-tmpfs",
+        "--replace",
+        "--rm",
+        "--rmi",
+        "--rootfs",
+        "--sig-proxy",
+        "--tls-verify",
+        "--tty",
+        "--unsetenv-all",
+    }
+)
 _RUN_SHORT_BOOL = frozenset("ditPq")
 _EXEC_BOOL = frozenset({"--detach", "--interactive", "--privileged", "--tty", "--latest", "--help"})
 _EXEC_SHORT_BOOL = frozenset("ditl")
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def published_at(dataset: str) -> str:
     """Where every tenant finds a dataset (``mtgpu.accounts.published`` mounts it there).
@@ -75,8 +118,9 @@ def published_at(dataset: str) -> str:
 def read_only_roots(policy: Policy) -> tuple[str, ...]:
     """What a tenant may bind only read-only: the datasets at both their paths, and the
     interpreters' prefixes."""
-    return tuple(dict.fromkeys([*policy.datasets, *(published_at(d) for d in policy.datasets),
-                                *policy.interpreters]))
+    return tuple(
+        dict.fromkeys([*policy.datasets, *(published_at(d) for d in policy.datasets), *policy.interpreters])
+    )
 
 
 def _under(path: str, root: str) -> bool:
@@ -89,8 +133,9 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root + "/") or root == "/"
 
 
-def host_path(path: str, policy: Policy, cwd: str | None = None,
-              realpath: Callable[[str], str] = os.path.normpath) -> str:
+def host_path(
+    path: str, policy: Policy, cwd: str | None = None, realpath: Callable[[str], str] = os.path.normpath
+) -> str:
     """The absolute host path a mount source names (``~`` is the home)."""
     if path == "~" or path.startswith("~/"):
         path = policy.home + path[1:]
@@ -99,8 +144,13 @@ def host_path(path: str, policy: Policy, cwd: str | None = None,
     return realpath(os.path.normpath(path))
 
 
-def check_source(path: str, readonly: bool, policy: Policy, cwd: str | None = None,
-                 realpath: Callable[[str], str] = os.path.normpath) -> str:
+def check_source(
+    path: str,
+    readonly: bool,
+    policy: Policy,
+    cwd: str | None = None,
+    realpath: Callable[[str], str] = os.path.normpath,
+) -> str:
     """Refuse a bind-mount source outside the home and the datasets, or a writable dataset.
 
     Returns the resolved path.
@@ -112,13 +162,16 @@ def check_source(path: str, readonly: bool, policy: Policy, cwd: str | None = No
         if _under(p, d):
             if not readonly:
                 what = "the Python interpreter's prefix" if d in policy.interpreters else "the dataset"
-                raise PolicyRefusal("datasets-read-only",
-                                    f"{p} is in {what} {d}, which is published read-only; "
-                                    "add :ro to the mount")
+                raise PolicyRefusal(
+                    "datasets-read-only",
+                    f"{p} is in {what} {d}, which is published read-only; add :ro to the mount",
+                )
             return p
     where = ", ".join([policy.home, *policy.datasets])
-    raise PolicyRefusal("host-paths", f"{p} is outside your home and the published datasets "
-                                      f"({where}); copy what you need into your home")
+    raise PolicyRefusal(
+        "host-paths",
+        f"{p} is outside your home and the published datasets ({where}); copy what you need into your home",
+    )
 
 
 def canonical_image(ref: str, registry: str = "") -> str:
@@ -167,9 +220,11 @@ def image_allowed(ref: str, policy: Policy) -> bool:
 def check_image(ref: str, policy: Policy) -> None:
     if not image_allowed(ref, policy):
         allowed = ", ".join(sorted(policy.images)) or "none"
-        raise PolicyRefusal("user-images",
-                            f"{ref} is not a template or pre-pulled image here (those are: "
-                            f"{allowed}; your saved images are {SAVED_PREFIX}NAME)")
+        raise PolicyRefusal(
+            "user-images",
+            f"{ref} is not a template or pre-pulled image here (those are: "
+            f"{allowed}; your saved images are {SAVED_PREFIX}NAME)",
+        )
 
 
 def parse_publish(spec: str) -> tuple[str, str, str]:
@@ -181,7 +236,7 @@ def parse_publish(spec: str) -> tuple[str, str, str]:
     s = spec.split("/", 1)[0]
     if s.startswith("["):
         end = s.index("]")
-        ip, rest = s[1:end], s[end + 2:]
+        ip, rest = s[1:end], s[end + 2 :]
         host, _, cport = rest.rpartition(":")
         return ip, host, cport
     parts = s.split(":")
@@ -195,15 +250,20 @@ def parse_publish(spec: str) -> tuple[str, str, str]:
 def check_publish(spec: str, policy: Policy) -> None:
     """Refuse a ``--publish`` the port policy does not allow."""
     if not policy.network:
-        raise PolicyRefusal("network", "containers have no network here, so no ports can be "
-                                       "published")
+        raise PolicyRefusal("network", "containers have no network here, so no ports can be published")
     if policy.port_publishing == "none":
-        raise PolicyRefusal("ports", f"publishing ports is off on this host (asked: {spec}); "
-                                     "reach your service with `podman exec` or mt-container shell")
+        raise PolicyRefusal(
+            "ports",
+            f"publishing ports is off on this host (asked: {spec}); "
+            "reach your service with `podman exec` or mt-container shell",
+        )
     ip, host, cport = parse_publish(spec)
     if policy.port_publishing == "loopback" and ip not in _LOOPBACK:
-        raise PolicyRefusal("ports", f"ports are published on loopback only here; write "
-                                     f"-p 127.0.0.1:{host}:{cport} and reach it with ssh -L")
+        raise PolicyRefusal(
+            "ports",
+            f"ports are published on loopback only here; write "
+            f"-p 127.0.0.1:{host}:{cport} and reach it with ssh -L",
+        )
 
 
 def _kv(text: str) -> dict[str, str]:
@@ -214,8 +274,9 @@ def _kv(text: str) -> dict[str, str]:
     return out
 
 
-def check_volume(spec: str, policy: Policy, cwd: str | None = None,
-                 realpath: Callable[[str], str] = os.path.normpath) -> None:
+def check_volume(
+    spec: str, policy: Policy, cwd: str | None = None, realpath: Callable[[str], str] = os.path.normpath
+) -> None:
     """A ``-v`` value: named and anonymous volumes pass; host paths must be allowed."""
     parts = spec.split(":")
     src = parts[0]
@@ -225,13 +286,44 @@ def check_volume(spec: str, policy: Policy, cwd: str | None = None,
     check_source(src, "ro" in opts or "readonly" in opts, policy, cwd, realpath)
 
 
-def check_mount(spec: str, policy: Policy, cwd: str | None = None,
-                realpath: Callable[[str], str] = os.path.normpath) -> None:
+#: The ``--mount`` types podman knows; any other is refused rather than guessed at.
+MOUNT_TYPES = ("bind", "glob", "volume", "tmpfs", "ramfs", "devpts", "image", "artifact")
+
+
+def mount_fields(spec: str) -> tuple[str, str, bool]:
+    """``--mount``'s type, source and read-only flag, read as podman reads them: CSV
+    fields, a later field winning over an earlier one (``source`` and ``src`` are one
+    field), the type in any case.
+
+    >>> mount_fields("type=BIND,source=/home/ann,src=/")
+    ('bind', '/', False)
+    >>> mount_fields('type=bind,"src=/data",ro=false,readonly')
+    ('bind', '/data', True)
+    """
+    import csv
+
+    kind, src, ro = "volume", "", False
+    for field_ in next(csv.reader([spec]), []):
+        k, sep, v = field_.partition("=")
+        k, v = k.strip().lower(), v.strip()
+        if k == "type":
+            kind = v.lower()
+        elif k in ("source", "src"):
+            src = v
+        elif k in ("ro", "readonly"):
+            ro = not sep or v.lower() in ("true", "1")
+        elif k == "rw":
+            ro = sep != "" and v.lower() not in ("true", "1")
+    return kind, src, ro
+
+
+def check_mount(
+    spec: str, policy: Policy, cwd: str | None = None, realpath: Callable[[str], str] = os.path.normpath
+) -> None:
     """A ``--mount type=...,source=...,target=...`` value."""
-    kv = _kv(spec)
-    kind = kv.get("type", "volume")
-    src = kv.get("source") or kv.get("src") or ""
-    ro = kv.get("ro", kv.get("readonly", "false")).lower() in ("true", "1", "")
+    kind, src, ro = mount_fields(spec)
+    if kind not in MOUNT_TYPES:
+        raise PolicyRefusal("host-paths", f"--mount {spec}: unknown mount type {kind!r}")
     if kind in ("bind", "glob"):
         check_source(src or "/", ro, policy, cwd, realpath)
     elif kind == "volume" and src.startswith(("/", ".", "~")):
@@ -246,9 +338,11 @@ def check_device(spec: str, policy: Policy, realpath: Callable[[str], str] = os.
     elif realpath(src) in policy.devices or src in policy.devices:
         return
     held = ", ".join([*policy.cdi_devices, *policy.devices]) or "none"
-    raise PolicyRefusal("no-host-devices",
-                        f"--device {spec}: you hold no such GPU on this host (yours: {held}); "
-                        "reserve GPUs with mt-container create --gpus N or mt-job")
+    raise PolicyRefusal(
+        "no-host-devices",
+        f"--device {spec}: you hold no such GPU on this host (yours: {held}); "
+        "reserve GPUs with mt-container create --gpus N or mt-job",
+    )
 
 
 def check_namespace(flag: str, value: str, policy: Policy) -> None:
@@ -263,8 +357,12 @@ def _bool_value(value: str | None) -> bool:
 
 # ------------------------------------------------------------- the command line
 
-def _split(tokens: Sequence[str], bool_long: frozenset[str], bool_short: frozenset[str],
-           ) -> tuple[list[tuple[str, str | None]], int]:
+
+def _split(
+    tokens: Sequence[str],
+    bool_long: frozenset[str],
+    bool_short: frozenset[str],
+) -> tuple[list[tuple[str, str | None]], int]:
     """Options before the first positional: [(flag, value)], and that positional's index."""
     opts: list[tuple[str, str | None]] = []
     i = 0
@@ -287,7 +385,7 @@ def _split(tokens: Sequence[str], bool_long: frozenset[str], bool_short: frozens
                 if ch in bool_short:
                     opts.append(("-" + ch, None))
                     continue
-                rest = letters[j + 1:]
+                rest = letters[j + 1 :]
                 if rest:
                     opts.append(("-" + ch, rest.lstrip("=")))
                 else:
@@ -300,24 +398,39 @@ def _split(tokens: Sequence[str], bool_long: frozenset[str], bool_short: frozens
     return opts, len(tokens)
 
 
-_LONG = {"-p": "--publish", "-v": "--volume", "-P": "--publish-all", "-e": "--env", "-u": "--user",
-         "-w": "--workdir", "-h": "--hostname", "-l": "--label", "-d": "--detach",
-         "-i": "--interactive", "-t": "--tty", "--net": "--network"}
+_LONG = {
+    "-p": "--publish",
+    "-v": "--volume",
+    "-P": "--publish-all",
+    "-e": "--env",
+    "-u": "--user",
+    "-w": "--workdir",
+    "-h": "--hostname",
+    "-l": "--label",
+    "-d": "--detach",
+    "-i": "--interactive",
+    "-t": "--tty",
+    "--net": "--network",
+}
 
 
-def _check_run_options(opts: list[tuple[str, str | None]], policy: Policy, cwd: str | None,
-                       realpath: Callable[[str], str]) -> bool:
+def _check_run_options(
+    opts: list[tuple[str, str | None]], policy: Policy, cwd: str | None, realpath: Callable[[str], str]
+) -> bool:
     """Check run/create/pod-create options; True if a --network was given."""
     network_given = False
     for flag, value in opts:
         name = _LONG.get(flag, flag)
         if name == "--privileged" and _bool_value(value):
-            raise PolicyRefusal("no-privileged", "--privileged is refused: containers here run "
-                                                 "with the rights of your own account only")
+            raise PolicyRefusal(
+                "no-privileged",
+                "--privileged is refused: containers here run with the rights of your own account only",
+            )
         if name in ("--device", "--device-cgroup-rule", "--gpus"):
             if name != "--device":
-                raise PolicyRefusal("no-host-devices", f"{name} is refused; pass your reserved "
-                                                       "GPUs with --device")
+                raise PolicyRefusal(
+                    "no-host-devices", f"{name} is refused; pass your reserved GPUs with --device"
+                )
             check_device(value or "", policy, realpath)
         elif name in ("--pid", "--ipc", "--uts", "--cgroupns"):
             check_namespace(name, value or "", policy)
@@ -326,14 +439,18 @@ def _check_run_options(opts: list[tuple[str, str | None]], policy: Policy, cwd: 
             for net in (value or "").split(","):
                 check_namespace(name, net, policy)
                 if not policy.network and net != "none":
-                    raise PolicyRefusal("network", f"--network {net}: containers have no network "
-                                                   "on this host; use --network none")
+                    raise PolicyRefusal(
+                        "network",
+                        f"--network {net}: containers have no network on this host; use --network none",
+                    )
         elif name == "--publish":
             check_publish(value or "", policy)
         elif name == "--publish-all" and _bool_value(value):
             if not policy.network or policy.port_publishing != "any":
-                raise PolicyRefusal("ports", "--publish-all would publish on every address; "
-                                             "publish each port with -p 127.0.0.1::PORT")
+                raise PolicyRefusal(
+                    "ports",
+                    "--publish-all would publish on every address; publish each port with -p 127.0.0.1::PORT",
+                )
         elif name == "--volume":
             check_volume(value or "", policy, cwd, realpath)
         elif name == "--mount":
@@ -341,8 +458,13 @@ def _check_run_options(opts: list[tuple[str, str | None]], policy: Policy, cwd: 
     return network_given
 
 
-def check_podman(argv: Sequence[str], policy: Policy, *, cwd: str | None = None,
-                 realpath: Callable[[str], str] = os.path.normpath) -> list[str]:
+def check_podman(
+    argv: Sequence[str],
+    policy: Policy,
+    *,
+    cwd: str | None = None,
+    realpath: Callable[[str], str] = os.path.normpath,
+) -> list[str]:
     """Check a podman command line (without ``podman`` itself) against ``policy``.
 
     Returns the command line to run, which differs only by an added
@@ -350,20 +472,30 @@ def check_podman(argv: Sequence[str], policy: Policy, *, cwd: str | None = None,
     :class:`PolicyRefusal` naming the rule it breaks.
     """
     args = list(argv)
-    gopts, i = _split(args, frozenset({"--help", "--noout", "-r", "--remote", "--syslog",
-                                       "-v", "--version"}), frozenset("rv"))
+    gopts, i = _split(
+        args,
+        frozenset({"--help", "--noout", "-r", "--remote", "--syslog", "-v", "--version"}),
+        frozenset("rv"),
+    )
     for flag, _ in gopts:
         if flag == "--hooks-dir":
-            raise PolicyRefusal("podman-config", "--hooks-dir would replace the hooks that "
-                                                 "carry the container policy")
+            raise PolicyRefusal(
+                "podman-config", "--hooks-dir would replace the hooks that carry the container policy"
+            )
     cmd = args[i:]
     if not cmd:
         return args
     verb, rest, at = cmd[0], cmd[1:], i + 1
     if verb in ("container", "image", "pod", "volume", "kube", "play", "system", "buildx") and rest:
         verb, rest, at = f"{verb} {rest[0]}", rest[1:], at + 1
-    verb = {"container run": "run", "container create": "create", "container exec": "exec",
-            "image build": "build", "buildx build": "build", "image pull": "pull"}.get(verb, verb)
+    verb = {
+        "container run": "run",
+        "container create": "create",
+        "container exec": "exec",
+        "image build": "build",
+        "buildx build": "build",
+        "image pull": "pull",
+    }.get(verb, verb)
     if verb in ("kube play", "play kube", "system service"):
         raise PolicyRefusal("no-api-service", f"podman {verb} is not available to tenants")
     if verb in ("run", "create", "pod create"):
@@ -398,8 +530,11 @@ def check_podman(argv: Sequence[str], policy: Policy, *, cwd: str | None = None,
                 check_namespace(name, value, policy)
         return args
     if verb == "pull" and rest:
-        _, pos = _split(rest, frozenset({"--all-tags", "--quiet", "--tls-verify",
-                                          "--disable-content-trust", "--help"}), frozenset("aq"))
+        _, pos = _split(
+            rest,
+            frozenset({"--all-tags", "--quiet", "--tls-verify", "--disable-content-trust", "--help"}),
+            frozenset("aq"),
+        )
         if pos < len(rest):
             check_image(rest[pos], policy)
         return args
@@ -420,14 +555,17 @@ def check_podman(argv: Sequence[str], policy: Policy, *, cwd: str | None = None,
 
 # -------------------------------------------------------------- OCI configuration
 
-def check_oci_config(config: Mapping, policy: Policy,
-                     realpath: Callable[[str], str] = os.path.normpath) -> None:
+
+def check_oci_config(
+    config: Mapping, policy: Policy, realpath: Callable[[str], str] = os.path.normpath
+) -> None:
     """Check the OCI runtime configuration podman is about to use (the precreate hook)."""
     ann = config.get("annotations") or {}
     linux = config.get("linux") or {}
     caps = ((config.get("process") or {}).get("capabilities") or {}).get("bounding") or []
     if ann.get("io.podman.annotations.privileged", "").upper() == "TRUE" or (
-            not linux.get("maskedPaths") and "CAP_SYS_ADMIN" in caps and "CAP_SYS_MODULE" in caps):
+        not linux.get("maskedPaths") and "CAP_SYS_ADMIN" in caps and "CAP_SYS_MODULE" in caps
+    ):
         raise PolicyRefusal("no-privileged", "the container asks to be privileged")
     kinds = {ns.get("type") for ns in linux.get("namespaces") or []}
     if policy.job_network_host and ann.get(JOB_LABEL):
@@ -436,17 +574,26 @@ def check_oci_config(config: Mapping, policy: Policy,
         kinds.add("network")
     for want in ("pid", "network", "ipc", "uts", "mount"):
         if want not in kinds:
-            raise PolicyRefusal("no-host-namespaces", f"the container would share the host's "
-                                                      f"{want} namespace")
+            raise PolicyRefusal(
+                "no-host-namespaces", f"the container would share the host's {want} namespace"
+            )
     allowed_dev = set(STANDARD_DEVICES) | set(policy.devices)
     for dev in linux.get("devices") or []:
         if dev.get("path") not in allowed_dev:
-            raise PolicyRefusal("no-host-devices", f"the device {dev.get('path')} is not one of "
-                                                   "your reserved GPUs")
-    roots = [policy.home, *([policy.runtime_dir] if policy.runtime_dir else []),
-             *([policy.storage_dir] if policy.storage_dir else []), *policy.system_sources]
-    if policy.job_network_host and ann.get(JOB_LABEL) and "network" not in {
-            ns.get("type") for ns in linux.get("namespaces") or []}:
+            raise PolicyRefusal(
+                "no-host-devices", f"the device {dev.get('path')} is not one of your reserved GPUs"
+            )
+    roots = [
+        policy.home,
+        *([policy.runtime_dir] if policy.runtime_dir else []),
+        *([policy.storage_dir] if policy.storage_dir else []),
+        *policy.system_sources,
+    ]
+    if (
+        policy.job_network_host
+        and ann.get(JOB_LABEL)
+        and "network" not in {ns.get("type") for ns in linux.get("namespaces") or []}
+    ):
         roots.append("/sys")  # no network namespace of its own: podman binds the host's /sys
     for m in config.get("mounts") or []:
         opts = m.get("options") or []
@@ -456,14 +603,14 @@ def check_oci_config(config: Mapping, policy: Policy,
         if src.startswith("/dev/"):
             if src in allowed_dev or src.startswith(("/dev/pts/", "/dev/shm/", "/dev/mqueue")):
                 continue
-            raise PolicyRefusal("no-host-devices", f"the device {src} is not one of your "
-                                                   "reserved GPUs")
+            raise PolicyRefusal("no-host-devices", f"the device {src} is not one of your reserved GPUs")
         if any(_under(src, r) for r in roots):
             continue
         check_source(src, "ro" in opts, policy, realpath=lambda p: p)
 
 
 # ------------------------------------------------------------ workspace builders
+
 
 def cache_dir_name(container_path: str) -> str:
     """The directory under ``~/.mtgpu/cache/`` that backs one cache volume.
@@ -484,12 +631,12 @@ def publish_args(ports: Iterable[int], policy: Policy) -> list[str]:
     return out
 
 
-def mount_args(spec: WorkspaceSpec, tenant: Tenant, policy: Policy,
-               cache_volumes: Sequence[str]) -> list[str]:
+def mount_args(
+    spec: WorkspaceSpec, tenant: Tenant, policy: Policy, cache_volumes: Sequence[str]
+) -> list[str]:
     """The home at its own path, cache volumes, the published datasets and interpreters
     (read-only, at the same paths as on the host) and the spec's mounts."""
-    return [*tenant_mounts(tenant, policy, cache_volumes),
-            *(_mount_arg(m, policy) for m in spec.mounts)]
+    return [*tenant_mounts(tenant, policy, cache_volumes), *(_mount_arg(m, policy) for m in spec.mounts)]
 
 
 def tenant_mounts(tenant: Tenant, policy: Policy, cache_volumes: Sequence[str]) -> list[str]:
@@ -537,16 +684,32 @@ def gpu_device_args(cdi: Sequence[str], nodes: Sequence[str]) -> list[str]:
     return [f"--device={d}" for d in [*cdi, *nodes]]
 
 
-def create_argv(spec: WorkspaceSpec, tenant: Tenant, policy: Policy, *, image: str,
-                reservation: str, cache_volumes: Sequence[str] = (),
-                devices: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                stop_timeout: int = 5) -> list[str]:
+def create_argv(
+    spec: WorkspaceSpec,
+    tenant: Tenant,
+    policy: Policy,
+    *,
+    image: str,
+    reservation: str,
+    cache_volumes: Sequence[str] = (),
+    devices: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    stop_timeout: int = 5,
+) -> list[str]:
     """The ``podman create`` command line of a workspace (without ``podman``)."""
-    argv = ["create", f"--name={spec.name}", f"--hostname={spec.name}", "--userns=keep-id",
-            f"--label={LABEL}={spec.name}", f"--label=mtgpu.reservation={reservation}",
-            f"--stop-timeout={stop_timeout}", f"--workdir={spec.workdir or tenant.home}",
-            f"--env=HOME={tenant.home}", f"--env=USER={tenant.name}",
-            f"--env=MTGPU_WORKSPACE={spec.name}"]
+    argv = [
+        "create",
+        f"--name={spec.name}",
+        f"--hostname={spec.name}",
+        "--userns=keep-id",
+        f"--label={LABEL}={spec.name}",
+        f"--label=mtgpu.reservation={reservation}",
+        f"--stop-timeout={stop_timeout}",
+        f"--workdir={spec.workdir or tenant.home}",
+        f"--env=HOME={tenant.home}",
+        f"--env=USER={tenant.name}",
+        f"--env=MTGPU_WORKSPACE={spec.name}",
+    ]
     for k, v in {**(env or {}), **spec.env}.items():
         if k != "HOME":
             argv.append(f"--env={k}={v}")
@@ -569,17 +732,22 @@ def create_argv(spec: WorkspaceSpec, tenant: Tenant, policy: Policy, *, image: s
 
 def describe_rules(policy: Policy) -> str:
     """The rules as a tenant reads them (``mt-podman --rules``)."""
-    ports = {"none": "no ports are published", "loopback": "ports are published on 127.0.0.1 "
-             "only (-p 127.0.0.1::PORT); reach them with ssh -L", "any": "ports may be published "
-             "on any address"}[policy.port_publishing]
+    ports = {
+        "none": "no ports are published",
+        "loopback": "ports are published on 127.0.0.1 only (-p 127.0.0.1::PORT); reach them with ssh -L",
+        "any": "ports may be published on any address",
+    }[policy.port_publishing]
     lines = [f"{name}: {text}" for name, text in RULES.items()]
-    lines += ["", f"your home: {policy.home}",
-              "datasets (read-only): " + (", ".join(f"{published_at(d)} (also at {d})"
-                                                    for d in policy.datasets) or "none"),
-              f"Python interpreters (read-only): {', '.join(policy.interpreters) or 'none'}",
-              f"your GPUs here: {', '.join([*policy.cdi_devices, *policy.devices]) or 'none'}",
-              f"network: {'on' if policy.network else 'off'}; {ports}",
-              f"images: {'any' if policy.allow_user_images else ', '.join(policy.images) or 'none'}"]
+    lines += [
+        "",
+        f"your home: {policy.home}",
+        "datasets (read-only): "
+        + (", ".join(f"{published_at(d)} (also at {d})" for d in policy.datasets) or "none"),
+        f"Python interpreters (read-only): {', '.join(policy.interpreters) or 'none'}",
+        f"your GPUs here: {', '.join([*policy.cdi_devices, *policy.devices]) or 'none'}",
+        f"network: {'on' if policy.network else 'off'}; {ports}",
+        f"images: {'any' if policy.allow_user_images else ', '.join(policy.images) or 'none'}",
+    ]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ asked for, the last error) live in ``STATE_DIR/workspaces/UID/NAME.json``, root'
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 import json
 import logging
@@ -69,8 +70,10 @@ from mtgpu.workspaces.types import (
 
 log = logging.getLogger("mtgpu.workspaces")
 
-HOLDER = ("#!/bin/sh\n# MTGPU workspace {name}: this job holds the workspace's reservation.\n"
-          "# `mt-container rm {name}` (or cancelling it) ends it.\nexec sleep infinity\n")
+HOLDER = (
+    "#!/bin/sh\n# MTGPU workspace {name}: this job holds the workspace's reservation.\n"
+    "# `mt-container rm {name}` (or cancelling it) ends it.\nexec sleep infinity\n"
+)
 #: Commands MTGPU puts on tenants' PATH when workspaces are on (name -> console script).
 SHIMS = {"podman": "mt-podman", "docker": "mtgpu-docker"}
 
@@ -200,6 +203,23 @@ class Workspaces:
         os.replace(tmp, d / f"{r.name}.json")
         self.records[r.key] = r
 
+    def names_of(self, uid: int) -> list[str]:
+        """The workspaces of ``uid`` on record here, running, stopped or released."""
+        return sorted(name for (u, name) in list(self.records) if u == uid)
+
+    def forget(self, uid: int) -> list[str]:
+        """Drop the records (state files) of a removed tenant's workspaces."""
+        names = self.names_of(uid)
+        for name in names:
+            r = self.records.get((uid, name))
+            if r is not None:
+                self._drop(r)
+        try:
+            (self.state_dir / str(uid)).rmdir()
+        except OSError:
+            pass
+        return names
+
     def _drop(self, r: Record) -> None:
         self.records.pop(r.key, None)
         (self.state_dir / str(r.uid) / f"{r.name}.json").unlink(missing_ok=True)
@@ -289,18 +309,30 @@ class Workspaces:
         else:
             datasets = tuple(d for d in self.options.datasets_directories if os.path.isdir(d))
             interpreters = ()
-        return Policy(home=t.home, datasets=datasets, interpreters=interpreters,
-                      port_publishing=c.port_publishing, network=c.network,
-                      allow_user_images=c.allow_user_images, images=tuple(sorted(images)),
-                      registry=reg, devices=tuple(nodes), cdi_devices=tuple(cdis),
-                      runtime_dir=t.runtime_dir, storage_dir=t.storage_dir, storage_conf=t.storage_conf,
-                      system_sources=tuple(sorted(cdi.host_paths(specs))),
-                      job_network_host=c.job_network == "host")
+        return Policy(
+            home=t.home,
+            datasets=datasets,
+            interpreters=interpreters,
+            port_publishing=c.port_publishing,
+            network=c.network,
+            allow_user_images=c.allow_user_images,
+            images=tuple(sorted(images)),
+            registry=reg,
+            devices=tuple(nodes),
+            cdi_devices=tuple(cdis),
+            runtime_dir=t.runtime_dir,
+            storage_dir=t.storage_dir,
+            storage_conf=t.storage_conf,
+            system_sources=tuple(sorted(cdi.host_paths(specs))),
+            job_network_host=c.job_network == "host",
+        )
 
     def _require_enabled(self) -> None:
         if not self.enabled:
-            raise WorkspaceError("container workspaces are off on this host; an admin turns "
-                                 "them on with CONTAINERS.enabled: true")
+            raise WorkspaceError(
+                "container workspaces are off on this host; an admin turns "
+                "them on with CONTAINERS.enabled: true"
+            )
 
     # ---------------------------------------------------------------- create
 
@@ -309,8 +341,10 @@ class Workspaces:
         c = self.options.containers
         sources = [k for k in ("template", "image", "saved", "devcontainer") if args.get(k)]
         if len(sources) != 1:
-            raise WorkspaceError("say where the workspace comes from: exactly one of --template, "
-                                 "--image, --saved or --devcontainer")
+            raise WorkspaceError(
+                "say where the workspace comes from: exactly one of --template, "
+                "--image, --saved or --devcontainer"
+            )
         src = sources[0]
         if src == "template":
             tname = args["template"]
@@ -319,19 +353,25 @@ class Workspaces:
                 known = ", ".join(sorted(c.templates)) or "none"
                 raise WorkspaceError(f"no template {tname!r} here (templates: {known})")
             spec = WorkspaceSpec(
-                name=name, image=tpl["image"], source=f"template:{tname}", gpus=tpl["gpus"],
-                gpu_type=tpl["gpu_type"], cpus=tpl["cpus"], ram=tpl["ram"],
-                ports=tuple(tpl["ports"]), env=dict(tpl["env"]),
+                name=name,
+                image=tpl["image"],
+                source=f"template:{tname}",
+                gpus=tpl["gpus"],
+                gpu_type=tpl["gpu_type"],
+                cpus=tpl["cpus"],
+                ram=tpl["ram"],
+                ports=tuple(tpl["ports"]),
+                env=dict(tpl["env"]),
                 mounts=tuple(Mount(m["source"], m["target"], m["readonly"]) for m in tpl["mounts"]),
-                command=tuple(tpl["command"]))
+                command=tuple(tpl["command"]),
+            )
         elif src == "image":
             spec = WorkspaceSpec(name=name, image=args["image"], source="image")
         elif src == "saved":
             saved = args["saved"]
             if not NAME_RE.match(saved):
                 raise WorkspaceError(f"{saved!r} is not a saved-image name")
-            spec = WorkspaceSpec(name=name, image=f"{SAVED_PREFIX}{saved}:latest",
-                                 source=f"saved:{saved}")
+            spec = WorkspaceSpec(name=name, image=f"{SAVED_PREFIX}{saved}:latest", source=f"saved:{saved}")
         else:
             dc = args["devcontainer"]
             if not isinstance(dc, dict) or not isinstance(dc.get("config"), dict):
@@ -346,12 +386,15 @@ class Workspaces:
         self._require_enabled()
         name = str(args.get("name") or "")
         if not NAME_RE.match(name):
-            raise WorkspaceError(f"{name!r} is not a workspace name: use lower-case letters, "
-                                 "digits, '.', '_' or '-', starting with a letter or digit")
+            raise WorkspaceError(
+                f"{name!r} is not a workspace name: use lower-case letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit"
+            )
         t = self.tenant(user, uid)
         if (uid, name) in self.records:
-            raise WorkspaceError(f"you already have a workspace {name!r}; `mt-container rm "
-                                 f"{name}` removes it")
+            raise WorkspaceError(
+                f"you already have a workspace {name!r}; `mt-container rm {name}` removes it"
+            )
         spec = self.build_spec(name, args)
         pol = self.policy(t)
         # Everything the policy can refuse is refused now, before anything is reserved.
@@ -360,14 +403,14 @@ class Workspaces:
         publish_args(spec.ports, pol)
         mount_args(spec, t, pol, self.options.containers.cache_volumes)
         if spec.run_args:
-            check_podman(["create", *spec.run_args, "image"], dataclasses.replace(
-                pol, allow_user_images=True))
+            check_podman(
+                ["create", *spec.run_args, "image"], dataclasses.replace(pol, allow_user_images=True)
+            )
         async with self._lock((uid, name)):
             if (uid, name) in self.records:  # a create of the same name got here first
                 raise WorkspaceError(f"you already have a workspace {name!r}")
             image = await asyncio.to_thread(self._prepare_image, t, spec, pol)
-            rec = Record(name=name, user=user, uid=uid, spec=spec.to_dict(), image=image,
-                         created=time.time())
+            rec = Record(name=name, user=user, uid=uid, spec=spec.to_dict(), image=image, created=time.time())
             self._save(rec)
             try:
                 await self._reserve(rec)
@@ -380,8 +423,9 @@ class Workspaces:
         """Make sure the image is in the tenant's store; return the name to create from."""
         if spec.build is not None:
             if not pol.allow_user_images:
-                raise PolicyRefusal("user-images", "building a devcontainer's Dockerfile needs "
-                                                   "CONTAINERS.allow_user_images")
+                raise PolicyRefusal(
+                    "user-images", "building a devcontainer's Dockerfile needs CONTAINERS.allow_user_images"
+                )
             cli = which("devcontainer")
             if cli:
                 podman = getattr(self.runtime, "binary", "podman")
@@ -397,21 +441,31 @@ class Workspaces:
             self.runtime.load(t, archive)
             return image
         if spec.source.startswith("saved:"):
-            raise WorkspaceError(f"you have no saved image {spec.source[6:]!r}; "
-                                 "`mt-container save WORKSPACE NAME` makes one")
+            raise WorkspaceError(
+                f"you have no saved image {spec.source[6:]!r}; `mt-container save WORKSPACE NAME` makes one"
+            )
         if image in self.archives.wanted():
-            raise WorkspaceError(f"{image} is to be pre-pulled but is not here yet; try again "
-                                 "in a minute or ask an admin (mtgpu-admin logs)")
+            raise WorkspaceError(
+                f"{image} is to be pre-pulled but is not here yet; try again "
+                "in a minute or ask an admin (mtgpu-admin logs)"
+            )
         self.runtime.pull(t, image)
         return image
 
     def _request(self, spec: WorkspaceSpec) -> ResourceRequest:
         brand = spec.gpu_type if spec.gpu_type in KNOWN_BRANDS else None
         gtype = spec.gpu_type if spec.gpu_type and spec.gpu_type not in KNOWN_BRANDS else None
-        return ResourceRequest(gpus=spec.gpus, gpu_brand=brand, gpu_type=gtype,
-                               gpu_mode=GpuMode.SHARED if spec.vram else GpuMode.EXCLUSIVE,
-                               vram=spec.vram, cpus=spec.cpus, ram=spec.ram, nodes=1,
-                               servers=(self.options.server_name,))
+        return ResourceRequest(
+            gpus=spec.gpus,
+            gpu_brand=brand,
+            gpu_type=gtype,
+            gpu_mode=GpuMode.SHARED if spec.vram else GpuMode.EXCLUSIVE,
+            vram=spec.vram,
+            cpus=spec.cpus,
+            ram=spec.ram,
+            nodes=1,
+            servers=(self.options.server_name,),
+        )
 
     async def _reserve(self, rec: Record) -> str:
         """Submit the reservation (a holder job) and remember it."""
@@ -419,18 +473,29 @@ class Workspaces:
 
         spec = WorkspaceSpec.from_dict(rec.spec)
         request = self._request(spec)
+        await self.host.scheduler.settle(request)
         try:
             self.host.scheduler.check_submit(request)
         except JobError as exc:
             raise WorkspaceError(f"the reservation can never be placed here: {exc}") from exc
         t = self.tenant(rec.user, rec.uid)
-        job = JobSpec(request=request, script=HOLDER.format(name=rec.name),
-                      name=f"workspace-{rec.name}", output="/dev/null", error="/dev/null",
-                      workdir=t.home)
-        record = {"user": rec.user, "uid": rec.uid, "name": job.name, "spec": spec_to_dict(job),
-                  "workdir": t.home, "workspace": {"name": rec.name, "node": self.options.server_name}}
-        r = await self.host.replicate(self.host.jobs.submit, record, None, time.time(),
-                                      uuid.uuid4().hex)
+        job = JobSpec(
+            request=request,
+            script=HOLDER.format(name=rec.name),
+            name=f"workspace-{rec.name}",
+            output="/dev/null",
+            error="/dev/null",
+            workdir=t.home,
+        )
+        record = {
+            "user": rec.user,
+            "uid": rec.uid,
+            "name": job.name,
+            "spec": spec_to_dict(job),
+            "workdir": t.home,
+            "workspace": {"name": rec.name, "node": self.options.server_name},
+        }
+        r = await self.host.replicate(self.host.jobs.submit, record, None, time.time(), uuid.uuid4().hex)
         self.host.scheduler.accepted(r["tasks"])
         rec.reservation = r["job_id"]
         rec.desired = "running"
@@ -457,15 +522,15 @@ class Workspaces:
             await self._cancel(rec)
             self._drop(rec)
             why = f"{info.reason}: {info.message}" if info else "no room now"
-            raise WorkspaceError(f"this host cannot hold the workspace now ({why}); without "
-                                 "--no-queue it waits in the queue")
+            raise WorkspaceError(
+                f"this host cannot hold the workspace now ({why}); without --no-queue it waits in the queue"
+            )
         return self.view(rec, self._container_map(self.tenant(rec.user, rec.uid)))
 
     async def _cancel(self, rec: Record) -> None:
         job = self.host.jobs.get(rec.reservation or "")
         if job is not None and job["state"] in ACTIVE_STATES:
-            r = await self.host.replicate(self.host.jobs.cancel, [job["job_id"]],
-                                          rec.user, time.time())
+            r = await self.host.replicate(self.host.jobs.cancel, [job["job_id"]], rec.user, time.time())
             self.host.scheduler.forget(r["cancelled"])
 
     # ------------------------------------------------------- the container
@@ -477,11 +542,17 @@ class Workspaces:
             if rec is None:
                 return
             job = self.host.jobs.get(rec.reservation or "")
-            if (job is None or job["state"] != RUNNING or not job.get("start_time")
-                    or job.get("cancel_requested") or rec.applied == job["job_id"]):
+            if (
+                job is None
+                or job["state"] != RUNNING
+                or not job.get("start_time")
+                or job.get("cancel_requested")
+                or rec.applied == job["job_id"]
+            ):
                 return
-            member = next((m for m in job["placement"]["members"]
-                           if m["node"] == self.options.server_name), None)
+            member = next(
+                (m for m in job["placement"]["members"] if m["node"] == self.options.server_name), None
+            )
             if member is None:
                 return
             gpus = list(member["gpu_indices"])
@@ -509,10 +580,16 @@ class Workspaces:
             pol = self.policy(t)
             cdis, nodes, env = self.gpu_devices(gpus)
             self._cache_dirs(t)
-            argv = create_argv(spec, t, dataclasses.replace(pol, allow_user_images=True),
-                               image=image, reservation=job_id,
-                               cache_volumes=self.options.containers.cache_volumes,
-                               devices=[*cdis, *nodes], env=env)
+            argv = create_argv(
+                spec,
+                t,
+                dataclasses.replace(pol, allow_user_images=True),
+                image=image,
+                reservation=job_id,
+                cache_volumes=self.options.containers.cache_volumes,
+                devices=[*cdis, *nodes],
+                env=env,
+            )
             self.runtime.create(t, argv)
         if rec.desired == "running":
             self.runtime.start(t, rec.name)
@@ -521,11 +598,13 @@ class Workspaces:
         if not rec.post_create_done and spec.post_create and rec.desired == "running":
             rec.post_create_done = True
             self._save(rec)
-            for argv in spec.post_create:
-                p = self.runtime.exec(t, rec.name, list(argv), user=spec.user)
+            for command in spec.post_create:
+                p = self.runtime.exec(t, rec.name, list(command), user=spec.user)
                 if p.returncode != 0:
-                    rec.error = (f"postCreateCommand {' '.join(argv)!r} exited {p.returncode}: "
-                                 f"{(p.stderr or p.stdout).strip()[-500:]}")
+                    rec.error = (
+                        f"postCreateCommand {' '.join(command)!r} exited {p.returncode}: "
+                        f"{(p.stderr or p.stdout).strip()[-500:]}"
+                    )
                     self._save(rec)
                     break
 
@@ -534,8 +613,7 @@ class Workspaces:
         from mtgpu.proc import run
         from mtgpu.workspaces.policy import cache_dir_name
 
-        paths = [f"{t.home}/.mtgpu/cache/{cache_dir_name(p)}"
-                 for p in self.options.containers.cache_volumes]
+        paths = [f"{t.home}/.mtgpu/cache/{cache_dir_name(p)}" for p in self.options.containers.cache_volumes]
         if not paths:
             return
         kw: dict[str, Any] = {}
@@ -558,9 +636,14 @@ class Workspaces:
         """Start containers whose reservation was just placed; stop those whose ended."""
         for key, rec in list(self.records.items()):
             job = self.host.jobs.get(rec.reservation or "")
-            if job is not None and job["state"] == RUNNING and job.get("start_time") \
-                    and not job.get("cancel_requested") \
-                    and rec.applied != job["job_id"] and rec.desired == "running":
+            if (
+                job is not None
+                and job["state"] == RUNNING
+                and job.get("start_time")
+                and not job.get("cancel_requested")
+                and rec.applied != job["job_id"]
+                and rec.desired == "running"
+            ):
                 await self.apply(key)
             elif rec.applied and (job is None or job["state"] in FINAL_STATES):
                 async with self._lock(key):
@@ -580,8 +663,7 @@ class Workspaces:
     def _record(self, uid: int, name: str) -> Record:
         rec = self.records.get((uid, name))
         if rec is None:
-            raise WorkspaceError(f"you have no workspace {name!r} here; `mt-container list` "
-                                 "shows yours")
+            raise WorkspaceError(f"you have no workspace {name!r} here; `mt-container list` shows yours")
         return rec
 
     def view(self, rec: Record, containers: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -605,15 +687,29 @@ class Workspaces:
             state = "RELEASED" if c else ("FAILED" if rec.error else "ENDED")
             if job is not None and job.get("reason") and not rec.error:
                 reason = job["reason"]
-        return {"name": rec.name, "state": state, "container_state": cstate or None,
-                "image": rec.image, "source": spec.source, "user": rec.user,
-                "node": self.options.server_name, "reservation": rec.reservation,
-                "gpus": list(rec.gpus) if state in ("RUNNING", "STOPPED") else [],
-                "gpu_request": spec.gpus, "cpus": spec.cpus, "ram": spec.ram,
-                "ports": (c or {}).get("ports", []), "requested_ports": list(spec.ports),
-                "reason": reason, "position": position, "error": rec.error,
-                "created": rec.created, "warnings": list(spec.warnings),
-                "remote_user": spec.user, "workdir": spec.workdir or None}
+        return {
+            "name": rec.name,
+            "state": state,
+            "container_state": cstate or None,
+            "image": rec.image,
+            "source": spec.source,
+            "user": rec.user,
+            "node": self.options.server_name,
+            "reservation": rec.reservation,
+            "gpus": list(rec.gpus) if state in ("RUNNING", "STOPPED") else [],
+            "gpu_request": spec.gpus,
+            "cpus": spec.cpus,
+            "ram": spec.ram,
+            "ports": (c or {}).get("ports", []),
+            "requested_ports": list(spec.ports),
+            "reason": reason,
+            "position": position,
+            "error": rec.error,
+            "created": rec.created,
+            "warnings": list(spec.warnings),
+            "remote_user": spec.user,
+            "workdir": spec.workdir or None,
+        }
 
     # ------------------------------------------------------------ the verbs
 
@@ -624,9 +720,19 @@ class Workspaces:
         known = {r.name for r in self.records.values() if r.uid == uid}
         for name, c in containers.items():
             if name not in known:  # made by hand with the label, or from lost records
-                out.append({"name": name, "state": "UNMANAGED", "container_state": c["state"],
-                            "image": c["image"], "ports": c["ports"], "user": user,
-                            "node": self.options.server_name, "reservation": None, "gpus": []})
+                out.append(
+                    {
+                        "name": name,
+                        "state": "UNMANAGED",
+                        "container_state": c["state"],
+                        "image": c["image"],
+                        "ports": c["ports"],
+                        "user": user,
+                        "node": self.options.server_name,
+                        "reservation": None,
+                        "gpus": [],
+                    }
+                )
         return sorted(out, key=lambda v: v["name"])
 
     async def show(self, user: str, uid: int, name: str) -> dict[str, Any]:
@@ -674,14 +780,15 @@ class Workspaces:
             await asyncio.to_thread(self.runtime.remove, t, name)
             if rec is not None:
                 self._drop(rec)
-        return {"name": name, "removed": True,
-                "reservation": rec.reservation if rec is not None else None}
+        return {"name": name, "removed": True, "reservation": rec.reservation if rec is not None else None}
 
     async def save(self, user: str, uid: int, name: str, image_name: str) -> dict[str, Any]:
         self._record(uid, name)
         if not NAME_RE.match(image_name):
-            raise WorkspaceError(f"{image_name!r} is not a name for a saved image: use lower-case "
-                                 "letters, digits, '.', '_' or '-'")
+            raise WorkspaceError(
+                f"{image_name!r} is not a name for a saved image: use lower-case "
+                "letters, digits, '.', '_' or '-'"
+            )
         t = self.tenant(user, uid)
         image = f"{SAVED_PREFIX}{image_name}:latest"
         async with self._lock((uid, name)):
@@ -692,34 +799,59 @@ class Workspaces:
         self._record(uid, name)
         t = self.tenant(user, uid)
         text = await asyncio.to_thread(self.runtime.logs, t, name, tail)
-        return {"name": name, "logs": text, "follow_argv": [
-            getattr(self.runtime, "binary", "podman"), "logs", "--follow", "--tail", "0", name]}
+        return {
+            "name": name,
+            "logs": text,
+            "follow_argv": [
+                getattr(self.runtime, "binary", "podman"),
+                "logs",
+                "--follow",
+                "--tail",
+                "0",
+                name,
+            ],
+        }
 
     async def ports(self, user: str, uid: int, name: str) -> dict[str, Any]:
         v = await self.show(user, uid, name)
         port = self.options.ssh_listen[1]
-        return {"name": name, "state": v["state"], "ports": v["ports"],
-                "requested_ports": v["requested_ports"], "server": self.options.server_name,
-                "ssh_port": port, "user": user, "port_publishing":
-                self.options.containers.port_publishing}
+        return {
+            "name": name,
+            "state": v["state"],
+            "ports": v["ports"],
+            "requested_ports": v["requested_ports"],
+            "server": self.options.server_name,
+            "ssh_port": port,
+            "user": user,
+            "port_publishing": self.options.containers.port_publishing,
+        }
 
     async def shell_info(self, user: str, uid: int, name: str) -> dict[str, Any]:
         v = await self.show(user, uid, name)
         if v["state"] != "RUNNING":
-            raise WorkspaceError(f"workspace {name} is {v['state']}; `mt-container start {name}` "
-                                 "first")
+            raise WorkspaceError(f"workspace {name} is {v['state']}; `mt-container start {name}` first")
         t = self.tenant(user, uid)
-        return {"name": name, "container": name, "user": v["remote_user"] or "",
-                "workdir": v["workdir"] or t.home, "runtime_dir": t.runtime_dir,
-                "storage_conf": t.storage_conf,
-                "podman": getattr(self.runtime, "binary", "podman"), "home": t.home}
+        return {
+            "name": name,
+            "container": name,
+            "user": v["remote_user"] or "",
+            "workdir": v["workdir"] or t.home,
+            "runtime_dir": t.runtime_dir,
+            "storage_conf": t.storage_conf,
+            "podman": getattr(self.runtime, "binary", "podman"),
+            "home": t.home,
+        }
 
     async def policy_view(self, user: str, uid: int) -> dict[str, Any]:
         t = self.tenant(user, uid)
-        return {**self.policy(t).to_dict(), "enabled": self.enabled,
-                "podman": getattr(self.runtime, "binary", "podman"), "tenant": t.name}
+        return {
+            **self.policy(t).to_dict(),
+            "enabled": self.enabled,
+            "podman": getattr(self.runtime, "binary", "podman"),
+            "tenant": t.name,
+        }
 
-    async def prepull(self, force: bool = False) -> list[dict[str, Any]]:
+    async def prepull(self, force: bool = False) -> builtins.list[dict[str, Any]]:
         """Copy the pre-pull images into their archives now."""
         results = await asyncio.to_thread(self.archives.prepull, force)
         self.prepull_results = [r.to_dict() for r in results]

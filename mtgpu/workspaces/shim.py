@@ -32,14 +32,26 @@ def version_info(podman: Mapping[str, Any]) -> dict[str, Any]:
     c = podman.get("Client") or podman
     ver = str(c.get("Version", "0"))
     os_, _, arch = str(c.get("OsArch", "linux/amd64")).partition("/")
-    part = {"Version": ver, "ApiVersion": DOCKER_API_VERSION, "APIVersion": DOCKER_API_VERSION,
-            "MinAPIVersion": "1.24", "GoVersion": c.get("GoVersion", ""),
-            "GitCommit": c.get("GitCommit", ""), "Os": os_, "Arch": arch,
-            "BuildTime": str(c.get("BuiltTime", "")), "KernelVersion": os.uname().release}
-    return {"Client": {**part, "Platform": {"Name": "MTGPU docker shim (podman)"}},
-            "Server": {**part, "Platform": {"Name": "Podman Engine"},
-                       "Components": [{"Name": "Podman Engine", "Version": ver,
-                                       "Details": {"APIVersion": ver}}]}}
+    part = {
+        "Version": ver,
+        "ApiVersion": DOCKER_API_VERSION,
+        "APIVersion": DOCKER_API_VERSION,
+        "MinAPIVersion": "1.24",
+        "GoVersion": c.get("GoVersion", ""),
+        "GitCommit": c.get("GitCommit", ""),
+        "Os": os_,
+        "Arch": arch,
+        "BuildTime": str(c.get("BuiltTime", "")),
+        "KernelVersion": os.uname().release,
+    }
+    return {
+        "Client": {**part, "Platform": {"Name": "MTGPU docker shim (podman)"}},
+        "Server": {
+            **part,
+            "Platform": {"Name": "Podman Engine"},
+            "Components": [{"Name": "Podman Engine", "Version": ver, "Details": {"APIVersion": ver}}],
+        },
+    }
 
 
 def render(template: str, data: Any) -> str:
@@ -50,6 +62,7 @@ def render(template: str, data: Any) -> str:
     >>> render("{{json .A}} x", {"A": [1]})
     '[1] x'
     """
+
     def lookup(path: str) -> Any:
         value = data
         for part in [p for p in path.split(".") if p]:
@@ -91,15 +104,17 @@ def version(argv: Sequence[str], podman: str, env: Mapping[str, str]) -> int:
         return 0
     for part in ("Client", "Server"):
         p = info[part]
-        print(f"{part}: {p['Platform']['Name']}\n Version:      {p['Version']}\n"
-              f" API version:  {p['APIVersion']}\n Go version:   {p['GoVersion']}\n"
-              f" OS/Arch:      {p['Os']}/{p['Arch']}")
+        print(
+            f"{part}: {p['Platform']['Name']}\n Version:      {p['Version']}\n"
+            f" API version:  {p['APIVersion']}\n Go version:   {p['GoVersion']}\n"
+            f" OS/Arch:      {p['Os']}/{p['Arch']}"
+        )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtgpu.cli.podman import REFUSED, _client, podman_env, run_podman
     from mtgpu.errors import ApiError
+    from mtgpu.workspaces.tenant_podman import REFUSED, _client, podman_env, run_podman
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["version"] or args[:2] == ["system", "version"]:

@@ -36,6 +36,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from mtgpu.fsafe import signal_pid
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +47,34 @@ DEFAULT_LOCAL_ROOT = "/var/lib/mtgpu-containers"
 
 #: Filesystems that rootless podman cannot keep its storage on (or that are shared
 #: between machines, so one store would be used by several members' podman at once).
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs",
-    "9p", "afs", "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.gcsfuse", "fuse.s3fs",
-    "fuse.rclone", "fuse.juicefs", "fuse.mfs", "pvfs2", "orangefs", "ocfs2", "gfs2",
-})
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "9p",
+        "afs",
+        "fuse.sshfs",
+        "fuse.glusterfs",
+        "fuse.cephfs",
+        "fuse.gcsfuse",
+        "fuse.s3fs",
+        "fuse.rclone",
+        "fuse.juicefs",
+        "fuse.mfs",
+        "pvfs2",
+        "orangefs",
+        "ocfs2",
+        "gfs2",
+    }
+)
 
 CONF_NAME = "storage.conf"
 _DRIVERS = ("overlay", "vfs", "btrfs", "zfs")
@@ -107,11 +133,13 @@ def conf_text(root: str, driver: str) -> str:
     driver = "overlay"
     rootless_storage_path = "/var/lib/mtgpu-containers/$UID/storage"
     """
-    return ("# Written by mtgpu-server (CONTAINERS.storage): each tenant's container store is\n"
-            "# on this member's disk. Tenants' podman reads it through CONTAINERS_STORAGE_CONF.\n"
-            "[storage]\n"
-            f'driver = "{driver}"\n'
-            f'rootless_storage_path = "{root}/$UID/storage"\n')
+    return (
+        "# Written by mtgpu-server (CONTAINERS.storage): each tenant's container store is\n"
+        "# on this member's disk. Tenants' podman reads it through CONTAINERS_STORAGE_CONF.\n"
+        "[storage]\n"
+        f'driver = "{driver}"\n'
+        f'rootless_storage_path = "{root}/$UID/storage"\n'
+    )
 
 
 @dataclass
@@ -137,9 +165,11 @@ class LocalStores:
         root.mkdir(parents=True, exist_ok=True)
         for parent in root.parents:
             if not parent.stat().st_mode & 0o001:
-                raise OSError(f"{parent} is mode {parent.stat().st_mode & 0o7777:04o}, so tenants "
-                              f"cannot reach their stores under {root}; let others traverse it "
-                              "(chmod o+x) or choose another directory")
+                raise OSError(
+                    f"{parent} is mode {parent.stat().st_mode & 0o7777:04o}, so tenants "
+                    f"cannot reach their stores under {root}; let others traverse it "
+                    "(chmod o+x) or choose another directory"
+                )
         st = root.stat()
         if st.st_uid != 0 and os.geteuid() == 0:
             os.chown(root, 0, 0)
@@ -174,16 +204,36 @@ class LocalStores:
             with open(conf, "w") as f:
                 f.write(f'[storage]\nrootless_storage_path = "{probe}/storage"\n')
             os.chmod(conf, 0o644)
-            env = {"HOME": probe, "XDG_RUNTIME_DIR": f"{probe}/run", "XDG_CONFIG_HOME": f"{probe}/config",
-                   "PATH": "/usr/local/bin:/usr/bin:/bin", "CONTAINERS_STORAGE_CONF": conf}
-            kw = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []} if os.geteuid() == 0 else {}
-            r = subprocess.run([podman, "info", "--format", "{{.Store.GraphDriverName}}"], env=env,
-                               cwd="/", capture_output=True, text=True, timeout=60, check=False, **kw)
+            env = {
+                "HOME": probe,
+                "XDG_RUNTIME_DIR": f"{probe}/run",
+                "XDG_CONFIG_HOME": f"{probe}/config",
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "CONTAINERS_STORAGE_CONF": conf,
+            }
+            kw: dict[str, Any] = (
+                {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+                if os.geteuid() == 0
+                else {}
+            )
+            r = subprocess.run(
+                [podman, "info", "--format", "{{.Store.GraphDriverName}}"],
+                env=env,
+                cwd="/",
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                **kw,
+            )
             driver = r.stdout.strip()
             if r.returncode == 0 and driver in _DRIVERS:
                 return driver
-            log.warning("podman could not say which storage driver it uses under %s (%s); "
-                        "using vfs", self.root, (r.stderr.strip().splitlines() or ["no output"])[-1])
+            log.warning(
+                "podman could not say which storage driver it uses under %s (%s); using vfs",
+                self.root,
+                (r.stderr.strip().splitlines() or ["no output"])[-1],
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("probing podman's storage driver under %s: %s; using vfs", self.root, exc)
         finally:
@@ -224,8 +274,7 @@ def _stop_pause_process(runtime_dir: str, uid: int) -> None:
     try:
         with open(f"{runtime_dir}/libpod/tmp/pause.pid") as f:
             pid = int(f.read().strip())
-        if os.stat(f"/proc/{pid}").st_uid == uid:
-            os.kill(pid, signal.SIGKILL)
+        signal_pid(pid, signal.SIGKILL, lambda p: os.stat(f"/proc/{p}").st_uid == uid)
     except (OSError, ValueError):
         pass
 

@@ -24,7 +24,7 @@ from typing import Any
 from mtgpu.errors import MtgpuError
 
 #: Workspace names become container names and tmux session names.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}\Z")
 #: Where saved workspaces go in the tenant's own image store.
 SAVED_PREFIX = "localhost/mtgpu-saved/"
 #: The label podman keeps on every workspace container.
@@ -193,5 +193,7 @@ class Policy:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Policy:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
-                      if k in cls.__dataclass_fields__})
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__
+        }
+        return cls(**fields)

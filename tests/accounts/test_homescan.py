@@ -16,8 +16,9 @@ from mtgpu.accounts.quota import detect_mode
 
 
 def du(path: Path) -> int:
-    out = subprocess.run(["du", "-s", "-B1", "--one-file-system", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["du", "-s", "-B1", "--one-file-system", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     return int(out.split()[0])
 
 
@@ -89,11 +90,16 @@ def test_the_scan_never_leaves_the_home_filesystem(tmp_path):
     home = tree(tmp_path)
     (home / "mnt").mkdir()
     # In a private mount namespace: a tmpfs with a megabyte on it, mounted in the home.
-    script = (f"mount -t tmpfs t {home / 'mnt'} && head -c 1000000 /dev/urandom > "
-              f"{home / 'mnt' / 'f'} && exec {sys.executable} -m mtgpu.accounts.homescan {home}")
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(
-                           Path(__file__).resolve().parents[2])})
+    script = (
+        f"mount -t tmpfs t {home / 'mnt'} && head -c 1000000 /dev/urandom > "
+        f"{home / 'mnt' / 'f'} && exec {sys.executable} -m mtgpu.accounts.homescan {home}"
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["bytes"] < 1_000_000 and d["skipped"] == 1 and d["error"] == ""

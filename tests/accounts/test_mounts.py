@@ -7,27 +7,42 @@ import sys
 import textwrap
 
 import pytest
+from mtgpu_testing import python_env
 
 from mtgpu.accounts.published import plan_interpreters
 from mtgpu.config import InterpreterSpec
-from mtgpu_testing import python_env
 
 
 def test_interpreters_are_named_from_their_version_unless_named_and_a_taken_name_is_skipped():
-    versions = {"/a/python3": "3.11.2", "/b/python3": "3.11.9", "/c/python3": "3.12.1",
-                "/d/python3": "3.10.0"}
+    versions = {
+        "/a/python3": "3.11.2",
+        "/b/python3": "3.11.9",
+        "/c/python3": "3.12.1",
+        "/d/python3": "3.10.0",
+    }
 
     def probe(path):
         if path not in versions:
             return {"problem": f"{path} does not exist"}
         return {"version": versions[path], "prefix": "/opt/" + path[1], "pip": True, "venv": True}
 
-    got = plan_interpreters([InterpreterSpec("/a/python3"), InterpreterSpec("/b/python3"),
-                             InterpreterSpec("/c/python3", "py312"),
-                             InterpreterSpec("/d/python3", "python3.11"),
-                             InterpreterSpec("/e/python3", "gone")], probe)
-    assert [(i.name, i.ok) for i in got] == [("python3.11", False), ("python3.11", False),
-                                             ("py312", True), ("python3.11", True), ("gone", False)]
+    got = plan_interpreters(
+        [
+            InterpreterSpec("/a/python3"),
+            InterpreterSpec("/b/python3"),
+            InterpreterSpec("/c/python3", "py312"),
+            InterpreterSpec("/d/python3", "python3.11"),
+            InterpreterSpec("/e/python3", "gone"),
+        ],
+        probe,
+    )
+    assert [(i.name, i.ok) for i in got] == [
+        ("python3.11", False),
+        ("python3.11", False),
+        ("py312", True),
+        ("python3.11", True),
+        ("gone", False),
+    ]
     # An explicit name wins over a name made from a version; the problem says what to do.
     assert "/d/python3 has" in got[0].problem and "(NAME: /a/python3)" in got[0].problem
     assert got[2].read_only and got[2].prefix == "/opt/c"
@@ -82,8 +97,15 @@ def test_publish_is_read_only_for_everyone_idempotent_and_undone(tmp_path):
     (corpus / "a.txt").write_text("a")
     (tmp_path / "other" / "corpus").mkdir(parents=True)
     (tmp_path / "other" / "corpus" / "c.txt").write_text("c")
-    script = (f"mount -t tmpfs inner {corpus}/inner && echo -n b > {corpus}/inner/b.txt && "
-              f"exec {sys.executable} -c '{SCRIPT}' {tmp_path}")
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                       capture_output=True, text=True, env=python_env(), timeout=60)
+    script = (
+        f"mount -t tmpfs inner {corpus}/inner && echo -n b > {corpus}/inner/b.txt && "
+        f"exec {sys.executable} -c '{SCRIPT}' {tmp_path}"
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr

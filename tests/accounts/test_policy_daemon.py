@@ -17,15 +17,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mtgpu_testing import ClientTerminal, Host
 
 pytestmark = pytest.mark.root
 
 DAY = 86400
-CONFIG = {"USER_DISK_LIMIT": "1M", "USER_DISK_SCAN_INTERVAL": "1s",
-          "TENANT_RETENTION_DAYS": 30, "TENANT_RETENTION_GRACE": "7d",
-          "TENANT_RETENTION_HOME": "archive", "ADMINS": ["boss"], "SIMULATED_CPUS": 8}
+CONFIG = {
+    "USER_DISK_LIMIT": "1M",
+    "USER_DISK_SCAN_INTERVAL": "1s",
+    "TENANT_RETENTION_DAYS": 30,
+    "TENANT_RETENTION_GRACE": "7d",
+    "TENANT_RETENTION_HOME": "archive",
+    "ADMINS": ["boss"],
+    "SIMULATED_CPUS": 8,
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +53,15 @@ def set_clock(host: Host, days: float) -> None:
 
 
 def submit(host, user, key, body):
-    return host.ssh(user, key, "mt-job", "submit", "--parsable", "-",
-                    input=f"#!/bin/bash\n#MTGPU cpus=1 ram=50M\n{body}\n".encode())
+    return host.ssh(
+        user,
+        key,
+        "mt-job",
+        "submit",
+        "--parsable",
+        "-",
+        input=f"#!/bin/bash\n#MTGPU cpus=1 ram=50M\n{body}\n".encode(),
+    )
 
 
 def job_state(host, user, key, jid):
@@ -149,14 +161,16 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
     host.in_ns(["useradd", "-m", "-d", str(native_home), "-c", "local user", "native"])
     assert passwd_has(host, "native")
     # A process left behind (like a tmux server) and a running job block removal.
-    assert host.ssh("lingers", keys["lingers"],
-                    "setsid sleep 300 </dev/null >/dev/null 2>&1 &").returncode == 0
+    assert (
+        host.ssh("lingers", keys["lingers"], "setsid sleep 300 </dev/null >/dev/null 2>&1 &").returncode == 0
+    )
     r = submit(host, "busy", keys["busy"], "sleep 120")
     jid = r.stdout.decode().strip()
     wait_running(host, "busy", keys["busy"], jid)
 
-    others = [u["name"] for u in json.loads(host.admin("user", "list", "--json").stdout)
-              if u["name"] not in keys]
+    others = [
+        u["name"] for u in json.loads(host.admin("user", "list", "--json").stdout) if u["name"] not in keys
+    ]
 
     def others_log_in():  # tenants of other tests stay active: a login counts
         for n in others:
@@ -174,8 +188,19 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
     assert shadow_expire(host, "idle") == ""  # the dry run changed nothing
 
     done = steps(retention(host))
-    assert done["idle"]["done"] == "locked" and done["lingers"]["done"] == "locked"
-    assert host.ssh("idle", keys["idle"], "true").returncode != 0
+    assert done["idle"]["done"] == "locked"
+    # A process of its own (a nohup job) keeps a tenant from the lock, as from removal.
+    assert done["lingers"]["done"].startswith("blocked: 1 process(es)"), done["lingers"]
+    assert shadow_expire(host, "lingers") == ""
+    r = host.ssh("idle", keys["idle"], "true")
+    assert r.returncode != 0
+    # Told why, when and whom to ask, not only "Permission denied".
+    err = r.stderr.decode()
+    assert "The MTGPU account idle is locked for inactivity since" in err, err
+    assert "ask an administrator (boss)" in err and "--unlock idle" in err, err
+    # Another key for the same name learns nothing.
+    r = host.ssh("idle", host.key("stranger"), "true")
+    assert r.returncode != 0 and "locked" not in r.stderr.decode()
     assert shadow_expire(host, "idle") == "1"
     assert passwd_has(host, "idle")  # locked, not yet removed
 
@@ -204,13 +229,14 @@ def test_retention_locks_then_removes_only_inactive_tenants_without_work(host):
 
     log = [json.loads(line) for line in (host.state_dir / "retention.log").read_text().splitlines()]
     assert [e["action"] for e in log if e["user"] == "idle" and "actor" in e] == ["lock", "remove"]
-    assert any(e["user"] == "lingers" and e["action"] == "remove blocked" for e in log)
+    assert any(e["user"] == "lingers" and e["action"] == "lock blocked" for e in log)
 
     # An admin can let a locked tenant back in.
     host.admin("retention", "--unlock", "lingers")
     assert host.ssh("lingers", keys["lingers"], "true").returncode == 0
     host.ssh("busy", keys["busy"], "mt-job", "cancel", jid)
     set_clock(host, 0)
-    subprocess.run(["nsenter", "-t", str(host._server_pid()), "-m", "userdel", "-r", "native"],
-                   capture_output=True)
+    subprocess.run(
+        ["nsenter", "-t", str(host._server_pid()), "-m", "userdel", "-r", "native"], capture_output=True
+    )
     assert Path(archives[0]).stat().st_mode & 0o077 == 0

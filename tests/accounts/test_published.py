@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mtgpu_testing import Host, python_env
 
 pytestmark = pytest.mark.root
@@ -39,9 +38,16 @@ def pub():
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(base / "sealed")], check=True)
     os.chmod(base / "sealed", 0o777)
     os.chmod(base / "sealed" / "pyvenv.cfg", 0o666)
-    host = Host({"DATASETS_DIRECTORIES": [str(ds), str(base / "absent")],
-                 "PYTHON_INTERPRETERS": [SYSTEM_PYTHON, {"broken": "/nonexistent/bin/python3"},
-                                         {"sealed": str(base / "sealed" / "bin" / "python")}]})
+    host = Host(
+        {
+            "DATASETS_DIRECTORIES": [str(ds), str(base / "absent")],
+            "PYTHON_INTERPRETERS": [
+                SYSTEM_PYTHON,
+                {"broken": "/nonexistent/bin/python3"},
+                {"sealed": str(base / "sealed" / "bin" / "python")},
+            ],
+        }
+    )
     host.start()
     keys = {name: host.add_user(name) for name in ("ann", "bob")}
     yield host, base, keys
@@ -58,14 +64,23 @@ def test_every_tenant_reads_a_dataset_both_ways_and_writes_it_no_way(pub):
     host, base, keys = pub
     src = base / "imagenet"
     for user in ("ann", "bob"):
-        script = "; ".join([
-            "cat /datasets/imagenet/labels.txt", "cat ~/datasets/imagenet/labels.txt",
-            "readlink ~/datasets",
-            # The files' own modes allow all of this; the read-only mounts do not.
-            "echo x >> /datasets/imagenet/labels.txt", "echo x >> ~/datasets/imagenet/labels.txt",
-            f"echo x >> {src}/labels.txt", "touch /datasets/imagenet/open/new",
-            f"touch {src}/open/new", f"mkdir {src}/sub", f"rm {src}/labels.txt",
-            "mkdir /datasets/mine", "echo end"])
+        script = "; ".join(
+            [
+                "cat /datasets/imagenet/labels.txt",
+                "cat ~/datasets/imagenet/labels.txt",
+                "readlink ~/datasets",
+                # The files' own modes allow all of this; the read-only mounts do not.
+                "echo x >> /datasets/imagenet/labels.txt",
+                "echo x >> ~/datasets/imagenet/labels.txt",
+                f"echo x >> {src}/labels.txt",
+                "touch /datasets/imagenet/open/new",
+                f"touch {src}/open/new",
+                f"mkdir {src}/sub",
+                f"rm {src}/labels.txt",
+                "mkdir /datasets/mine",
+                "echo end",
+            ]
+        )
         r = sh(host, keys[user], user, script)
         out = r.stdout.splitlines()
         assert out == ["cat", "dog", "cat", "dog", "/datasets", "end"], (r.stdout, r.stderr)
@@ -89,8 +104,11 @@ def test_mt_python_lists_the_working_interpreters(pub):
     r = sh(host, keys["ann"], "ann", "mt-python list --json")
     assert r.returncode == 0, r.stderr
     found = {i["name"]: i for i in json.loads(r.stdout)}
-    version = subprocess.run([SYSTEM_PYTHON, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     system = "python" + ".".join(version.split(".")[:2])
     assert set(found) == {system, "sealed"}  # the broken one is skipped
     assert found[system]["path"] == SYSTEM_PYTHON and found[system]["version"] == version
@@ -105,9 +123,13 @@ def test_mt_python_venv_makes_the_tenants_own_working_venv(pub):
     r = sh(host, keys["bob"], "bob", "mt-python list --json")
     system = next(i["name"] for i in json.loads(r.stdout) if i["path"] == SYSTEM_PYTHON)
     # --without-pip: ensurepip would add 10 s; the venv itself is the same.
-    r = sh(host, keys["bob"], "bob",
-           f"mt-python venv ~/v --interpreter {system} --without-pip && ~/v/bin/python -c "
-           "'import os, sys; print(sys.prefix, sys.base_prefix, os.getuid())'")
+    r = sh(
+        host,
+        keys["bob"],
+        "bob",
+        f"mt-python venv ~/v --interpreter {system} --without-pip && ~/v/bin/python -c "
+        "'import os, sys; print(sys.prefix, sys.base_prefix, os.getuid())'",
+    )
     assert r.returncode == 0, r.stderr
     venv = host.homes / "bob" / "v"
     assert r.stdout.splitlines()[-1] == f"{venv} /usr {uid}"
@@ -121,16 +143,24 @@ def test_mt_python_venv_makes_the_tenants_own_working_venv(pub):
 def test_mt_python_run_runs_one_as_the_tenant(pub):
     host, base, keys = pub
     uid = int(host.passwd("ann")[2])
-    r = sh(host, keys["ann"], "ann",
-           "mt-python run sealed -- -c 'import os, sys; print(os.getuid(), sys.prefix)'")
+    r = sh(
+        host,
+        keys["ann"],
+        "ann",
+        "mt-python run sealed -- -c 'import os, sys; print(os.getuid(), sys.prefix)'",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{uid} {base / 'sealed'}"
 
 
 def test_status_reports_a_broken_interpreter_and_a_missing_dataset(pub):
     host, base, _ = pub
-    r = subprocess.run([sys.executable, "-m", "mtgpu.cli.setup", "status", "--config",
-                        str(host.config_path)], capture_output=True, text=True, env=python_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "mtgpu.install.setup", "status", "--config", str(host.config_path)],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+    )
     assert r.returncode == 0, r.stderr
     assert f"/datasets/imagenet  from {base}/imagenet, read-only" in r.stdout
     assert f"absent: NOT PUBLISHED: {base}/absent does not exist" in r.stdout

@@ -30,8 +30,9 @@ def quota_ext4(tmp_path):
     assert sh("mkfs.ext4", "-q", "-O", "quota", "-F", str(img)).returncode == 0
     r = sh("mount", "-o", "loop,usrquota", str(img), str(mnt))
     if r.returncode != 0:
-        pytest.skip(f"this kernel cannot mount an ext4 with quotas ({r.stderr.strip()}); "
-                    "it lacks CONFIG_QUOTA")
+        pytest.skip(
+            f"this kernel cannot mount an ext4 with quotas ({r.stderr.strip()}); it lacks CONFIG_QUOTA"
+        )
     try:
         sh("quotaon", "-u", str(mnt))  # with -O quota the mount usually turned it on already
         yield mnt
@@ -47,8 +48,18 @@ def test_real_quota_is_set_and_enforced(quota_ext4):
     home.mkdir()
     sh("chown", f"{NOBODY}:{NOBODY}", str(home))
     set_limit(mode, "nobody", 1 << 20)
-    r = sh("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "dd",
-           "if=/dev/zero", f"of={home / 'f'}", "bs=64K", "count=64", "conv=fsync")
+    r = sh(
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "dd",
+        "if=/dev/zero",
+        f"of={home / 'f'}",
+        "bs=64K",
+        "count=64",
+        "conv=fsync",
+    )
     assert r.returncode != 0 and "quota" in r.stderr.lower(), r.stderr  # EDQUOT
     used = read_usage(mode)[NOBODY]
     assert 0 < used <= (1 << 20) + 4096

@@ -23,12 +23,12 @@ def test_a_user_added_here_is_granted_this_cluster_only():
 def test_carried_record_keeps_its_uid_and_merges_keys():
     r = reg()
     out = r.import_user("alice", [KEY], 30005, False, "beta", 1.0, _doApply=True)
-    assert out == {"name": "alice", "uid": 30005, "granted": False, "created": True,
-                   "keys_added": 1}
+    assert out == {"name": "alice", "uid": 30005, "granted": False, "created": True, "keys_added": 1}
     assert not r.granted("alice", "beta")
     # The UID is reserved: the next user added here does not get it.
-    r.add_user("bob", [KEY2], False, 2.0, [30000, 30001, 30002, 30003, 30004], "root", None,
-               ["beta"], _doApply=True)
+    r.add_user(
+        "bob", [KEY2], False, 2.0, [30000, 30001, 30002, 30003, 30004], "root", None, ["beta"], _doApply=True
+    )
     assert r.get("bob")["uid"] == 30006
     out = r.import_user("alice", [KEY, KEY2], 30005, True, "beta", 3.0, _doApply=True)
     assert out["granted"] and not out["created"] and out["keys_added"] == 1
@@ -40,13 +40,16 @@ def test_clashing_uids_are_refused():
     r.add_user("bob", [KEY], False, 1.0, [], "root", None, ["beta"], _doApply=True)
     bob = r.get("bob")["uid"]
     assert r.import_user("carol", [KEY2], bob, True, "beta", 2.0, _doApply=True) == {
-        "error": f"UID {bob} belongs to the user 'bob' here", "code": "uid_conflict"}
+        "error": f"UID {bob} belongs to the user 'bob' here",
+        "code": "uid_conflict",
+    }
     assert r.get("carol") is None
-    assert r.import_user("bob", [KEY], bob + 1, True, "beta", 2.0, _doApply=True)["error"] == \
-        f"'bob' already has UID {bob} here, not {bob + 1}"
+    assert (
+        r.import_user("bob", [KEY], bob + 1, True, "beta", 2.0, _doApply=True)["error"]
+        == f"'bob' already has UID {bob} here, not {bob + 1}"
+    )
     r.remove_user("bob", 3.0, "root", _doApply=True)
-    assert "removed user" in r.import_user("dan", [KEY2], bob, True, "beta", 4.0,
-                                           _doApply=True)["error"]
+    assert "removed user" in r.import_user("dan", [KEY2], bob, True, "beta", 4.0, _doApply=True)["error"]
 
 
 def test_revoke_keeps_the_record_and_an_invite_grants_again():

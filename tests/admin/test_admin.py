@@ -26,8 +26,14 @@ class Pair:
         self.alpha = Host({"CLUSTER_ID": "alpha", "SIMULATED_CPUS": 4}, name="a1")
         # One UID range for both (as one site's clusters would share), so a UID given
         # out on one can clash with a user created on the other alone.
-        self.beta = Host({"CLUSTER_ID": "beta", "SIMULATED_CPUS": 4,
-                          "TENANT_UID_RANGE": self.alpha.config["TENANT_UID_RANGE"]}, name="b1")
+        self.beta = Host(
+            {
+                "CLUSTER_ID": "beta",
+                "SIMULATED_CPUS": 4,
+                "TENANT_UID_RANGE": self.alpha.config["TENANT_UID_RANGE"],
+            },
+            name="b1",
+        )
         self.beta.write_config()
         self.dir = self.alpha.dir / "mtcode"
         self.dir.mkdir()
@@ -46,13 +52,18 @@ class Pair:
             h.admin("user", "add", "boss", "--admin", "--key", self.alpha.pubkey("boss"))
         self.ssh_config.write_text(
             f"Host *\n  User boss\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        )
         self.clusters.write_text(f"ssh_config: {self.ssh_config}\n")
 
     def mtcode(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "mtgpu.cli.code_admin", "--clusters",
-                               str(self.clusters), *args], capture_output=True, text=True,
-                              env=python_env(), timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mtgpu.cli.code_admin", "--clusters", str(self.clusters), *args],
+            capture_output=True,
+            text=True,
+            env=python_env(),
+            timeout=120,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"mtcode-admin {' '.join(args)} failed: {proc.stderr}")
         return proc
@@ -83,8 +94,9 @@ def submit(host: Host, user: str, key: Path, script: str) -> str:
 def wait_job(host: Host, jid: str, pred, what: str, timeout: float = 30) -> dict:
     deadline = time.time() + timeout
     while True:
-        j = next((j for j in json.loads(host.admin("jobs", "--all", "--json").stdout)
-                  if j["job_id"] == jid), None)
+        j = next(
+            (j for j in json.loads(host.admin("jobs", "--all", "--json").stdout) if j["job_id"] == jid), None
+        )
         if j is not None and pred(j):
             return j
         if time.time() > deadline:
@@ -95,7 +107,9 @@ def wait_job(host: Host, jid: str, pred, what: str, timeout: float = 30) -> dict
 def test_cluster_list_and_a_wrong_name_is_refused(pair):
     listed = json.loads(pair.mtcode("cluster", "list", "--json").stdout)
     assert [(c["name"], c["reachable"], c["admin_as"]) for c in listed] == [
-        ("alpha", True, "boss"), ("beta", True, "boss")]
+        ("alpha", True, "boss"),
+        ("beta", True, "boss"),
+    ]
     r = pair.mtcode("cluster", "add", "gamma", f"127.0.0.1:{pair.beta.port}", check=False)
     assert r.returncode == 1
     assert "is a member of cluster 'beta', not 'gamma'" in r.stderr
@@ -113,8 +127,10 @@ def test_grants_decide_which_clusters_a_user_logs_in_to_with_one_uid(pair):
     assert a.ssh("alice", key, "id -u").stdout.decode().strip() == str(uid)
     refused = b.ssh("alice", key, "id -u")
     assert refused.returncode == 1
-    assert (b"alice is not granted the cluster 'beta'" in refused.stderr
-            and b"mtcode-admin grant alice beta" in refused.stderr), refused.stderr
+    assert (
+        b"alice is not granted the cluster 'beta'" in refused.stderr
+        and b"mtcode-admin grant alice beta" in refused.stderr
+    ), refused.stderr
     assert b.passwd("alice") is None  # no account was made for a refused login
 
     # Granted beta too: in to both, with the same UID, each with its own queue.
@@ -134,17 +150,29 @@ def test_grants_decide_which_clusters_a_user_logs_in_to_with_one_uid(pair):
     assert json.loads(pair.mtcode("revoke", "alice", "alpha", "--json").stdout)["changed"]
     refused = a.ssh("alice", key, "mt-job list --json")
     assert refused.returncode == 1 and b"not granted the cluster 'alpha'" in refused.stderr
-    as_alice = a.in_ns(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                        sys.executable, "-m", "mtgpu.cli.job", "--config", str(a.config_path),
-                        "list"], env=python_env(), timeout=30)
+    as_alice = a.in_ns(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "mtgpu.cli.job",
+            "--config",
+            str(a.config_path),
+            "list",
+        ],
+        env=python_env(),
+        timeout=30,
+    )
     assert as_alice.returncode != 0 and "not granted the cluster 'alpha'" in as_alice.stderr
     assert b.ssh("alice", key, "id -u").returncode == 0
     assert "alpha" in pair.mtcode("user", "show", "alice").stdout
 
     # Each cluster's audit log names the admin and the action; boss reads it over ssh.
     r = a.ssh("boss", a.key("boss"), "mtgpu-admin audit --json")
-    entries = [(e["actor"], e["action"], e["args"].get("name"), e["ok"])
-               for e in json.loads(r.stdout)]
+    entries = [(e["actor"], e["action"], e["args"].get("name"), e["ok"]) for e in json.loads(r.stdout)]
     assert ("boss", "user.add", "alice", True) in entries
     assert ("boss", "user.revoke", "alice", True) in entries
 
@@ -161,8 +189,10 @@ def test_a_uid_that_clashes_on_a_cluster_is_refused_loudly(pair):
     assert f"cluster beta refuses UID {carol} for 'carol'" in r.stderr
     refused = pair.mtcode("grant", "carol", "beta", check=False)
     assert refused.returncode == 1
-    assert (f"cluster beta refuses UID {carol} for 'carol': UID {carol} belongs to the user "
-            "'bob' here" in refused.stderr), refused.stderr
+    assert (
+        f"cluster beta refuses UID {carol} for 'carol': UID {carol} belongs to the user "
+        "'bob' here" in refused.stderr
+    ), refused.stderr
     users = {u["name"]: u for u in json.loads(b.admin("user", "list", "--json").stdout)}
     assert "carol" not in users and users["bob"]["uid"] == bob
 
@@ -177,8 +207,7 @@ def test_drain_now_requeues_or_cancels_with_the_reason(pair):
         wait_job(a, jid, lambda j: j["state"] == "RUNNING", "RUNNING")
     try:
         r = a.admin("drain", "a1", "--now", "--reason", "fan")
-        assert r.stdout.strip() == f"a1 is drained: it takes no new work; requeued {again}; " \
-                                   f"cancelled {once}"
+        assert r.stdout.strip() == f"a1 is drained: it takes no new work; requeued {again}; cancelled {once}"
         j = wait_job(a, once, lambda j: j["state"] == "CANCELLED", "CANCELLED")
         assert j["reason"].startswith("cancelled by root: a1 was drained now by root: fan;")
         j = wait_job(a, again, lambda j: j["state"] == "PENDING", "PENDING")
@@ -194,7 +223,8 @@ def test_drain_now_requeues_or_cancels_with_the_reason(pair):
     audit = json.loads(a.admin("audit", "--action", "node", "--json").stdout)
     assert [(e["action"], e["args"]) for e in audit[-2:]] == [
         ("node.drain", {"node": "a1", "now": True, "reason": "fan"}),
-        ("node.undrain", {"node": "a1"})]
+        ("node.undrain", {"node": "a1"}),
+    ]
 
 
 def admin_here(host: Host, capsys, *argv: str) -> str:
@@ -210,11 +240,21 @@ def test_every_admin_command_answers_json(pair, capsys):
     pub = b.pubkey("erin")
     other = b.pubkey("erin2")
     commands = [
-        ("user", "add", "erin", "--key", pub), ("user", "list"), ("user", "show", "erin"),
-        ("user", "key", "add", "erin", other), ("user", "key", "remove", "erin", other),
-        ("invite", "frank"), ("whoami",), ("nodes",), ("jobs", "--all"),
-        ("jobs", "--state", "completed"), ("drain", "b1"), ("undrain", "b1"),
-        ("cluster", "status"), ("logs", "-n", "3"), ("audit", "-n", "5"),
+        ("user", "add", "erin", "--key", pub),
+        ("user", "list"),
+        ("user", "show", "erin"),
+        ("user", "key", "add", "erin", other),
+        ("user", "key", "remove", "erin", other),
+        ("invite", "frank"),
+        ("whoami",),
+        ("nodes",),
+        ("jobs", "--all"),
+        ("jobs", "--state", "completed"),
+        ("drain", "b1"),
+        ("undrain", "b1"),
+        ("cluster", "status"),
+        ("logs", "-n", "3"),
+        ("audit", "-n", "5"),
         ("user", "remove", "erin"),
     ]
     for argv in commands:
@@ -223,8 +263,15 @@ def test_every_admin_command_answers_json(pair, capsys):
     lines = json.loads(admin_here(b, capsys, "logs", "-n", "500", "--json"))["lines"]
     assert any("serving SSH" in ln["message"] for ln in lines)
     actions = [e["action"] for e in json.loads(admin_here(b, capsys, "audit", "-n", "0", "--json"))]
-    for op in ("user.add", "user.key.add", "user.key.remove", "invite", "node.drain",
-               "node.undrain", "user.remove"):
+    for op in (
+        "user.add",
+        "user.key.add",
+        "user.key.remove",
+        "invite",
+        "node.drain",
+        "node.undrain",
+        "user.remove",
+    ):
         assert op in actions
     assert "user.list" not in actions and "audit" not in actions  # reads are not actions
     for argv in (("user", "list"), ("audit",), ("cluster", "status"), ("jobs", "--all")):

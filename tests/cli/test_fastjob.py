@@ -3,43 +3,29 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from mtgpu_testing import REPO, wait_for
+from mtgpu_testing import fast_mtjob, wait_for
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
-def fast_binary(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "tests/run.sh machines have a C compiler"
-    d = Path(tmp_path_factory.mktemp("fastjob"))
-    for p in (d, *d.parents):
-        if p == Path("/tmp"):
-            break
-        p.chmod(p.stat().st_mode | 0o005)
-    py_mtjob = Path(sys.executable).parent / "mt-job"
-    out = d / "mt-job-fast"
-    subprocess.run([cc, "-O2", "-o", str(out), str(REPO / "mtgpu" / "cli" / "fastjob.c"),
-                    f'-DMTGPU_PY_MTJOB="{py_mtjob}"'], check=True)
-    return out
+def fast_binary():
+    return fast_mtjob()
 
 
 def test_fast_submit_and_hand_off(make_host, fast_binary):
     host = make_host({"SIMULATED_CPUS": 8})
     key = host.add_user("fay")
-    job = b"#!/bin/bash\n#MTGPU cpus=1 ram=10M name=fast\n#SBATCH --weird-option=1\necho \"hi \\\"quoted\\\" \\\\ tab\t\"\n"
+    job = b'#!/bin/bash\n#MTGPU cpus=1 ram=10M name=fast\n#SBATCH --mail-type=ALL\necho "hi \\"quoted\\" \\\\ tab\t"\n'
     r = host.ssh("fay", key, f"{fast_binary} submit --parsable -", input=job)
     assert r.returncode == 0, r.stderr
     jid = r.stdout.decode().strip()
     assert jid.isdigit()
-    assert b"warning" in r.stderr  # the unknown #SBATCH option, as the Python client says
+    assert b"warning" in r.stderr  # the #SBATCH option without effect, as the Python client says
     r = host.ssh("fay", key, f"{fast_binary} submit -", input=job)
     assert r.stdout.decode().startswith("Submitted job ")
     # Everything else goes to the Python mt-job, unchanged.
@@ -57,10 +43,12 @@ def test_fast_list_json_prints_what_the_python_client_prints(make_host, fast_bin
     py = Path(sys.executable).parent / "mt-job"
     # A running job holds both CPUs, so the rest wait with their reasons and positions;
     # names with quotes, backslashes and non-ASCII text go through the escapes.
-    jobs = [b"#!/bin/bash\n#MTGPU cpus=2 ram=10M name=holder\nsleep 60\n",
-            "#!/bin/bash\n#MTGPU cpus=1 name='café-\"q\"-\\-✓'\ntrue\n".encode(),
-            b"#!/bin/bash\n#MTGPU cpus=1 array=0-3%2 name=arr\ntrue\n",
-            b"#!/bin/bash\n#MTGPU cpus=1 time=30 name=short\ntrue\n"]
+    jobs = [
+        b"#!/bin/bash\n#MTGPU cpus=2 ram=10M name=holder\nsleep 60\n",
+        "#!/bin/bash\n#MTGPU cpus=1 name='café-\"q\"-\\-✓'\ntrue\n".encode(),
+        b"#!/bin/bash\n#MTGPU cpus=1 array=0-3%2 name=arr\ntrue\n",
+        b"#!/bin/bash\n#MTGPU cpus=1 time=30 name=short\ntrue\n",
+    ]
     ids = []
     for job in jobs:
         r = host.ssh("gus", key, f"{fast_binary} submit --parsable -", input=job)
@@ -70,8 +58,10 @@ def test_fast_list_json_prints_what_the_python_client_prints(make_host, fast_bin
     assert r.returncode == 0, r.stderr
     # Both lists must see the same queue: the holder's start is recorded a moment after
     # it is placed (its first start on a fresh host builds the start helper).
-    wait_for(lambda: json.loads(host.ssh("gus", key, f"{py} show {ids[0]} --json").stdout)["start_time"],
-             what="the holder's start")
+    wait_for(
+        lambda: json.loads(host.ssh("gus", key, f"{py} show {ids[0]} --json").stdout)["start_time"],
+        what="the holder's start",
+    )
     for flags in ("--json", "--json --all", "-a --json"):
         both = host.ssh("gus", key, f"{fast_binary} list {flags}; echo ===; {py} list {flags}")
         assert both.returncode == 0, both.stderr
@@ -86,3 +76,95 @@ def test_fast_list_json_prints_what_the_python_client_prints(make_host, fast_bin
     # The table is the Python client's.
     r = host.ssh("gus", key, f"{fast_binary} list")
     assert r.returncode == 0 and b"JOBID" in r.stdout
+
+
+def test_fast_submit_refuses_non_utf8_naming_offset_and_line(make_host, fast_binary):
+    """The C client names the first byte that is not UTF-8, as the Python one does,
+    from standard input and from a file; nothing reaches the daemon."""
+    host = make_host({"SIMULATED_CPUS": 2})
+    key = host.add_user("fyn")
+    r = host.ssh("fyn", key, f"{fast_binary} submit -", input=b"#!/bin/sh\n#MTGPU cpus=1\necho \xfa\n")
+    assert r.returncode == 1, r
+    assert b"not UTF-8 text: byte 0xfa at offset 29 (line 3)" in r.stderr, r.stderr
+    r = host.ssh("fyn", key, f"printf '#!/bin/sh\\necho \\372\\n' > bad.sh && {fast_binary} submit bad.sh")
+    assert r.returncode == 1 and b"bad.sh is not UTF-8 text: byte 0xfa at offset 15 (line 2)" in r.stderr, (
+        r.stderr
+    )
+    assert json.loads(host.ssh("fyn", key, "mt-job list --json").stdout) == []
+
+
+def test_alloc_through_the_fast_client_is_the_python_one(make_host, fast_binary):
+    """`mt-job alloc` is not a fast path: the C client hands it to the Python one, so
+    both queue the allocation, run the command in it and end it the same way."""
+    host = make_host({"SIMULATED_CPUS": 2})
+    key = host.add_user("hal")
+    py = Path(sys.executable).parent / "mt-job"
+    for client in (fast_binary, py):
+        r = host.ssh(
+            "hal",
+            key,
+            f"{client} alloc -c 1 -t 5m -- sh -c 'echo JOB=$MTGPU_JOB_ID; "
+            "grep -c mtgpu_job_ /proc/self/cgroup'",
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.decode().split()
+        jid = out[0].split("=")[1]
+        assert int(out[1]) >= 1  # in the allocation's cgroups
+        assert b"granted job allocation " + jid.encode() in r.stderr
+        shown = json.loads(host.ssh("hal", key, f"{py} show {jid} --json").stdout)
+        assert shown["name"] == "interactive"
+
+
+def test_cancel_says_what_it_ended_in_both_clients(make_host, fast_binary):
+    """The same cancel through the fast client (which hands it to the Python mt-job)
+    and the Python one: a running job's cancel ends it and says so, exit 0; a second
+    cancel says it had already ended, exit 1."""
+    host = make_host({"SIMULATED_CPUS": 4})
+    key = host.add_user("hal")
+    py = Path(sys.executable).parent / "mt-job"
+    for client in (fast_binary, py):
+        r = host.ssh(
+            "hal",
+            key,
+            f"{fast_binary} submit --parsable -",
+            input=b"#!/bin/bash\n#MTGPU cpus=1 ram=10M\nexec sleep 300\n",
+        )
+        jid = r.stdout.decode().strip()
+        wait_for(
+            lambda jid=jid: json.loads(host.ssh("hal", key, f"{py} show {jid} --json").stdout)["start_time"],
+            what="the job's start",
+        )
+        r = host.ssh("hal", key, f"{client} cancel {jid}")
+        assert (r.returncode, r.stdout.decode()) == (0, f"Cancelled job {jid}\n"), (client, r)
+        assert json.loads(host.ssh("hal", key, f"{py} show {jid} --json").stdout)["state"] == "CANCELLED"
+        r = host.ssh("hal", key, f"{client} cancel {jid}")
+        assert r.returncode == 1 and r.stdout == b"", (client, r)
+        assert r.stderr.decode() == f"mt-job: job {jid} had already ended (CANCELLED); nothing to cancel\n"
+
+
+@pytest.mark.mtjob_clients
+def test_the_tenants_mt_job_is_the_selected_client_and_stays_so_across_a_restart(make_host, mtjob_client):
+    """The ``mtjob_client`` fixture: a tenant's ``mt-job`` is the Python one or the C
+    one, as mtgpu-setup chooses it; the tests marked ``mtjob_clients`` run with each."""
+    host = make_host({"SIMULATED_CPUS": 2})
+    key = host.add_user("sel")
+    for _ in range(2):
+        r = host.ssh("sel", key, 'readlink -f "$(command -v mt-job)"')
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().strip().endswith("/mt-job-fast") == (mtjob_client == "c"), r.stdout
+        r = host.ssh("sel", key, "mt-job submit --parsable -", input=b"#!/bin/sh\n#MTGPU cpus=1\ntrue\n")
+        assert r.returncode == 0 and r.stdout.strip().isdigit(), r.stderr
+        host.stop()
+        host.start()
+
+
+def test_both_clients_refuse_a_script_over_the_largest_job_script_max_before_sending():
+    import re
+
+    from mtgpu.cli.job import MAX_JOB_SCRIPT
+    from mtgpu.config.options import MAX_JOB_SCRIPT as LARGEST
+
+    source = (Path(__file__).resolve().parents[2] / "mtgpu" / "cli" / "fastjob.c").read_text()
+    m = re.search(r"#define MAX_JOB_SCRIPT \((\d+) << (\d+)\)", source)
+    assert m and int(m.group(1)) << int(m.group(2)) == MAX_JOB_SCRIPT == LARGEST

@@ -14,22 +14,40 @@ import pytest
 from mtgpu_testing import Host, Network, wait_for
 
 KEY = "s3cret-cluster-key-0123456789"
+#: Where members' directories go: outside /tmp, which each member's tenants get a
+#: private copy of, so that members share this machine's filesystem (other members'
+#: homes, as storage every member mounts) as the tests model it.
+MEMBERS_BASE = "/var/lib/mtgpu-test-members"
 
 
 def _config(gpus: int, **extra):
-    cfg = {"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab", "CLUSTER_KEY": KEY,
-           "SIMULATED_CPUS": 8, "USAGE_SAMPLE_INTERVAL": 1}
+    cfg = {
+        "CLUSTER_MODE": "cluster",
+        "CLUSTER_ID": "lab",
+        "CLUSTER_KEY": KEY,
+        "SIMULATED_CPUS": 8,
+        "USAGE_SAMPLE_INTERVAL": 1,
+    }
     if gpus:
         cfg["SIMULATED_GPUS"] = [{"type": "rtx4090", "count": gpus, "vram": "24G"}]
     cfg.update(extra)
     return cfg
 
 
+def join(c: Cluster, name: str, gpus: int, **extra) -> Host:
+    """Start one more member that finds the cluster through its first member."""
+    new = c.net.add(Host(_config(gpus, **extra), name=name, base=MEMBERS_BASE))
+    new.config["TENANT_UID_RANGE"] = c.hosts[0].config["TENANT_UID_RANGE"]
+    new.config["CLUSTER_PEERS"] = [f"{c.hosts[0].address}:{c.hosts[0].port}"]
+    new.write_config()
+    c.hosts.append(new)  # cleaned up with the others
+    new.start(timeout=120)
+    return new
+
+
 def status(host) -> dict:
     r = host.admin("cluster", "status", "--json", check=False)
     return json.loads(r.stdout) if r.returncode == 0 else {}
-
-
 
 
 class Cluster:
@@ -43,22 +61,26 @@ class Cluster:
         def agreed():
             names = [status(h).get("scheduler") for h in (among or self.hosts)]
             return names[0] if names[0] and len(set(names)) == 1 else None
+
         return wait_for(agreed, what="an agreed scheduler")
 
 
 @pytest.fixture
-def cluster() -> Iterator[Callable[..., Cluster]]:
+def cluster(mtjob_client: str) -> Iterator[Callable[..., Cluster]]:
     made: list[tuple[Network, list[Host]]] = []
 
-    def make(specs, start_order=None, stagger=0.0, private_homes=False, private_dirs=None,
-             env=None):
+    def make(
+        specs, start_order=None, stagger=0.0, private_homes=False, private_dirs=None, env=None, settled=True
+    ):
         """Members from (name, GPUs, extra configuration) triples. With
         ``private_homes`` each member sees only its own home directory, as separate
         machines do (the members share this machine's filesystem otherwise);
         ``private_dirs`` maps a member's name to directories it has its own empty
-        copy of (``/run/user``, say); ``env`` is added to the daemons' environment."""
+        copy of (``/run/user``, say); ``env`` is added to the daemons' environment.
+        With ``settled`` False it returns as soon as every daemon runs, before every
+        member is in every member's view (the first seconds of a cluster)."""
         net = Network()
-        hosts = [net.add(Host(_config(g, **extra), name=name)) for name, g, extra in specs]
+        hosts = [net.add(Host(_config(g, **extra), name=name, base=MEMBERS_BASE)) for name, g, extra in specs]
         for h in hosts:
             h.private_dirs = tuple((private_dirs or {}).get(h.config["SERVER_NAME"], ()))
             h.env.update(env or {})  # the daemons' environment, such as a policy clock
@@ -82,8 +104,12 @@ def cluster() -> Iterator[Callable[..., Cluster]]:
         for t in threads:
             t.join()
         c = Cluster(net, hosts)
-        wait_for(lambda: all(len(status(h).get("members", [])) == len(hosts) for h in hosts),
-                 what="every member in every view")
+        if not settled:
+            return c
+        wait_for(
+            lambda: all(len(status(h).get("members", [])) == len(hosts) for h in hosts),
+            what="every member in every view",
+        )
         return c
 
     yield make

@@ -34,6 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RAFT = "mtgpu-raft"
+log = logging.getLogger("raft_harness")
 
 # --------------------------------------------------------------------- member process
 
@@ -47,8 +48,11 @@ def _member_main(argv: list[str]) -> None:
     ap.add_argument("--conf", default="{}")
     ap.add_argument("--tcp", action="store_true", help="PySyncObj's own TCP transport, for comparison")
     args = ap.parse_args(argv)
-    logging.basicConfig(filename=str(Path(args.dir) / f"{args.name}.log"), level=logging.INFO,
-                        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        filename=str(Path(args.dir) / f"{args.name}.log"),
+        level=logging.INFO,
+        format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
+    )
     asyncio.run(_Member(args).run())
 
 
@@ -77,10 +81,12 @@ class _Member:
             def __init__(self) -> None:
                 super().__init__()
                 self.data: dict[str, int] = {}
+                self.puts = 0  # entries applied: more than len(data) if one applied twice
 
             @replicated
             def put(self, k: str, v: int) -> int:
                 self.data[k] = v
+                self.puts += 1
                 return len(self.data)
 
         self.asyncssh = asyncssh
@@ -109,9 +115,15 @@ class _Member:
                 return key.public_data == member.cpub
 
         await asyncssh.create_server(
-            Server, "127.0.0.1", self.ports[self.name], reuse_address=True,
+            Server,
+            "127.0.0.1",
+            self.ports[self.name],
+            reuse_address=True,
             server_host_keys=[asyncssh.read_private_key(keys / f"host-{self.name}")],
-            process_factory=self.handle, encoding=None, line_editor=False)
+            process_factory=self.handle,
+            encoding=None,
+            line_editor=False,
+        )
         loop = asyncio.get_running_loop()
         self.kv = KV()
         self.transport = SshRaftTransport(loop, self.name, self.dial, readonly=self.readonly)
@@ -119,20 +131,36 @@ class _Member:
         if self.tcp:
             # Benchmark baseline: same members and journal, stock TCPTransport.
             from pysyncobj.node import TCPNode
+
             addr = {v: f"127.0.0.1:{self.ports[v + '.raft']}" for v in self.voters}
             self.names = {a: v for v, a in addr.items()}
             self.store = None
-            self.sync = SyncObj(TCPNode(addr[self.name]), [TCPNode(addr[v]) for v in self.voters if v != self.name],
-                                conf=make_conf(sdir, **self.conf), consumers=[self.kv])
+            self.sync = SyncObj(
+                TCPNode(addr[self.name]),
+                [TCPNode(addr[v]) for v in self.voters if v != self.name],
+                conf=make_conf(sdir, **self.conf),
+                consumers=[self.kv],
+            )
         elif self.readonly:
             self.store = None
-            self.sync = SyncObj(None, [Node(v) for v in self.voters], conf=make_conf(sdir, **self.conf),
-                                consumers=[self.kv], nodeClass=Node, transport=self.transport)
+            self.sync = SyncObj(
+                None,
+                [Node(v) for v in self.voters],
+                conf=make_conf(sdir, **self.conf),
+                consumers=[self.kv],
+                nodeClass=Node,
+                transport=self.transport,
+            )
             self.transport.bind(self.sync)
         else:
-            self.store = StateStore(self.name, [self.kv], sdir,
-                                    peers=[v for v in self.voters if v != self.name],
-                                    transport_factory=self.transport.attach, **self.conf)
+            self.store = StateStore(
+                self.name,
+                [self.kv],
+                sdir,
+                peers=[v for v in self.voters if v != self.name],
+                transport_factory=self.transport.attach,
+                **self.conf,
+            )
             self.sync = self.store.sync
         await self.serve_commands()
 
@@ -144,14 +172,20 @@ class _Member:
         try:
             process.exit(0)
         except Exception as exc:  # noqa: BLE001 - the channel may already be gone
-            logging.debug("exit of a raft session: %s", exc)
+            log.debug("exit of a raft session: %s", exc)
 
     async def dial(self, peer: str) -> tuple[Any, Any, Any]:
         if self.partitioned:
             raise OSError("partitioned by the test")
         conn = await self.asyncssh.connect(
-            "127.0.0.1", self.ports[peer], username=self.name, client_keys=[self.ckey],
-            known_hosts=([self.hostpub[peer]], [], []), agent_path=None, config=[])
+            "127.0.0.1",
+            self.ports[peer],
+            username=self.name,
+            client_keys=[self.ckey],
+            known_hosts=([self.hostpub[peer]], [], []),
+            agent_path=None,
+            config=[],
+        )
         try:
             proc = await conn.create_process(subsystem=RAFT, encoding=None)
         except BaseException:
@@ -162,6 +196,7 @@ class _Member:
         def closer() -> None:
             self.conns.discard(conn)
             conn.close()
+
         return proc.stdout, proc.stdin, closer
 
     # ------------------------------------------------------------ commands
@@ -179,7 +214,7 @@ class _Member:
             try:
                 res = await getattr(self, "cmd_" + req["cmd"])(**req.get("args", {}))
             except Exception as exc:  # noqa: BLE001 - report, keep serving
-                logging.exception("command %s", req)
+                log.exception("command %s", req)
                 res = {"error": f"{type(exc).__name__}: {exc}"}
             self.reply({"id": req["id"], **res})
 
@@ -200,11 +235,23 @@ class _Member:
         leader = getattr(st.get("leader"), "id", None)
         if self.tcp:
             leader = self.names.get(leader)
-            peers = {self.names[k.rsplit("_", 1)[1]]: {"since": 0} for k, v in st.items()
-                     if k.startswith("partner_node_status_server_") and v == 2}
-        return {"leader": leader, "term": st["raft_term"], "state": st["state"],
-                "commit": st["commit_idx"], "applied": st["last_applied"], "n": len(data),
-                "digest": digest, "peers": sorted(peers), "since": {p: v["since"] for p, v in peers.items()}}
+            peers = {
+                self.names[k.rsplit("_", 1)[1]]: {"since": 0}
+                for k, v in st.items()
+                if k.startswith("partner_node_status_server_") and v == 2
+            }
+        return {
+            "leader": leader,
+            "term": st["raft_term"],
+            "state": st["state"],
+            "commit": st["commit_idx"],
+            "applied": st["last_applied"],
+            "n": len(data),
+            "puts": self.kv.puts,
+            "digest": digest,
+            "peers": sorted(peers),
+            "since": {p: v["since"] for p, v in peers.items()},
+        }
 
     async def cmd_write(self, prefix: str, n: int, wait: float = 10.0) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -237,8 +284,11 @@ class _Member:
         t0 = time.monotonic()
         for i in range(n):
             fut: asyncio.Future[int] = loop.create_future()
-            self.kv.put(f"{prefix}{i}", i, callback=lambda r, e, f=fut: loop.call_soon_threadsafe(
-                lambda: f.done() or f.set_result(e)))
+            self.kv.put(
+                f"{prefix}{i}",
+                i,
+                callback=lambda r, e, f=fut: loop.call_soon_threadsafe(lambda: f.done() or f.set_result(e)),
+            )
             err = await asyncio.wait_for(fut, 10)
             if err != 0:
                 return {"ok": i, "error_code": err, "secs": time.monotonic() - t0}
@@ -249,15 +299,18 @@ class _Member:
             if err == 0:  # logged on the tick thread before anyone can see the ack
                 os.write(self.ack_fd, (k + "\n").encode())
             loop.call_soon_threadsafe(finished, k, err)
+
         return cb
 
     async def cmd_stream(self, prefix: str, batch: int = 50) -> dict[str, Any]:
         """Write continuously (``batch`` in flight) until stopped or killed."""
+
         async def run() -> None:
             i = 0
             while True:
                 await self.cmd_write(f"{prefix}{i}.", batch, wait=2.0)
                 i += 1
+
         self.stream_task = asyncio.get_running_loop().create_task(run())
         return {}
 
@@ -314,8 +367,18 @@ class MemberProc:
         self.readonly = readonly
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seq = 0
-        cmd = [sys.executable, __file__, "--name", name, "--dir", str(cluster.root),
-               "--voters", ",".join(cluster.voters), "--conf", json.dumps(cluster.conf)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--name",
+            name,
+            "--dir",
+            str(cluster.root),
+            "--voters",
+            ",".join(cluster.voters),
+            "--conf",
+            json.dumps(cluster.conf),
+        ]
         if readonly:
             cmd.append("--readonly")
         if cluster.tcp:
@@ -323,8 +386,9 @@ class MemberProc:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.started = time.monotonic()
         with open(cluster.root / f"{name}.stderr", "ab") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, env=env)
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env
+            )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -359,8 +423,9 @@ class MemberProc:
 class Cluster:
     """Members n1..nK (voters) and read-only members, as processes under ``root``."""
 
-    def __init__(self, root: Path, voters: list[str], readonly: list[str] = (), tcp: bool = False,
-                 **conf: Any) -> None:
+    def __init__(
+        self, root: Path, voters: list[str], readonly: list[str] = (), tcp: bool = False, **conf: Any
+    ) -> None:
         self.root = root
         self.voters = list(voters)
         self.tcp = tcp
@@ -391,8 +456,9 @@ class Cluster:
         if sig == signal.SIGKILL:
             p.wait(10)
 
-    def leader(self, among: list[str] | None = None, timeout: float = 15.0,
-               exclude: str | None = None) -> str:
+    def leader(
+        self, among: list[str] | None = None, timeout: float = 15.0, exclude: str | None = None
+    ) -> str:
         """The leader that every member in ``among`` agrees on and that leads."""
         among = among or self.live()
         deadline = time.monotonic() + timeout

@@ -18,8 +18,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 def test_most_capable_member_becomes_scheduler_even_if_started_last(cluster):
     # a-small starts first (and founds: it has the smallest name); big is most capable.
-    c = cluster([("a-small", 0, {}), ("mid", 1, {}), ("big", 4, {})], start_order=[0, 1, 2],
-                stagger=1.0)
+    c = cluster([("a-small", 0, {}), ("mid", 1, {}), ("big", 4, {})], start_order=[0, 1, 2], stagger=1.0)
     # The founder hands the role to the most capable caught-up voter within seconds.
     wait_for(lambda: c.scheduler() == "big", timeout=30, what="big to become the scheduler")
     st = status(c.by_name("a-small"))
@@ -34,8 +33,12 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster, tmp_
     k = c.hosts[0].add_user("uma")
     uids = set()
     for h in c.hosts:
-        r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(h.ssh("uma", k, "id -u")),
-                     what="login on every member")
+
+        def login(h=h):
+            r = h.ssh("uma", k, "id -u")
+            return r if r.returncode == 0 else None
+
+        r = wait_for(login, what="login on every member")
         uids.add(r.stdout.strip())
         assert h.passwd("uma") is not None  # created on that member's own /etc
     # Any member tells a tenant every member and its SSH address (remotegpu-cli's discovery).
@@ -57,25 +60,42 @@ def test_user_added_on_one_member_logs_in_on_another_with_same_uid(cluster, tmp_
     from mtgpu.tui.fleet import Fleet
     from mtgpu.tui.sources import ServerList, Target
 
-    scans = [subprocess.run(["ssh-keyscan", "-p", str(h.port), h.address], capture_output=True,
-                            text=True, timeout=30).stdout for h in c.hosts]
+    scans = [
+        subprocess.run(
+            ["ssh-keyscan", "-p", str(h.port), h.address], capture_output=True, text=True, timeout=30
+        ).stdout
+        for h in c.hosts
+    ]
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "known_hosts").write_text("".join(scans))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     first = c.hosts[0]
-    fleet = Fleet(ServerList((Target("first", first.address, first.port, "uma", str(k)),),
-                             ssh_config=False), timeout=5)
+    fleet = Fleet(
+        ServerList((Target("first", first.address, first.port, "uma", str(k)),), ssh_config=False), timeout=5
+    )
     found = asyncio.run(fleet.once())
     assert {(s.server, s.status, s.target.source, s.user) for s in found} == {
-        ("m1", "up", "list", "uma"), ("m2", "up", "cluster", "uma"), ("m3", "up", "cluster", "uma")}
+        ("m1", "up", "list", "uma"),
+        ("m2", "up", "cluster", "uma"),
+        ("m3", "up", "cluster", "uma"),
+    }
     assert {s.cluster_id for s in found} == {"lab"}
     assert len(uids) == 1
     # The audit entry written through m1 is read on m3, from its own replica.
-    entry = wait_for(lambda: next((e for e in json.loads(c.hosts[2].admin("audit", "--json").stdout)
-                                   if e["action"] == "user.add"), None), what="the audit entry")
-    assert (entry["actor"], entry["member"], entry["args"]["name"], entry["ok"]) == \
-        ("root", "m1", "uma", True)
+    entry = wait_for(
+        lambda: next(
+            (e for e in json.loads(c.hosts[2].admin("audit", "--json").stdout) if e["action"] == "user.add"),
+            None,
+        ),
+        what="the audit entry",
+    )
+    assert (entry["actor"], entry["member"], entry["args"]["name"], entry["ok"]) == (
+        "root",
+        "m1",
+        "uma",
+        True,
+    )
     # And m1 shows m3's own log, asked over the peer channel.
     logs = json.loads(c.hosts[0].admin("logs", "--node", "m3", "-n", "2000", "--json").stdout)
     assert logs["node"] == "m3"
@@ -99,7 +119,7 @@ def test_wrong_key_member_is_refused(cluster):
 def _submit(host, key, user, n_jobs, out, errors=None):
     """Submit through mt-job on one member, one CLI call each; collect acknowledged ids."""
     script = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 600\n"
-    for i in range(n_jobs):
+    for _ in range(n_jobs):
         try:
             r = host.ssh(user, key, "mt-job submit --parsable -", input=script.encode(), timeout=90)
         except subprocess.TimeoutExpired:
@@ -112,6 +132,7 @@ def _submit(host, key, user, n_jobs, out, errors=None):
             errors.append(r.stderr.decode())
 
 
+@pytest.mark.mtjob_clients
 def test_kill_scheduler_during_submissions_loses_no_acknowledged_job(cluster):
     c = cluster([("m1", 1, {}), ("m2", 1, {}), ("m3", 2, {})])
     wait_for(lambda: c.scheduler() == "m3", timeout=30, what="m3 to become the scheduler")
@@ -143,12 +164,19 @@ def test_partitioned_old_leader_cannot_start_jobs(cluster):
     wait_for(lambda: old.ssh("pat", key, "true").returncode == 0, what="login")
     c.net.cut(old)
     others = [h for h in c.hosts if h is not old]
-    new = wait_for(lambda: (lambda s: s if s and s != old.config["SERVER_NAME"] else None)(
-        c.scheduler(among=others)), what="a new scheduler")
+    new = wait_for(
+        lambda: (lambda s: s if s and s != old.config["SERVER_NAME"] else None)(c.scheduler(among=others)),
+        what="a new scheduler",
+    )
     assert new != old.config["SERVER_NAME"]
     # The old leader has no majority: its submission is not acknowledged, nothing starts.
-    r = old.ssh("pat", key, "mt-job submit --parsable -",
-                input=b"#!/bin/bash\n#MTGPU cpus=1 ram=10M\ntouch /tmp/should-not-run-$$\n", timeout=90)
+    r = old.ssh(
+        "pat",
+        key,
+        "mt-job submit --parsable -",
+        input=b"#!/bin/bash\n#MTGPU cpus=1 ram=10M\ntouch /tmp/should-not-run-$$\n",
+        timeout=90,
+    )
     assert r.returncode != 0
     assert subprocess.run(["pgrep", "-u", old.passwd("pat")[2]], capture_output=True).returncode == 1
     c.net.heal(old)
@@ -162,8 +190,7 @@ def test_whole_cluster_restart_keeps_the_queue(cluster):
     # Asks for more CPUs than any member has free now: it waits in the queue.
     ids = []
     for _ in range(3):
-        r = entry.ssh("quinn", key, "mt-job submit --parsable --cpus=8 -",
-                      input=b"#!/bin/bash\nsleep 300\n")
+        r = entry.ssh("quinn", key, "mt-job submit --parsable --cpus=8 -", input=b"#!/bin/bash\nsleep 300\n")
         assert r.returncode == 0, r.stderr
         ids.append(r.stdout.decode().strip())
     for h in c.hosts:
@@ -172,8 +199,12 @@ def test_whole_cluster_restart_keeps_the_queue(cluster):
     [t.start() for t in threads]
     [t.join() for t in threads]
     c.scheduler()
-    r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(
-        entry.ssh("quinn", key, "mt-job list --all --json")), what="the queue after restart")
+    r = wait_for(
+        lambda: (lambda r: r if r.returncode == 0 else None)(
+            entry.ssh("quinn", key, "mt-job list --all --json")
+        ),
+        what="the queue after restart",
+    )
     seen = {j["job_id"] for j in json.loads(r.stdout)}
     assert set(ids) <= seen
 
@@ -186,14 +217,15 @@ def test_member_joins_running_cluster_and_one_is_removed(cluster):
     new.write_config()
     c.hosts.append(new)
     new.start(timeout=120)
-    wait_for(lambda: any(m["name"] == "m4" for m in status(c.hosts[0]).get("members", [])),
-             what="m4 in the member list")
+    wait_for(
+        lambda: any(m["name"] == "m4" for m in status(c.hosts[0]).get("members", [])),
+        what="m4 in the member list",
+    )
     roles = {m["name"]: m["role"] for m in status(new)["members"]}
     assert roles["m4"] == "read-only"  # K is 3 below five members
     r = c.hosts[0].admin("cluster", "remove", "m4")
     assert "removed m4" in r.stdout
-    wait_for(lambda: all(m["name"] != "m4" for m in status(c.hosts[1])["members"]),
-             what="m4 gone")
+    wait_for(lambda: all(m["name"] != "m4" for m in status(c.hosts[1])["members"]), what="m4 gone")
 
 
 def test_member_behind_a_one_way_path_joins_read_only(cluster):
@@ -205,11 +237,32 @@ def test_member_behind_a_one_way_path_joins_read_only(cluster):
     natted.write_config()
     c.hosts.append(natted)
     # It can open connections to the others, but nothing can open one to it.
-    subprocess.run(["ip", "netns", "exec", natted.netns, "iptables", "-A", "INPUT", "-p", "tcp",
-                    "--dport", str(natted.port), "--syn", "-j", "DROP"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            natted.netns,
+            "iptables",
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            str(natted.port),
+            "--syn",
+            "-j",
+            "DROP",
+        ],
+        check=True,
+    )
     natted.start(timeout=120, wait_port=False)  # the harness cannot reach it either
-    st = wait_for(lambda: (lambda s: s if any(m["name"] == "m3" for m in s.get("members", []))
-                           else None)(status(c.hosts[0])), what="m3 admitted")
+    st = wait_for(
+        lambda: (lambda s: s if any(m["name"] == "m3" for m in s.get("members", [])) else None)(
+            status(c.hosts[0])
+        ),
+        what="m3 admitted",
+    )
     roles = {m["name"]: m["role"] for m in st["members"]}
     assert roles["m3"] == "read-only"
     # Its replica follows the cluster over the connections it opened.

@@ -42,8 +42,11 @@ def submit(host, key, script: str) -> str:
 
 def ended(host, key, jid, timeout=90) -> dict:
     final = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}
-    return wait_for(lambda: (lambda j: j if j["state"] in final else None)(show(host, key, jid)),
-                    timeout=timeout, what=f"job {jid} to end")
+    return wait_for(
+        lambda: (lambda j: j if j["state"] in final else None)(show(host, key, jid)),
+        timeout=timeout,
+        what=f"job {jid} to end",
+    )
 
 
 def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
@@ -54,16 +57,25 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
     os.chmod(shared, 0o755)
     stores = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))
     os.chmod(stores, 0o755)
-    containers = {"enabled": True, "allow_user_images": True,
-                  "templates": {"busybox": {"image": IMAGE}}}
-    c = cluster([("ca", 0, {"TENANT_HOME_ROOT": str(shared),
-                            "CONTAINERS": {**containers, "storage": f"{stores}/ca"}}),
-                 ("cb", 0, {"TENANT_HOME_ROOT": str(shared),
-                            "CONTAINERS": {**containers, "storage": f"{stores}/cb"}}),
-                 ("cc", 0, {"CONTAINERS": containers})],
-                # Each is another machine: its own /run (rootless podman's pause process,
-                # whose namespaces every podman of the tenant joins, is recorded there).
-                private_dirs={"cb": ("/run/user",), "cc": ("/run/user",)})
+    containers = {"enabled": True, "allow_user_images": True, "templates": {"busybox": {"image": IMAGE}}}
+    c = cluster(
+        [
+            (
+                "ca",
+                0,
+                {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": {**containers, "storage": f"{stores}/ca"}},
+            ),
+            (
+                "cb",
+                0,
+                {"TENANT_HOME_ROOT": str(shared), "CONTAINERS": {**containers, "storage": f"{stores}/cb"}},
+            ),
+            ("cc", 0, {"CONTAINERS": containers}),
+        ],
+        # Each is another machine: its own /run (rootless podman's pause process,
+        # whose namespaces every podman of the tenant joins, is recorded there).
+        private_dirs={"cb": ("/run/user",), "cc": ("/run/user",)},
+    )
     ca, cb, cc = (c.by_name(n) for n in ("ca", "cb", "cc"))
     try:
         setup = str(Path(sys.executable).parent / "mtgpu-setup")
@@ -74,8 +86,9 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         for h in c.hosts:
             wait_for(lambda h=h: h.ssh(USER, key, "true").returncode == 0, what="a login")
         wait_for(lambda: status(ca).get("homes") == "mixed", timeout=30, what="mixed homes")
-        tar = subprocess.run(["tar", "-C", str(make_rootfs(ca.dir)), "-c", "."],
-                             capture_output=True, check=True).stdout
+        tar = subprocess.run(
+            ["tar", "-C", str(make_rootfs(ca.dir)), "-c", "."], capture_output=True, check=True
+        ).stdout
         r = ca.ssh(USER, key, f"podman import - {IMAGE}", input=tar)
         assert r.returncode == 0, r.stderr
         # The image went to ca's own store, not to the shared home.
@@ -108,17 +121,21 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         # streamed), and the archive is not made again.
         onb = ended(ca, key, submit(ca, key, body.format(node="cb")))
         refusals = shared / USER / ".mtgpu" / "podman-policy.log"
-        assert onb["state"] == "COMPLETED", (onb["reason"], onb["progress"],
-                                             refusals.exists() and refusals.read_text()[-1500:])
+        assert onb["state"] == "COMPLETED", (
+            onb["reason"],
+            onb["progress"],
+            refusals.exists() and refusals.read_text()[-1500:],
+        )
         assert onb["progress"]["cb"] == f"loading image {image_id[:12]} from {archives[0]}", onb
-        assert archives[0].stat().st_mtime_ns == stamp   # archived once, not again
+        assert archives[0].stat().st_mtime_ns == stamp  # archived once, not again
         r = cb.ssh(USER, key, "podman images --quiet --no-trunc")
         assert image_id in r.stdout.decode(), r
 
         # An image no member has, from a registry that is not there: the job fails
         # with the reason (it does not hang).
-        bad = ended(ca, key, submit(ca, key, "#!/bin/sh\n#MTGPU container=localhost:1/absent:1 "
-                                             "server=cc\ntrue\n"))
+        bad = ended(
+            ca, key, submit(ca, key, "#!/bin/sh\n#MTGPU container=localhost:1/absent:1 server=cc\ntrue\n")
+        )
         assert bad["state"] == "FAILED", bad
         assert "the image localhost:1/absent:1 cannot reach cc" in bad["reason"], bad
         assert "pulling localhost:1/absent:1 failed" in bad["reason"], bad
@@ -126,10 +143,14 @@ def test_images_reach_the_member_that_runs_the_job(cluster) -> None:
         # nodes=2 on the members' own network: rank 1 reaches rank 0's port. ca and cb
         # share the homes, so the tenant's container store too: each part has its own
         # container name there.
-        two = submit(ca, key, "#!/bin/sh\n#MTGPU container=busybox nodes=2 server=ca,cb workdir=/tmp\n"
-                     'if [ "$MTGPU_NODE_RANK" = 0 ]; then echo "got $(nc -l -p $MASTER_PORT)"; '
-                     "else for i in $(seq 300); do echo hello-from-rank-1 | nc $MASTER_ADDR "
-                     "$MASTER_PORT && break; sleep 0.1; done; fi\n")
+        two = submit(
+            ca,
+            key,
+            "#!/bin/sh\n#MTGPU container=busybox nodes=2 server=ca,cb workdir=/tmp\n"
+            'if [ "$MTGPU_NODE_RANK" = 0 ]; then echo "got $(nc -l -p $MASTER_PORT)"; '
+            "else for i in $(seq 300); do echo hello-from-rank-1 | nc $MASTER_ADDR "
+            "$MASTER_PORT && break; sleep 0.1; done; fi\n",
+        )
         j = ended(ca, key, two)
         err = Path(j["stderr"])
         assert j["state"] == "COMPLETED", (j["reason"], j["nodes"], err.exists() and err.read_text()[-1500:])

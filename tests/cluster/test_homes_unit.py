@@ -28,6 +28,7 @@ def settle(probes: list[HomesProbe]) -> None:
         for _ in range(3):  # tokens first, then what each sees of the others'
             for p in probes:
                 await p.check()
+
     asyncio.run(go())
 
 
@@ -51,11 +52,11 @@ def test_independent_mixed_and_shared(tmp_path: Path) -> None:
     for p in probes:
         p.root, p._written = roots["a"], False
     settle(probes)
-    assert layout(m) == {"homes": "shared", "shares": {"a": ["b", "c"], "b": ["a", "c"],
-                                                      "c": ["a", "b"]}}
+    assert layout(m) == {"homes": "shared", "shares": {"a": ["b", "c"], "b": ["a", "c"], "c": ["a", "b"]}}
     assert workdir_help(m, "b", roots["a"], roots["a"] + "/ann/run") == ""
     assert workdir_help(m, "b", roots["a"], "/scratch/run").startswith(
-        f"/scratch/run is outside TENANT_HOME_ROOT ({roots['a']}), on b's own disk: copy")
+        f"/scratch/run is outside TENANT_HOME_ROOT ({roots['a']}), on b's own disk: copy"
+    )
 
 
 def test_a_copied_marker_does_not_count(tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_layout_and_workdir_help_agree_with_the_pairwise_rule_on_many_members() 
     rng = random.Random(7)
     names = [f"n{i:03d}" for i in range(120)]
     m = members(*names)
-    groups = [names[i:i + 30] for i in range(0, 120, 30)]
+    groups = [names[i : i + 30] for i in range(0, 120, 30)]
     for g in groups:
         for n in g:
             seen = [o for o in g if o != n and rng.random() < 0.9]

@@ -25,8 +25,7 @@ def login(host, user, key) -> None:
 
 
 def submit(host, user, key, script, *args) -> str:
-    r = host.ssh(user, key, "mt-job", "submit", "--parsable", *args, "-", input=script.encode(),
-                 timeout=90)
+    r = host.ssh(user, key, "mt-job", "submit", "--parsable", *args, "-", input=script.encode(), timeout=90)
     assert r.returncode == 0, r.stderr
     return r.stdout.decode().strip()
 
@@ -38,14 +37,20 @@ def show(host, user, key, jid) -> dict:
 
 
 def wait_job(host, user, key, jid, states, timeout=60) -> dict:
-    return wait_for(lambda: (lambda j: j if j["state"] in states else None)(
-        show(host, user, key, jid)), timeout=timeout, what=f"job {jid} in {states}")
+    return wait_for(
+        lambda: (lambda j: j if j["state"] in states else None)(show(host, user, key, jid)),
+        timeout=timeout,
+        what=f"job {jid} in {states}",
+    )
 
 
 def test_independent_homes_and_a_workdir_only_the_submitter_has(cluster):
     c = cluster([("c1", 0, {}), ("c2", 0, {}), ("c3", 0, {})], private_homes=True)
-    wait_for(lambda: all(homes(h) == "independent" for h in c.hosts), timeout=30,
-             what="every member to report independent homes")
+    wait_for(
+        lambda: all(homes(h) == "independent" for h in c.hosts),
+        timeout=30,
+        what="every member to report independent homes",
+    )
     st = status(c.hosts[1])
     assert all(m["homes_shared_with"] == [] for m in st["members"])
     table = c.hosts[0].admin("cluster", "status").stdout
@@ -66,8 +71,9 @@ def test_independent_homes_and_a_workdir_only_the_submitter_has(cluster):
     j = wait_job(c1, "lee", key, jid, {"COMPLETED", "FAILED"})
     assert j["state"] == "FAILED" and j["nodes"] == ["c2"], j
     reason = j["reason"]
-    assert reason.startswith(f"the job could not start on c2: entering the working directory {proj}: "
-                             "No such file or directory"), reason
+    assert reason.startswith(
+        f"the job could not start on c2: entering the working directory {proj}: No such file or directory"
+    ), reason
     assert "c2 does not share TENANT_HOME_ROOT with c1, c3" in reason, reason
     assert "copy the directory to c2" in reason and "server=" in reason, reason
     # Every member tells the same story (the reason is replicated).
@@ -79,20 +85,35 @@ def test_shared_homes_need_no_copy(cluster):
     os.chmod(shared, 0o755)
     try:
         c = cluster([(n, 0, {"TENANT_HOME_ROOT": str(shared)}) for n in ("s1", "s2", "s3")])
-        wait_for(lambda: all(homes(h) == "shared" for h in c.hosts), timeout=30,
-                 what="every member to report shared homes")
+        wait_for(
+            lambda: all(homes(h) == "shared" for h in c.hosts),
+            timeout=30,
+            what="every member to report shared homes",
+        )
         st = status(c.hosts[0])
         assert {m["name"]: m["homes_shared_with"] for m in st["members"]} == {
-            "s1": ["s2", "s3"], "s2": ["s1", "s3"], "s3": ["s1", "s2"]}
+            "s1": ["s2", "s3"],
+            "s2": ["s1", "s3"],
+            "s3": ["s1", "s2"],
+        }
         assert sorted(p.name for p in shared.glob(".mtgpu-member-*")) == [
-            ".mtgpu-member-s1", ".mtgpu-member-s2", ".mtgpu-member-s3"]
+            ".mtgpu-member-s1",
+            ".mtgpu-member-s2",
+            ".mtgpu-member-s3",
+        ]
         s1 = c.by_name("s1")
         key = s1.add_user("max")
         login(s1, "max", key)
         r = s1.ssh("max", key, "mkdir -p ~/data && echo hello > ~/data/in && echo ~/data")
         data = r.stdout.decode().strip()
-        jid = submit(s1, "max", key, "#!/bin/bash\n#MTGPU cpus=1 ram=10M\ncat in > out\n",
-                     "--server=s3", f"--workdir={data}")
+        jid = submit(
+            s1,
+            "max",
+            key,
+            "#!/bin/bash\n#MTGPU cpus=1 ram=10M\ncat in > out\n",
+            "--server=s3",
+            f"--workdir={data}",
+        )
         j = wait_job(s1, "max", key, jid, {"COMPLETED", "FAILED"})
         assert j["state"] == "COMPLETED" and j["nodes"] == ["s3"], j
         assert (Path(data) / "out").read_text() == "hello\n"
@@ -130,8 +151,10 @@ def test_drained_member_takes_no_new_work_and_the_drain_survives_a_failover(clus
     for jid in free:
         assert wait_job(d1, "ned", key, jid, {"RUNNING"})["nodes"] != ["d2"]
     pinned = submit(d1, "ned", key, "#!/bin/bash\n#MTGPU cpus=1 ram=10M\ntrue\n", "--server=d2")
-    j = wait_for(lambda: (lambda j: j if j["reason"] == "ReqNodeNotAvail" else None)(
-        show(d1, "ned", key, pinned)), what="the pinned job's reason")
+    j = wait_for(
+        lambda: (lambda j: j if j["reason"] == "ReqNodeNotAvail" else None)(show(d1, "ned", key, pinned)),
+        what="the pinned job's reason",
+    )
     assert j["state"] == "PENDING" and "d2" in j["reason_detail"]
     assert show(d1, "ned", key, running)["state"] == "RUNNING"  # running work goes on
 
@@ -139,8 +162,10 @@ def test_drained_member_takes_no_new_work_and_the_drain_survives_a_failover(clus
     c.by_name("d3").stop(signal.SIGKILL)
     survivors = [h for h in c.hosts if h.config["SERVER_NAME"] != "d3"]
     wait_for(lambda: c.scheduler(among=survivors) in ("d1", "d2"), what="a new scheduler")
-    j = wait_for(lambda: (lambda j: j if j["reason"] == "ReqNodeNotAvail" else None)(
-        show(d1, "ned", key, pinned)), what="the pinned job's reason after the failover")
+    j = wait_for(
+        lambda: (lambda j: j if j["reason"] == "ReqNodeNotAvail" else None)(show(d1, "ned", key, pinned)),
+        what="the pinned job's reason after the failover",
+    )
     assert j["state"] == "PENDING"
     assert next(m for m in status(d1)["members"] if m["name"] == "d2")["drained"]
 

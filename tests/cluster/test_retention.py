@@ -25,13 +25,13 @@ def test_an_inactive_tenant_is_locked_then_removed_on_every_member(cluster, tmp_
     offset = tmp_path / "clock-offset"
     offset.write_text("0")
     tmp_path.chmod(0o755)
-    c = cluster([("m1", 0, RETENTION), ("m2", 0, RETENTION)],
-                env={"MTGPU_CLOCK_OFFSET_FILE": str(offset)})
+    c = cluster([("m1", 0, RETENTION), ("m2", 0, RETENTION)], env={"MTGPU_CLOCK_OFFSET_FILE": str(offset)})
     m1, m2 = c.hosts
     key = m1.add_user("gone")
     for h in c.hosts:  # the first login on each member makes the account there
-        wait_for(lambda h=h: h.ssh("gone", key, "echo hi > ~/notes").returncode == 0,
-                 what="login on every member")
+        wait_for(
+            lambda h=h: h.ssh("gone", key, "echo hi > ~/notes").returncode == 0, what="login on every member"
+        )
 
     offset.write_text(str(31 * DAY))
     r = json.loads(m2.admin("retention", "--json").stdout)  # relayed to the scheduler
@@ -44,9 +44,13 @@ def test_an_inactive_tenant_is_locked_then_removed_on_every_member(cluster, tmp_
     r = json.loads(m1.admin("retention", "--json").stdout)
     assert [(s["user"], s["done"]) for s in r["steps"]] == [("gone", "removed")]
     for h in c.hosts:
-        wait_for(lambda h=h: "gone" not in {u["name"] for u in json.loads(
-            h.admin("user", "list", "--json").stdout)}, what="the registry everywhere")
+        wait_for(
+            lambda h=h: (
+                "gone" not in {u["name"] for u in json.loads(h.admin("user", "list", "--json").stdout)}
+            ),
+            what="the registry everywhere",
+        )
         assert h.passwd("gone") is None and not (h.homes / "gone").exists()
         assert len(list((h.state_dir / "retired-homes").glob("gone-*.tar.gz"))) == 1
         log = (h.state_dir / "retention.log").read_text()
-        assert '"action": "remove"' in log and '"member": "%s"' % h.config["SERVER_NAME"] in log
+        assert '"action": "remove"' in log and f'"member": "{h.config["SERVER_NAME"]}"' in log

@@ -41,8 +41,11 @@ def cl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c.start(*VOTERS)
     started = time.monotonic()
     c.leader()
-    _note("first leader", f"{time.monotonic() - t0:.2f}s from spawn, "
-          f"{time.monotonic() - started:.2f}s after all members were up")
+    _note(
+        "first leader",
+        f"{time.monotonic() - t0:.2f}s from spawn, "
+        f"{time.monotonic() - started:.2f}s after all members were up",
+    )
     yield c
     c.close()
     print("\n" + "\n".join(f"  {k}: {v}" for k, v in FIGURES.items()))
@@ -115,9 +118,14 @@ def test_hello_with_wrong_id_is_refused(cl: Cluster) -> None:
     async def impostor() -> tuple[dict, bytes | None]:
         # Authenticated as n3 (the test-only shared key), claiming to be n2.
         async with asyncssh.connect(
-                "127.0.0.1", cl.ports["n1"], username="n3", client_keys=[keys / "client"],
-                known_hosts=([asyncssh.read_public_key(keys / "host-n1.pub")], [], []),
-                agent_path=None, config=[]) as conn:
+            "127.0.0.1",
+            cl.ports["n1"],
+            username="n3",
+            client_keys=[keys / "client"],
+            known_hosts=([asyncssh.read_public_key(keys / "host-n1.pub")], [], []),
+            agent_path=None,
+            config=[],
+        ) as conn:
             proc = await conn.create_process(subsystem="mtgpu-raft", encoding=None)
             proc.stdin.write(framing.hello("n2", False))
             fr = framing.FrameReader(proc.stdout, 1 << 16)
@@ -160,8 +168,11 @@ def test_partitioned_leader_cannot_commit(cl: Cluster) -> None:
     assert lost["ok"] == 0, lost
     new = cl.leader(among=others, exclude=old)
     assert cl.call(new, "write", prefix="majority-", n=10)["ok"] == 10
-    _note("partitioned leader", f"its write unacknowledged after {lost['secs']:.1f}s; "
-          f"the majority elected {new} and committed by {time.monotonic() - t0:.2f}s")
+    _note(
+        "partitioned leader",
+        f"its write unacknowledged after {lost['secs']:.1f}s; "
+        f"the majority elected {new} and committed by {time.monotonic() - t0:.2f}s",
+    )
     cl.call(old, "partition", on=False)
     cl.converge(VOTERS)
     for n in VOTERS:
@@ -182,7 +193,9 @@ def test_partitioned_leader_cannot_commit(cl: Cluster) -> None:
         assert time.monotonic() < deadline, "a stopped peer was never dropped"
         time.sleep(0.05)
     t_drop = time.monotonic() - t0
-    _note("SIGSTOP of the leader", f"new leader after {t_leader:.2f}s, its channel dropped after {t_drop:.2f}s")
+    _note(
+        "SIGSTOP of the leader", f"new leader after {t_leader:.2f}s, its channel dropped after {t_drop:.2f}s"
+    )
     cl.kill(stopped, signal.SIGCONT)
     cl.converge(VOTERS)
 
@@ -205,8 +218,11 @@ def test_whole_cluster_restart_keeps_acked_writes(tmp_path: Path) -> None:
                     assert time.monotonic() < deadline, (n, m)
                     time.sleep(0.05)
             c.converge(VOTERS)
-            _note(f"restart {cycle}", f"leader {t_leader:.2f}s after spawn; all {len(acked)} "
-                  "acknowledged writes present on every member")
+            _note(
+                f"restart {cycle}",
+                f"leader {t_leader:.2f}s after spawn; all {len(acked)} "
+                "acknowledged writes present on every member",
+            )
             if cycle == len(stops):
                 break
             c.call(leader, "stream", prefix=f"c{cycle}-")

@@ -39,7 +39,7 @@ class _ChunkReader:
 
 def test_frames_split_across_reads_and_keepalives() -> None:
     stream = framing.frame(b"abc") + framing.PING + framing.frame(b"x" * 1000) + framing.hello("n1", True)
-    chunks = [stream[i:i + 7] for i in range(0, len(stream), 7)]
+    chunks = [stream[i : i + 7] for i in range(0, len(stream), 7)]
 
     async def go() -> list[Any]:
         fr = framing.FrameReader(_ChunkReader(chunks), max_frame=4096)
@@ -133,8 +133,13 @@ class FakeSync:
 
     def start(self, t: SshRaftTransport) -> None:
         self.transport = t
-        for name in ("MessageReceived", "NodeConnected", "NodeDisconnected",
-                     "ReadonlyNodeConnected", "ReadonlyNodeDisconnected"):
+        for name in (
+            "MessageReceived",
+            "NodeConnected",
+            "NodeDisconnected",
+            "ReadonlyNodeConnected",
+            "ReadonlyNodeDisconnected",
+        ):
             getattr(t, f"setOn{name}Callback")(self._recorder(name))
         t.bind(self)
         self.tick.start()
@@ -143,6 +148,7 @@ class FakeSync:
         def rec(node: Node, msg: Any = None) -> None:
             self.threads.add(threading.current_thread().name)
             self.events.append((name, node.id, msg))
+
         return rec
 
     def _run(self) -> None:
@@ -173,9 +179,9 @@ class Net:
             r1, w1 = await asyncio.open_connection(sock=a)
             r2, w2 = await asyncio.open_connection(sock=b)
             self.writers += [w1, w2]
-            asyncio.get_running_loop().create_task(
-                self.t[peer].accept(r2, w2, self.auth_as.get(me, me)))
+            asyncio.get_running_loop().create_task(self.t[peer].accept(r2, w2, self.auth_as.get(me, me)))
             return r1, w1, w1.close
+
         return dial
 
 
@@ -189,8 +195,7 @@ async def _until(pred: Any, timeout: float = 5.0) -> None:
 
 def _make(net: Net, name: str, others: list[str], readonly: bool = False, **kw: Any) -> FakeSync:
     fake = FakeSync(None if readonly else name, others)
-    t = SshRaftTransport(asyncio.get_running_loop(), name, net.dial_for(name),
-                         readonly=readonly, **kw)
+    t = SshRaftTransport(asyncio.get_running_loop(), name, net.dial_for(name), readonly=readonly, **kw)
     net.t[name] = t
     fake.start(t)
     return fake
@@ -217,8 +222,12 @@ def test_handshake_messages_readonly_and_rules() -> None:
         for i in range(500):
             assert net.t["a"].send(Node("b"), {"i": i})
             assert net.t["b"].send(Node("a"), {"j": i})
-        await _until(lambda: len([e for e in b.events if e[0] == "MessageReceived"]) == 500
-                     and len([e for e in a.events if e[0] == "MessageReceived"]) == 500)
+        await _until(
+            lambda: (
+                len([e for e in b.events if e[0] == "MessageReceived"]) == 500
+                and len([e for e in a.events if e[0] == "MessageReceived"]) == 500
+            )
+        )
         assert [e[2]["i"] for e in b.events if e[0] == "MessageReceived"] == list(range(500))
         assert not net.t["a"].send(Node("zz"), {"x": 1})  # unknown peer: False at once
         # A read-only member dials the voter, which reports it read-only.
@@ -328,11 +337,23 @@ def test_pysyncobj_in_process_sync_and_async_writes(tmp_path: Any) -> None:
             cons[n] = Counter()
             conf = make_conf(str(tmp_path / n))
             if n == "n2":  # both ways of attaching
-                objs[n] = SyncObj(Node(n), [Node(p) for p in names if p != n], conf=conf,
-                                  consumers=[cons[n]], nodeClass=Node, transportClass=t.attach)
+                objs[n] = SyncObj(
+                    Node(n),
+                    [Node(p) for p in names if p != n],
+                    conf=conf,
+                    consumers=[cons[n]],
+                    nodeClass=Node,
+                    transportClass=t.attach,
+                )
             else:
-                objs[n] = SyncObj(Node(n), [Node(p) for p in names if p != n], conf=conf,
-                                  consumers=[cons[n]], nodeClass=Node, transport=t)
+                objs[n] = SyncObj(
+                    Node(n),
+                    [Node(p) for p in names if p != n],
+                    conf=conf,
+                    consumers=[cons[n]],
+                    nodeClass=Node,
+                    transport=t,
+                )
                 t.bind(objs[n])
         await _until(lambda: any(o._isLeader() for o in objs.values()), 10)
         leader = next(n for n, o in objs.items() if o._isLeader())
@@ -340,8 +361,11 @@ def test_pysyncobj_in_process_sync_and_async_writes(tmp_path: Any) -> None:
 
         async def put(n: str, k: str, v: int) -> int:
             fut = loop.create_future()
-            cons[n].put(k, v, callback=lambda r, e: loop.call_soon_threadsafe(
-                lambda: fut.done() or fut.set_result((r, e))))
+            cons[n].put(
+                k,
+                v,
+                callback=lambda r, e: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((r, e))),
+            )
             r, e = await asyncio.wait_for(fut, 5)
             assert e == 0, e
             return r
@@ -378,14 +402,22 @@ def test_dynamic_membership_add_and_remove(tmp_path: Any) -> None:
             t = SshRaftTransport(loop, n, net.dial_for(n))
             net.t[n] = t
             cons[n] = Counter()
-            objs[n] = SyncObj(Node(n), [Node(p) for p in peers], conf=make_conf(str(tmp_path / n)),
-                              consumers=[cons[n]], nodeClass=Node, transport=t)
+            objs[n] = SyncObj(
+                Node(n),
+                [Node(p) for p in peers],
+                conf=make_conf(str(tmp_path / n)),
+                consumers=[cons[n]],
+                nodeClass=Node,
+                transport=t,
+            )
             t.bind(objs[n])
 
         async def done(call: Any, *args: Any) -> int:
             fut = loop.create_future()
-            call(*args, callback=lambda r, e: loop.call_soon_threadsafe(
-                lambda: fut.done() or fut.set_result(e)))
+            call(
+                *args,
+                callback=lambda r, e: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(e)),
+            )
             return await asyncio.wait_for(fut, 10)
 
         for n in ("n1", "n2", "n3"):
@@ -398,8 +430,13 @@ def test_dynamic_membership_add_and_remove(tmp_path: Any) -> None:
         member("n4", ["n1", "n2", "n3"])
         assert await done(objs[leader].addNodeToCluster, "n4") == 0
         await _until(lambda: len(cons["n4"].items) == 50, 10)
-        await _until(lambda: all(sorted(net.t[n].peers()) == sorted({"n1", "n2", "n3", "n4"} - {n})
-                                 for n in ("n1", "n2", "n3", "n4")), 10)
+        await _until(
+            lambda: all(
+                sorted(net.t[n].peers()) == sorted({"n1", "n2", "n3", "n4"} - {n})
+                for n in ("n1", "n2", "n3", "n4")
+            ),
+            10,
+        )
         assert await done(cons[leader].put, "with-n4", 1) == 0
         await _until(lambda: "with-n4" in cons["n4"].items)
         assert await done(objs[leader].removeNodeFromCluster, "n4") == 0

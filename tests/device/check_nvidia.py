@@ -44,10 +44,10 @@ assert cuda.cuInit(0) == 0, "cuInit"
 dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
 assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0, "cuDeviceGet"
 assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0, "cuCtxCreate"
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), %d) == 0, "cuMemAlloc"
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), HOLD) == 0, "cuMemAlloc"
 print("ready", flush=True)
 sys.stdin.read()
-""" % HOLD
+""".replace("HOLD", str(HOLD))
 
 results: list[tuple[bool, str]] = []
 
@@ -64,8 +64,10 @@ def smi_gpus() -> list[dict] | None:
     if not exe:
         return None
     try:
-        out = run([exe, "--query-gpu=index,uuid,name,memory.total,memory.used",
-                   "--format=csv,noheader,nounits"], timeout=60).stdout
+        out = run(
+            [exe, "--query-gpu=index,uuid,name,memory.total,memory.used", "--format=csv,noheader,nounits"],
+            timeout=60,
+        ).stdout
     except CommandError as exc:
         print(f"NOTE nvidia-smi failed ({exc}); skipping the cross-check")
         return None
@@ -74,8 +76,10 @@ def smi_gpus() -> list[dict] | None:
     def number(text: str) -> int | None:
         return int(text) if text.isdigit() else None  # "[N/A]" on MIG-enabled cards
 
-    return [{"index": int(r[0]), "uuid": r[1], "name": r[2], "total_mib": number(r[3]),
-             "used_mib": number(r[4])} for r in rows]
+    return [
+        {"index": int(r[0]), "uuid": r[1], "name": r[2], "total_mib": number(r[3]), "used_mib": number(r[4])}
+        for r in rows
+    ]
 
 
 def main() -> int:
@@ -93,10 +97,14 @@ def main() -> int:
     check(True, f"the NVIDIA probe found {len(gpus)} GPU(s)")
     for g in gpus:
         check(g.type and g.type != "nvidia", f"GPU {g.index}: {g.name!r} has the type name {g.type!r}")
-        check(g.uuid.startswith(("GPU-", "MIG-")) and g.visibility_id == g.uuid,
-              f"GPU {g.index}: jobs are pointed at it by UUID ({g.uuid})")
-        check(g.vram_total > 0 and 0 <= g.vram_used <= g.vram_total and 0 <= g.util <= 100,
-              f"GPU {g.index}: VRAM {g.vram_used}/{g.vram_total} bytes, util {g.util}% are sane")
+        check(
+            g.uuid.startswith(("GPU-", "MIG-")) and g.visibility_id == g.uuid,
+            f"GPU {g.index}: jobs are pointed at it by UUID ({g.uuid})",
+        )
+        check(
+            g.vram_total > 0 and 0 <= g.vram_used <= g.vram_total and 0 <= g.util <= 100,
+            f"GPU {g.index}: VRAM {g.vram_used}/{g.vram_total} bytes, util {g.util}% are sane",
+        )
 
     smi = smi_gpus()
     if smi is None:
@@ -105,20 +113,31 @@ def main() -> int:
         by_uuid = {s["uuid"]: s for s in smi}
         for g in gpus:
             s = by_uuid.get(g.uuid)
-            check(s is not None and s["name"] == g.name
-                  and (s["total_mib"] is None or abs(s["total_mib"] - g.vram_total / MiB) <= 1),
-                  f"GPU {g.index}: nvidia-smi agrees on name and total VRAM ({s})")
+            check(
+                s is not None
+                and s["name"] == g.name
+                and (s["total_mib"] is None or abs(s["total_mib"] - g.vram_total / MiB) <= 1),
+                f"GPU {g.index}: nvidia-smi agrees on name and total VRAM ({s})",
+            )
 
     nodes = probe.device_nodes([gpus[0].index])
-    check(any(n.startswith("/dev/nvidia") and n[len("/dev/nvidia"):].isdigit() for n in nodes)
-          and "/dev/nvidiactl" in nodes, f"device files for GPU 0: {nodes}")
+    check(
+        any(n.startswith("/dev/nvidia") and n[len("/dev/nvidia") :].isdigit() for n in nodes)
+        and "/dev/nvidiactl" in nodes,
+        f"device files for GPU 0: {nodes}",
+    )
 
     # A process of ours on GPU 0 must show up with our UID and at least what it holds.
     # The holder outlives one call, which proc.run is not for, hence Popen here.
     before = {p.pid for p in probe.probe()[0].processes}
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus[0].uuid})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus[0].uuid},
+    )
     try:
         ready = holder.stdout.readline().strip() == "ready"
         if check(ready, f"a CUDA process (PID {holder.pid}) holds {HOLD // MiB} MiB on GPU 0"):
@@ -126,14 +145,19 @@ def main() -> int:
             mine = [p for p in after if p.pid == holder.pid]
             new = [p for p in after if p.pid not in before and p.used_memory >= HOLD]
             if mine:
-                check(mine[0].uid == os.getuid() and mine[0].used_memory >= HOLD,
-                      f"the probe lists that process with our UID {os.getuid()} and its memory ({mine[0]})")
+                check(
+                    mine[0].uid == os.getuid() and mine[0].used_memory >= HOLD,
+                    f"the probe lists that process with our UID {os.getuid()} and its memory ({mine[0]})",
+                )
             else:
                 # In a container NVML reports host PIDs, which this PID namespace cannot see;
                 # the daemon runs on the host, where they match.
-                check(len(new) == 1, f"the probe lists one new process holding at least "
-                                     f"{HOLD // MiB} MiB ({new}); its PID differs from ours, so "
-                                     "this script runs in another PID namespace than the driver")
+                check(
+                    len(new) == 1,
+                    f"the probe lists one new process holding at least "
+                    f"{HOLD // MiB} MiB ({new}); its PID differs from ours, so "
+                    "this script runs in another PID namespace than the driver",
+                )
         else:
             print(holder.stderr.read().strip())
     finally:
@@ -151,13 +175,25 @@ def main() -> int:
         inv = sampler.sample()
     cpu_ms, wall_ms = (time.process_time() - cpu) * 1000 / n, (time.perf_counter() - wall) * 1000 / n
     share = cpu_ms / 1000 / Options().usage_sample_interval * 100
-    check(share < 1.0, f"one sample costs {cpu_ms:.2f} ms CPU ({wall_ms:.2f} ms wall): "
-                       f"{share:.3f}% of a core at the default interval")
+    check(
+        share < 1.0,
+        f"one sample costs {cpu_ms:.2f} ms CPU ({wall_ms:.2f} ms wall): "
+        f"{share:.3f}% of a core at the default interval",
+    )
     sampler.close()
 
-    print(json.dumps({"node": inv.to_dict(processes=True), "nvidia_smi": smi,
-                      "sample_cpu_ms": round(cpu_ms, 3), "sample_wall_ms": round(wall_ms, 3)},
-                     indent=2, default=str))
+    print(
+        json.dumps(
+            {
+                "node": inv.to_dict(processes=True),
+                "nvidia_smi": smi,
+                "sample_cpu_ms": round(cpu_ms, 3),
+                "sample_wall_ms": round(wall_ms, 3),
+            },
+            indent=2,
+            default=str,
+        )
+    )
     failed = [what for ok, what in results if not ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

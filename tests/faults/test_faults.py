@@ -118,7 +118,8 @@ def test_kill_9_during_submissions_loses_no_acknowledged_job(host):
 
 def test_kill_9_during_a_running_job_keeps_the_job_and_its_result(host):
     h = host
-    flag = Path(f"/tmp/mtgpu-fault-{uuid.uuid4().hex}")
+    # Under TENANT_HOME_ROOT: each tenant has a /tmp of its own (PRIVATE_TMP).
+    flag = h.homes / f".mtgpu-fault-{uuid.uuid4().hex}"
     script = f"#!/bin/sh\n#MTGPU cpus=1\necho started\nwhile [ ! -e {flag} ]; do sleep 0.1; done\nexit 7\n"
     with api_socket(h.run_dir, h.uid) as s:
         jid = call(s, "job.submit", {"script": script})["result"]["job_id"]
@@ -151,7 +152,7 @@ def test_a_torn_journal_tail_is_cut_and_every_committed_job_kept(host):
     journal = h.state_dir / "raft.journal"
     data, last = _journal_records(journal)
     size = struct.unpack_from("<I", data, last - 4)[0]
-    record = data[last - size - 8:last]
+    record = data[last - size - 8 : last]
     torn = bytearray(data[:last]) + record[: len(record) // 2]
     struct.pack_into("<I", torn, 36, last + len(record))  # the header already counts it
     journal.write_bytes(bytes(torn))
@@ -200,24 +201,27 @@ def test_a_full_state_dir_refuses_changes_clearly_and_keeps_state(make_host):
     h = make_host(start=False, config={"SIMULATED_CPUS": 2})
     state = h.state_dir
     state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "mtgpu-fault-full", str(state)],
-                   check=True)
-    flag = Path(f"/tmp/mtgpu-fault-{uuid.uuid4().hex}")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "mtgpu-fault-full", str(state)], check=True)
+    # Under TENANT_HOME_ROOT: each tenant has a /tmp of its own (PRIVATE_TMP).
+    flag = h.homes / f".mtgpu-fault-{uuid.uuid4().hex}"
     try:
         h.start()
         uid = _user(h, "flo")
         with api_socket(h.run_dir, uid) as s:
-            running = call(s, "job.submit", {"script": f"#!/bin/sh\n#MTGPU cpus=2\n"
-                                             f"while [ ! -e {flag} ]; do sleep 0.1; done\n"})
+            running = call(
+                s,
+                "job.submit",
+                {"script": f"#!/bin/sh\n#MTGPU cpus=2\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n"},
+            )
             kept = [running["result"]["job_id"]]
             kept += [call(s, "job.submit", {"script": HOLD})["result"]["job_id"] for _ in range(2)]
             _wait_state(h, uid, kept[0], ("RUNNING",))
             filler = state / "filler"
-            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=36"],
-                           capture_output=True)
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=36"], capture_output=True)
             time.sleep(0.15)  # the daemon looks at the free space at most every 100 ms
-            refused = [call(s, "job.submit", {"script": HOLD, "overrides": {"name": "x" * 200}})
-                       for _ in range(20)]
+            refused = [
+                call(s, "job.submit", {"script": HOLD, "overrides": {"name": "x" * 200}}) for _ in range(20)
+            ]
             assert h.proc.poll() is None, h.log()
             assert all(not a["ok"] for a in refused), refused[0]
             assert "STATE_DIR" in refused[0]["error"] and "free space" in refused[0]["error"]
@@ -279,8 +283,10 @@ def test_partitions_are_covered_by_the_cluster_tests():
     tests/cluster/test_cluster.py::test_partitioned_old_leader_cannot_start_jobs and
     ::test_kill_scheduler_during_submissions_loses_no_acknowledged_job."""
     src = (Path(__file__).resolve().parent.parent / "cluster" / "test_cluster.py").read_text()
-    for name in ("test_partitioned_old_leader_cannot_start_jobs",
-                 "test_kill_scheduler_during_submissions_loses_no_acknowledged_job",
-                 "test_whole_cluster_restart_keeps_the_queue"):
+    for name in (
+        "test_partitioned_old_leader_cannot_start_jobs",
+        "test_kill_scheduler_during_submissions_loses_no_acknowledged_job",
+        "test_whole_cluster_restart_keeps_the_queue",
+    ):
         assert f"def {name}(" in src
     assert shutil.which("ip")

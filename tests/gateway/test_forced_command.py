@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from mtgpu_testing import SSH_OPTS, ClientTerminal, authorize_for_openssh, start_openssh
 
 pytestmark = [pytest.mark.root, pytest.mark.tmux]
@@ -22,15 +21,19 @@ def behind_openssh(shared_host):
     key = host.add_user("fc")
     authorize_for_openssh(host, "fc", key)
     shell = os.path.join(os.path.dirname(sys.executable), "mtgpu-shell")
-    sshd, port = start_openssh(host, f"ForceCommand {shell} --config {host.config_path}\n"
-                                     f"Subsystem mtgpu-api {shell} --config {host.config_path} --api\n")
+    sshd, port = start_openssh(
+        host,
+        f"ForceCommand {shell} --config {host.config_path}\n"
+        f"Subsystem mtgpu-api {shell} --config {host.config_path} --api\n",
+    )
     yield host, key, port
     sshd.kill()
 
 
 def _ssh(port, key, *cmd, **kw):
-    return subprocess.run(["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key), "fc@127.0.0.1", *cmd],
-                          capture_output=True, **kw)
+    return subprocess.run(
+        ["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key), "fc@127.0.0.1", *cmd], capture_output=True, **kw
+    )
 
 
 def test_commands_reach_mtgpu_tools(behind_openssh):
@@ -54,8 +57,10 @@ def test_sftp_through_forced_command(behind_openssh, tmp_path):
     batch = tmp_path / "b"
     (tmp_path / "x.txt").write_text("via openssh\n")
     batch.write_text(f"put {tmp_path}/x.txt x.txt\n")
-    r = subprocess.run(["sftp", *SSH_OPTS, "-P", str(port), "-i", str(key), "-b", str(batch),
-                        "fc@127.0.0.1"], capture_output=True)
+    r = subprocess.run(
+        ["sftp", *SSH_OPTS, "-P", str(port), "-i", str(key), "-b", str(batch), "fc@127.0.0.1"],
+        capture_output=True,
+    )
     assert r.returncode == 0, r.stderr
     assert (host.homes / "fc" / "x.txt").read_text() == "via openssh\n"
 
@@ -65,8 +70,17 @@ def test_terminal_lands_in_tmux(behind_openssh):
 
     class Openssh:  # ClientTerminal needs only ssh_argv
         def ssh_argv(self, user, key_, *cmd, opts=None):
-            return ["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key_), *(opts or []),
-                    f"{user}@127.0.0.1", *cmd]
+            return [
+                "ssh",
+                *SSH_OPTS,
+                "-p",
+                str(port),
+                "-i",
+                str(key_),
+                *(opts or []),
+                f"{user}@127.0.0.1",
+                *cmd,
+            ]
 
     t = ClientTerminal(Openssh(), "fc", key)
     try:
@@ -75,9 +89,22 @@ def test_terminal_lands_in_tmux(behind_openssh):
         uid = host.passwd("fc")[2]
         deadline = time.time() + 10
         while time.time() < deadline:
-            r = host.in_ns(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                            "tmux", "-L", "mtgpu", "list-sessions", "-F", "#{session_name}"],
-                           env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+            r = host.in_ns(
+                [
+                    "setpriv",
+                    f"--reuid={uid}",
+                    f"--regid={uid}",
+                    "--clear-groups",
+                    "tmux",
+                    "-u",
+                    "-L",
+                    "mtgpu",
+                    "list-sessions",
+                    "-F",
+                    "#{session_name}",
+                ],
+                env={"PATH": "/usr/bin:/bin", "HOME": "/", "TMUX_TMPDIR": str(host.run_dir / "tmux")},
+            )
             if r.stdout.strip():
                 break
             time.sleep(0.2)
@@ -97,10 +124,10 @@ def test_a_tenant_not_granted_this_cluster_is_refused_with_the_reason(shared_hos
     try:
         api = ApiClient(str(host.run_dir / "api.sock"))
         api.call("user.revoke", name="fcrev")  # what `mtcode-admin revoke` asks for
-        r = subprocess.run(["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key),
-                            "fcrev@127.0.0.1", "id"], capture_output=True)
+        r = subprocess.run(
+            ["ssh", *SSH_OPTS, "-p", str(port), "-i", str(key), "fcrev@127.0.0.1", "id"], capture_output=True
+        )
         assert r.returncode == 1 and r.stdout == b""
         assert b"fcrev is not granted the cluster 'testhost'" in r.stderr, r.stderr
     finally:
         sshd.kill()
-

@@ -7,7 +7,6 @@ import os
 import subprocess
 
 import pytest
-
 from mtgpu_testing import SSH_OPTS
 
 pytestmark = pytest.mark.root
@@ -51,8 +50,7 @@ def test_sftp_round_trip_and_permissions(tenant, tmp_path):
     src.write_bytes(os.urandom(2 << 20))
     batch = tmp_path / "batch"
     batch.write_text(f"put {src} s.bin\nget s.bin {tmp_path}/s.back\nls -l\n")
-    sftp = ["sftp", *SSH_OPTS, "-i", str(key), "-P", str(host.port), "-b", str(batch),
-            "fran@127.0.0.1"]
+    sftp = ["sftp", *SSH_OPTS, "-i", str(key), "-P", str(host.port), "-b", str(batch), "fran@127.0.0.1"]
     r = subprocess.run(sftp, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _sha(tmp_path / "s.back") == _sha(src)
@@ -70,12 +68,18 @@ def test_rsync_round_trip(tenant, tmp_path):
     (tree / "sub").mkdir(parents=True)
     for i in range(20):
         (tree / "sub" / f"f{i}").write_bytes(os.urandom(10000 + i))
-    r = subprocess.run(["rsync", "-a", "-e", _ssh_cmd(host, key), f"{tree}/", "fran@127.0.0.1:tree/"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["rsync", "-a", "-e", _ssh_cmd(host, key), f"{tree}/", "fran@127.0.0.1:tree/"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     back = tmp_path / "back"
-    r = subprocess.run(["rsync", "-a", "-e", _ssh_cmd(host, key), "fran@127.0.0.1:tree/", f"{back}/"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["rsync", "-a", "-e", _ssh_cmd(host, key), "fran@127.0.0.1:tree/", f"{back}/"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     for i in range(20):
         assert _sha(back / "sub" / f"f{i}") == _sha(tree / "sub" / f"f{i}")
@@ -86,20 +90,28 @@ def test_git_clone_and_push(tenant, tmp_path):
     host, key, uid = tenant
     r = host.ssh("fran", key, "git init -q --bare repo.git && echo ok")
     assert r.stdout.strip() == b"ok", r.stderr
-    env = {**os.environ, "GIT_SSH_COMMAND": _ssh_cmd(host, key), "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_SSH_COMMAND": _ssh_cmd(host, key),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     url = "ssh://fran@127.0.0.1/~/repo.git"
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", url, str(work)], check=True, env=env, capture_output=True)
     (work / "README").write_text("hello over mtgpu\n")
     subprocess.run(["git", "-C", str(work), "add", "README"], check=True, env=env)
     subprocess.run(["git", "-C", str(work), "commit", "-qm", "first"], check=True, env=env)
-    r = subprocess.run(["git", "-C", str(work), "push", "-q", "origin", "HEAD:main"], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "-C", str(work), "push", "-q", "origin", "HEAD:main"], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     clone2 = tmp_path / "clone2"
-    subprocess.run(["git", "clone", "-q", "-b", "main", url, str(clone2)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "clone", "-q", "-b", "main", url, str(clone2)], check=True, env=env, capture_output=True
+    )
     assert (clone2 / "README").read_text() == "hello over mtgpu\n"
     objs = host.homes / "fran" / "repo.git" / "objects"
     assert all(os.stat(p).st_uid == uid for p in objs.rglob("*"))
@@ -116,8 +128,9 @@ def test_exec_with_pty_and_signal(tenant):
     import asyncssh
 
     async def run():
-        async with asyncssh.connect("127.0.0.1", host.port, username="fran", client_keys=[str(key)],
-                                    known_hosts=None, agent_path=None) as conn:
+        async with asyncssh.connect(
+            "127.0.0.1", host.port, username="fran", client_keys=[str(key)], known_hosts=None, agent_path=None
+        ) as conn:
             return await conn.run("kill -TERM $$")
 
     result = asyncio.run(run())
@@ -129,7 +142,11 @@ def test_api_subsystem_answers_json_lines(tenant):
     req = b'{"op": "whoami", "id": 1}\n{"op": "version", "id": 2}\nnot json\n{"op": "user.list", "id": 3}\n'
     r = host.ssh("fran", key, "-s", "mtgpu-api", input=req)
     import json
-    answers = [json.loads(l) for l in r.stdout.decode().splitlines()]
+
+    # A clean exchange ends with status 0 (a channel closed with no status gives 255).
+    assert r.returncode == 0, r.stderr
+
+    answers = [json.loads(line) for line in r.stdout.decode().splitlines()]
     assert answers[0]["ok"] and answers[0]["result"]["name"] == "fran" and answers[0]["result"]["uid"] == uid
     assert answers[1]["ok"] and answers[1]["result"]["version"]
     assert not answers[2]["ok"] and answers[2]["code"] == "bad_request"
@@ -148,6 +165,7 @@ print(s.recv(65536).decode())
 """
     r = host.ssh("fran", key, "python3 -", input=script.encode())
     import json
+
     ans = json.loads(r.stdout or b"{}")
     assert "result" in ans, (r.stdout, r.stderr)
     assert ans["result"]["uid"] == uid and ans["result"]["name"] == "fran" and not ans["result"]["admin"]

@@ -38,18 +38,39 @@ class Card:
 
 # ROCm/ROCm#4750 (an 8x MI300X host, device id 0x74a1): "VRAM Total Memory (B):
 # 206141652992", "VRAM Total Used Memory (B): 297771008" per GPU.
-MI300X = Card("AMD Instinct MI300X", "2eff74a1-0000-1000-80a5-f8d9a1b2c3d4", "0000:05:00.0",
-              206141652992, 297771008, 0, hip_id=0, render=128,
-              procs=[{"name": "python3", "pid": 5150, "mem": 4 << 30,
-                      "memory_usage": {"gtt_mem": 2 * MiB, "cpu_mem": 0, "vram_mem": 4 << 30}}])
+MI300X = Card(
+    "AMD Instinct MI300X",
+    "2eff74a1-0000-1000-80a5-f8d9a1b2c3d4",
+    "0000:05:00.0",
+    206141652992,
+    297771008,
+    0,
+    hip_id=0,
+    render=128,
+    procs=[
+        {
+            "name": "python3",
+            "pid": 5150,
+            "mem": 4 << 30,
+            "memory_usage": {"gtt_mem": 2 * MiB, "cpu_mem": 0, "vram_mem": 4 << 30},
+        }
+    ],
+)
 # ROCm/rocm_smi_lib#165: marketing name "AMD Instinct MI250X/MI250" (gfx90a); a 64 GiB
 # MI250/MI250X GCD shows a VRAM pool of 67092480 KB (ROCm/rocm_smi_lib#160).
-MI250X = Card("AMD Instinct MI250X/MI250", "63ff740c-0000-1000-80b2-0a1b2c3d4e5f", "0000:29:00.0",
-              67092480 * 1024, 10 << 20, 87, partition=None, hip_id=1)
+MI250X = Card(
+    "AMD Instinct MI250X/MI250",
+    "63ff740c-0000-1000-80b2-0a1b2c3d4e5f",
+    "0000:29:00.0",
+    67092480 * 1024,
+    10 << 20,
+    87,
+    partition=None,
+    hip_id=1,
+)
 # ilya-zlobintsev/LACT#533: "AMD Radeon RX 7900 XTX (0x1002:0x744C)", "VRAM Size: 24560
 # MiB"; rocminfo names it "Radeon RX 7900 XTX" (ollama/ollama#3158).
-RX7900XTX = Card("Radeon RX 7900 XTX", "", "0000:03:00.0", 24560 * MiB, 1200 * MiB, "N/A",
-                 partition=None)
+RX7900XTX = Card("Radeon RX 7900 XTX", "", "0000:03:00.0", 24560 * MiB, 1200 * MiB, "N/A", partition=None)
 
 
 class AmdSmiException(Exception):
@@ -70,8 +91,9 @@ class AmdSmiLibraryException(AmdSmiException):
 NOT_SUPPORTED, DRIVER_NOT_LOADED, API_FAILED = 2, 34, 16
 
 
-def fake_amdsmi(cards: list[Card], *, init_error: int | None = None, old_api: bool = False,
-                memory_calls: bool = True) -> types.ModuleType:
+def fake_amdsmi(
+    cards: list[Card], *, init_error: int | None = None, old_api: bool = False, memory_calls: bool = True
+) -> types.ModuleType:
     """A module shaped like amdsmi (7.x names; ``old_api`` for 6.0 process handles)."""
     m = types.ModuleType("amdsmi")
     m.AmdSmiException = AmdSmiException
@@ -94,14 +116,19 @@ def fake_amdsmi(cards: list[Card], *, init_error: int | None = None, old_api: bo
     m.amdsmi_get_gpu_asic_info = lambda h: {"market_name": handle(h).market_name, "vendor_id": "0x1002"}
     m.amdsmi_get_gpu_device_uuid = lambda h: handle(h).uuid
     m.amdsmi_get_gpu_device_bdf = lambda h: handle(h).bdf
-    m.amdsmi_get_gpu_activity = lambda h: {"gfx_activity": handle(h).gfx_activity,
-                                           "umc_activity": 0, "mm_activity": "N/A"}
+    m.amdsmi_get_gpu_activity = lambda h: {
+        "gfx_activity": handle(h).gfx_activity,
+        "umc_activity": 0,
+        "mm_activity": "N/A",
+    }
     if memory_calls:
         m.amdsmi_get_gpu_memory_total = lambda h, t: handle(h).vram_total
         m.amdsmi_get_gpu_memory_usage = lambda h, t: handle(h).vram_used
     # Always present; reports MiB.
-    m.amdsmi_get_gpu_vram_usage = lambda h: {"vram_total": handle(h).vram_total >> 20,
-                                             "vram_used": handle(h).vram_used >> 20}
+    m.amdsmi_get_gpu_vram_usage = lambda h: {
+        "vram_total": handle(h).vram_total >> 20,
+        "vram_used": handle(h).vram_used >> 20,
+    }
 
     def partition(h):
         if handle(h).partition is None:
@@ -112,8 +139,13 @@ def fake_amdsmi(cards: list[Card], *, init_error: int | None = None, old_api: bo
         c = handle(h)
         if c.hip_id is None:
             raise AmdSmiLibraryException(NOT_SUPPORTED)
-        return {"drm_render": c.render if c.render is not None else "N/A", "drm_card": 0,
-                "hsa_id": 2, "hip_id": c.hip_id, "hip_uuid": "GPU-x"}
+        return {
+            "drm_render": c.render if c.render is not None else "N/A",
+            "drm_card": 0,
+            "hsa_id": 2,
+            "hip_id": c.hip_id,
+            "hip_uuid": "GPU-x",
+        }
 
     m.amdsmi_get_gpu_compute_partition = partition
     m.amdsmi_get_gpu_enumeration_info = enumeration
@@ -131,6 +163,7 @@ def amdsmi(mocker):
         module = fake_amdsmi(*args, **kwargs)
         mocker.patch.dict("sys.modules", {"amdsmi": module})
         return module
+
     return install
 
 
@@ -156,9 +189,49 @@ def test_mi250x_and_consumer_card(amdsmi):
     assert b.visibility_id == "1"  # no HIP id from this amdsmi: its position
 
 
-def test_partitioned_card_is_like_mig(amdsmi):
-    amdsmi([Card("AMD Instinct MI300X", "u", "0000:05:00.0", 1, 0, 0, partition="CPX")])
-    assert AmdProbe().probe()[0].mig_mode is True
+# ROCm/legacy-rocm-build#4261: one MI300 in TPX mode, whose three partitions rocm-smi
+# lists as "PCI Bus: 0000:01:00.0", "0000:01:00.1" and "0000:01:00.2" (the partition in
+# the PCI function, as ROCm/rocm-systems#5805 says amdsmi reports it too). Name and
+# memory as MI300X above (ROCm/ROCm#4750), per partition; HIP ids and render minors
+# (renderD128...) in amdsmi's order.
+TPX = [
+    Card(
+        "AMD Instinct MI300X",
+        f"2eff74a1-0000-1000-80a5-f8d9a1b2c3d{n}",
+        f"0000:01:00.{n}",
+        206141652992,
+        297771008,
+        0,
+        partition="TPX",
+        hip_id=n,
+        render=128 + n,
+    )
+    for n in range(3)
+]
+
+
+def test_a_partitioned_card_is_handled_as_a_card_in_mig_mode(amdsmi):
+    amdsmi([RX7900XTX, *TPX])
+    gpus = AmdProbe().probe()
+    assert [(g.index, g.type, g.parent, g.placeable) for g in gpus] == [
+        (0, "rx7900xtx", None, True),
+        (1, "mi300x-tpx", 4, True),
+        (2, "mi300x-tpx", 4, True),
+        (3, "mi300x-tpx", 4, True),
+        (4, "mi300x", None, False),
+    ]
+    card = gpus[4]
+    assert card.mig_mode is True and card.vram_total == 3 * 206141652992
+    probe = AmdProbe()
+    probe.probe()
+    # Each partition is reached as the runtime numbers it, through its own render node.
+    assert probe.visibility_env([2]) == {"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0"}
+
+
+def test_a_partitioned_card_without_a_bdf_is_a_card_of_its_own(amdsmi):
+    amdsmi([Card("AMD Instinct MI300X", "u", "", 1, 0, 0, partition="CPX")])
+    gpus = AmdProbe().probe()
+    assert [(g.index, g.type, g.parent) for g in gpus] == [(0, "mi300x-cpx", 1), (1, "mi300x", None)]
 
 
 def test_vram_usage_fallback_in_mib(amdsmi):
@@ -187,7 +260,8 @@ def test_import_raising_oserror_is_not_an_error(tmp_path, monkeypatch):
     # A half-installed ROCm: the package is there, its library will not load.
     (tmp_path / "amdsmi").mkdir()
     (tmp_path / "amdsmi" / "__init__.py").write_text(
-        "raise OSError('libamd_smi.so: cannot open shared object file')\n")
+        "raise OSError('libamd_smi.so: cannot open shared object file')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
     probe = AmdProbe()
@@ -212,6 +286,7 @@ def test_failure_while_reading_shuts_down_and_raises(amdsmi):
 
     def boom(h, t):
         raise AmdSmiLibraryException(API_FAILED)
+
     m.amdsmi_get_gpu_memory_total = boom
     m.amdsmi_get_gpu_vram_usage = lambda h: boom(h, 0)
     probe = AmdProbe()
@@ -221,8 +296,12 @@ def test_failure_while_reading_shuts_down_and_raises(amdsmi):
 
 
 def test_visibility_env_renumbers_for_hip(amdsmi):
-    amdsmi([Card("AMD Instinct MI300X", f"u{i}", f"0000:0{i}:00.0", 1, 0, 0, hip_id=i, render=128 + i)
-            for i in range(4)])
+    amdsmi(
+        [
+            Card("AMD Instinct MI300X", f"u{i}", f"0000:0{i}:00.0", 1, 0, 0, hip_id=i, render=128 + i)
+            for i in range(4)
+        ]
+    )
     probe = AmdProbe()
     probe.probe()
     # ROCR picks the cards; HIP then numbers what is left from 0.

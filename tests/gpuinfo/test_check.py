@@ -15,15 +15,23 @@ from mtgpu.gpuinfo.intel import IntelProbe
 from mtgpu.gpuinfo.simulated import SimulatedProbe
 
 GiB = 1 << 30
-CARDS = [{"index": i, "name": "Acme X1", "uuid": f"ACME-{i}", "vram_total": 16 * GiB, "vram_used": 0}
-         for i in range(2)]
+CARDS = [
+    {"index": i, "name": "Acme X1", "uuid": f"ACME-{i}", "vram_total": 16 * GiB, "vram_used": 0}
+    for i in range(2)
+]
 
 
 def probe_script(tmp_path: Path, name: str, honour: bool = True, body: str | None = None) -> Path:
     if body is None:
-        filt = ("vis = os.environ.get('ACME_VISIBLE_DEVICES')\n"
+        filt = (
+            (
+                "vis = os.environ.get('ACME_VISIBLE_DEVICES')\n"
                 "if vis is not None:\n"
-                "    cards = [c for c in cards if str(c['index']) in vis.split(',')]\n") if honour else ""
+                "    cards = [c for c in cards if str(c['index']) in vis.split(',')]\n"
+            )
+            if honour
+            else ""
+        )
         body = f"import json, os\ncards = {json.dumps(CARDS)!s}\n{filt}print(json.dumps({{'gpus': cards}}))\n"
     path = tmp_path / name
     path.write_text(f"#!{sys.executable}\n{body}")
@@ -67,14 +75,25 @@ def test_check_job_that_cannot_run(tmp_path):
 
 
 def test_gpu_check_covers_every_probe_and_reports(tmp_path):
-    opts = Options(server_name="gpu01",
-                   gpu_probes=(spec(probe_script(tmp_path, "good"), "good"),
-                               spec(probe_script(tmp_path, "leaky", honour=False), "leaky")),
-                   simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),))
-    assert [p.name for p in all_probes(opts)] == ["nvidia", "amd", "intel", "command:good",
-                                                  "command:leaky", "simulated"]
+    opts = Options(
+        server_name="gpu01",
+        gpu_probes=(
+            spec(probe_script(tmp_path, "good"), "good"),
+            spec(probe_script(tmp_path, "leaky", honour=False), "leaky"),
+        ),
+        simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),),
+    )
+    assert [p.name for p in all_probes(opts)] == [
+        "nvidia",
+        "amd",
+        "intel",
+        "command:good",
+        "command:leaky",
+        "simulated",
+    ]
     probes = [p for p in all_probes(opts) if p.name != "intel"] + [
-        IntelProbe(sysfs_root=str(tmp_path), xpu_smi=None)]  # this host's /sys is not ours to assume
+        IntelProbe(sysfs_root=str(tmp_path), xpu_smi=None)
+    ]  # this host's /sys is not ours to assume
     results = {r.probe: r for r in gpu_check(opts, probes)}
     assert results["simulated"].visibility == OK
     assert results["command:good"].ok and not results["command:leaky"].ok
@@ -84,3 +103,14 @@ def test_gpu_check_covers_every_probe_and_reports(tmp_path):
     assert "GPU 0: x1 (Acme X1), VRAM 0/16G, util 0%" in text
     assert "intel            absent" in text
     assert text.splitlines()[-1] == "problems: command:leaky"
+
+
+def test_a_host_whose_only_card_is_in_mig_mode_is_checked_on_a_mig_device():
+    probe = SimulatedProbe(
+        [SimulatedGpuSpec(type="h100", count=1, vram=80 * GiB, mig=("3g.40gb", "3g.40gb"))], server="gpu01"
+    )
+    r = check_probe(probe)
+    assert r.visibility == OK, r.detail
+    # The card itself is never what a job gets: the check ran on its first MIG device.
+    assert "MTGPU_VISIBLE_DEVICES=1 " in r.detail and "MIG-SIM-gpu01-1" in r.detail
+    assert "MIG device of GPU 0" in format_check([r])

@@ -16,11 +16,24 @@ from mtgpu.gpuinfo.command import SCHEMA, CommandProbe, parse_output, validate
 GiB = 1 << 30
 
 CARDS = [
-    {"index": 0, "name": "Ascend 910B", "uuid": "NPU-7f3a-0", "vram_total": 64 * GiB,
-     "vram_used": 3 * GiB, "util": 12, "devices": ["DEV/davinci0"],
-     "processes": [{"pid": 4242, "used_memory": 3 * GiB, "uid": 1000}]},
-    {"index": 1, "name": "Ascend 910B", "uuid": "NPU-7f3a-1", "vram_total": 64 * GiB,
-     "vram_used": 0, "devices": ["DEV/davinci1"]},
+    {
+        "index": 0,
+        "name": "Ascend 910B",
+        "uuid": "NPU-7f3a-0",
+        "vram_total": 64 * GiB,
+        "vram_used": 3 * GiB,
+        "util": 12,
+        "devices": ["DEV/davinci0"],
+        "processes": [{"pid": 4242, "used_memory": 3 * GiB, "uid": 1000}],
+    },
+    {
+        "index": 1,
+        "name": "Ascend 910B",
+        "uuid": "NPU-7f3a-1",
+        "vram_total": 64 * GiB,
+        "vram_used": 0,
+        "devices": ["DEV/davinci1"],
+    },
 ]
 
 # A well-behaved probe: it honours its visibility variable, renumbering from 0,
@@ -44,8 +57,14 @@ def script(tmp_path: Path, name: str, body: str) -> Path:
 
 
 def spec(path: Path, **kw) -> GpuProbeSpec:
-    return GpuProbeSpec(brand="huawei", command=(str(path),), visibility_env="ASCEND_RT_VISIBLE_DEVICES",
-                        devices=kw.pop("devices", ()), name="ascend", timeout=kw.pop("timeout", 10.0))
+    return GpuProbeSpec(
+        brand="huawei",
+        command=(str(path),),
+        visibility_env="ASCEND_RT_VISIBLE_DEVICES",
+        devices=kw.pop("devices", ()),
+        name="ascend",
+        timeout=kw.pop("timeout", 10.0),
+    )
 
 
 @pytest.fixture
@@ -83,8 +102,11 @@ def test_garbage_output(tmp_path):
 
 
 def test_non_zero_exit(tmp_path):
-    path = script(tmp_path, "fails",
-                  "import sys\nsys.stderr.write('dcmi init failed: driver not loaded\\n')\nsys.exit(3)\n")
+    path = script(
+        tmp_path,
+        "fails",
+        "import sys\nsys.stderr.write('dcmi init failed: driver not loaded\\n')\nsys.exit(3)\n",
+    )
     with pytest.raises(GpuProbeError, match="exited 3: dcmi init failed: driver not loaded; fix the command"):
         CommandProbe(spec(path)).probe()
 
@@ -98,17 +120,22 @@ def test_timeout(tmp_path):
 def test_missing_command_is_not_an_error(tmp_path):
     probe = CommandProbe(spec(tmp_path / "not-there"))
     assert probe.probe() == [] and not probe.available and "does not exist" in probe.reason
-    bare = CommandProbe(GpuProbeSpec(brand="acme", command=("acme-smi-nonexistent", "--json"),
-                                     visibility_env="ACME_VISIBLE_DEVICES"))
+    bare = CommandProbe(
+        GpuProbeSpec(
+            brand="acme", command=("acme-smi-nonexistent", "--json"), visibility_env="ACME_VISIBLE_DEVICES"
+        )
+    )
     assert bare.probe() == [] and "not found on PATH" in bare.reason
 
 
 def test_schema_errors_name_the_path(tmp_path):
-    bad = {"gpus": [
-        {"index": "0", "name": "", "vram_total": "64G", "vram_used": 1, "util": 150, "colour": "red"},
-        {"index": 1, "name": "X", "vram_total": 1, "vram_used": 2, "processes": [{"pid": 0}]},
-        {"index": 1, "name": "Y", "vram_total": 1, "vram_used": 0, "devices": ["davinci0"]},
-    ]}
+    bad = {
+        "gpus": [
+            {"index": "0", "name": "", "vram_total": "64G", "vram_used": 1, "util": 150, "colour": "red"},
+            {"index": 1, "name": "X", "vram_total": 1, "vram_used": 2, "processes": [{"pid": 0}]},
+            {"index": 1, "name": "Y", "vram_total": 1, "vram_used": 0, "devices": ["davinci0"]},
+        ]
+    }
     path = script(tmp_path, "wrong", f"print({json.dumps(json.dumps(bad))})\n")
     with pytest.raises(GpuProbeError) as err:
         CommandProbe(spec(path)).probe()
@@ -130,9 +157,21 @@ def test_schema_errors_name_the_path(tmp_path):
 def test_validate_shapes():
     assert validate([]) == ([], ['expected an object like {"gpus": [...]}, got a list'])
     assert validate({"gpus": []}) == ([], [])
-    gpus, errors = validate({"gpus": [{"index": 1, "name": "B", "vram_total": 2, "vram_used": 1},
-                                      {"index": 0, "name": "A", "vram_total": 2, "vram_used": 1,
-                                       "visibility_id": 7, "type": "acme-a"}]})
+    gpus, errors = validate(
+        {
+            "gpus": [
+                {"index": 1, "name": "B", "vram_total": 2, "vram_used": 1},
+                {
+                    "index": 0,
+                    "name": "A",
+                    "vram_total": 2,
+                    "vram_used": 1,
+                    "visibility_id": 7,
+                    "type": "acme-a",
+                },
+            ]
+        }
+    )
     assert errors == [] and [g["name"] for g in gpus] == ["A", "B"]  # in index order
     (a, b) = parse_output(json.dumps({"gpus": [gpus[0], gpus[1]]}), "acme")
     assert (a.visibility_id, a.type, b.type, b.uuid) == ("7", "acme-a", "b", "")

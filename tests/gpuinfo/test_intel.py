@@ -25,8 +25,18 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def add_card(sys_root: Path, card: str, bdf: str, vendor: str, device: str, driver: str,
-             nodes: tuple[str, ...], *, lmem: int | None = None, tiles: tuple[int, ...] = ()) -> None:
+def add_card(
+    sys_root: Path,
+    card: str,
+    bdf: str,
+    vendor: str,
+    device: str,
+    driver: str,
+    nodes: tuple[str, ...],
+    *,
+    lmem: int | None = None,
+    tiles: tuple[int, ...] = (),
+) -> None:
     dev = sys_root / "devices/pci0000:00" / bdf
     write(dev / "vendor", vendor + "\n")
     write(dev / "device", device + "\n")
@@ -47,11 +57,20 @@ def add_card(sys_root: Path, card: str, bdf: str, vendor: str, device: str, driv
 @pytest.fixture
 def sysfs(tmp_path: Path) -> Path:
     root = tmp_path / "sys"
-    add_card(root, "card0", "0000:03:00.0", "0x8086", "0x56a0", "i915", ("card0", "renderD128"),
-             lmem=16 * GiB)
+    add_card(
+        root, "card0", "0000:03:00.0", "0x8086", "0x56a0", "i915", ("card0", "renderD128"), lmem=16 * GiB
+    )
     add_card(root, "card1", "0000:00:02.0", "0x8086", "0x4680", "i915", ("card1", "renderD129"))
-    add_card(root, "card2", "0000:29:00.0", "0x8086", "0x0bd5", "xe", ("card2", "renderD130"),
-             tiles=(64 * GiB, 64 * GiB))
+    add_card(
+        root,
+        "card2",
+        "0000:29:00.0",
+        "0x8086",
+        "0x0bd5",
+        "xe",
+        ("card2", "renderD130"),
+        tiles=(64 * GiB, 64 * GiB),
+    )
     add_card(root, "card3", "0000:c1:00.0", "0x1002", "0x74a1", "amdgpu", ("card3", "renderD131"))
     (root / "class/drm/card0-DP-1").mkdir()  # a connector, not a card
     return root
@@ -62,23 +81,38 @@ def add_client(proc: Path, pid: int, fd: int, target: str, fdinfo: dict[str, str
     link = proc / str(pid) / "fd" / str(fd)
     if not link.is_symlink():
         link.symlink_to(target)
-    write(proc / str(pid) / "fdinfo" / str(fd),
-          "".join(f"{k}:\t{v}\n" for k, v in {"pos": "0", "flags": "02100002", **fdinfo}.items()))
+    write(
+        proc / str(pid) / "fdinfo" / str(fd),
+        "".join(f"{k}:\t{v}\n" for k, v in {"pos": "0", "flags": "02100002", **fdinfo}.items()),
+    )
 
 
 def i915_client(render_ns: int) -> dict[str, str]:
-    return {"drm-driver": "i915", "drm-pdev": "0000:03:00.0", "drm-client-id": "7",
-            "drm-total-local0": "2097152 KiB", "drm-resident-local0": "1048576 KiB",
-            "drm-engine-render": f"{render_ns} ns", "drm-engine-video": "0 ns",
-            "drm-engine-capacity-video": "2"}
+    return {
+        "drm-driver": "i915",
+        "drm-pdev": "0000:03:00.0",
+        "drm-client-id": "7",
+        "drm-total-local0": "2097152 KiB",
+        "drm-resident-local0": "1048576 KiB",
+        "drm-engine-render": f"{render_ns} ns",
+        "drm-engine-video": "0 ns",
+        "drm-engine-capacity-video": "2",
+    }
 
 
 def xe_client(rcs: int, ccs: int, clock: int) -> dict[str, str]:
-    return {"drm-driver": "xe", "drm-pdev": "0000:29:00.0", "drm-client-id": "12",
-            "drm-total-vram0": "8388608 KiB", "drm-resident-vram0": "4194304 KiB",
-            "drm-cycles-rcs": str(rcs), "drm-total-cycles-rcs": str(clock),
-            "drm-cycles-ccs": str(ccs), "drm-total-cycles-ccs": str(clock),
-            "drm-engine-capacity-ccs": "4"}
+    return {
+        "drm-driver": "xe",
+        "drm-pdev": "0000:29:00.0",
+        "drm-client-id": "12",
+        "drm-total-vram0": "8388608 KiB",
+        "drm-resident-vram0": "4194304 KiB",
+        "drm-cycles-rcs": str(rcs),
+        "drm-total-cycles-rcs": str(clock),
+        "drm-cycles-ccs": str(ccs),
+        "drm-total-cycles-ccs": str(clock),
+        "drm-engine-capacity-ccs": "4",
+    }
 
 
 @pytest.fixture
@@ -89,9 +123,18 @@ def proc(tmp_path: Path) -> Path:
     add_client(root, 101, 3, "/dev/dri/renderD128", i915_client(1_000_000_000))  # forked child
     (root / "100" / "fd" / "0").symlink_to("/dev/null")
     add_client(root, 200, 4, "/dev/dri/renderD130", xe_client(1000, 5000, 10_000))
-    add_client(root, 300, 4, "/dev/dri/renderD131",
-               {"drm-driver": "amdgpu", "drm-pdev": "0000:c1:00.0", "drm-client-id": "1",
-                "drm-memory-vram": "1024 KiB"})
+    add_client(
+        root,
+        300,
+        4,
+        "/dev/dri/renderD131",
+        {
+            "drm-driver": "amdgpu",
+            "drm-pdev": "0000:c1:00.0",
+            "drm-client-id": "1",
+            "drm-memory-vram": "1024 KiB",
+        },
+    )
     (root / "self").mkdir()  # not a PID
     return root
 
@@ -100,10 +143,19 @@ def proc(tmp_path: Path) -> Path:
 def xpu_smi(tmp_path: Path) -> Path:
     script = tmp_path / "xpu-smi"
     calls = tmp_path / "xpu-smi.calls"
-    out = {"device_list": [{"device_id": 0, "device_name": "Intel(R) Data Center GPU Max 1550",
-                            "device_type": "GPU", "pci_bdf_address": "0000:29:00.0",
-                            "pci_device_id": "0xbd5", "uuid": "01000000-0000-0029-0000-000000bd58086",
-                            "vendor_name": "Intel(R) Corporation"}]}
+    out = {
+        "device_list": [
+            {
+                "device_id": 0,
+                "device_name": "Intel(R) Data Center GPU Max 1550",
+                "device_type": "GPU",
+                "pci_bdf_address": "0000:29:00.0",
+                "pci_device_id": "0xbd5",
+                "uuid": "01000000-0000-0029-0000-000000bd58086",
+                "vendor_name": "Intel(R) Corporation",
+            }
+        ]
+    }
     script.write_text(f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{json.dumps(out)}\nEOF\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
@@ -112,7 +164,9 @@ def xpu_smi(tmp_path: Path) -> Path:
 def test_find_cards_skips_integrated_and_other_vendors(sysfs):
     cards = find_cards(str(sysfs))
     assert [(c.card, c.bdf, c.driver, c.vram_total) for c in cards] == [
-        ("card0", "0000:03:00.0", "i915", 16 * GiB), ("card2", "0000:29:00.0", "xe", 128 * GiB)]
+        ("card0", "0000:03:00.0", "i915", 16 * GiB),
+        ("card2", "0000:29:00.0", "xe", 128 * GiB),
+    ]
     assert cards[0].nodes == ("card0", "renderD128")
     with_igpu = find_cards(str(sysfs), include_integrated=True)
     assert [c.card for c in with_igpu] == ["card1", "card0", "card2"]  # PCI order
@@ -120,15 +174,20 @@ def test_find_cards_skips_integrated_and_other_vendors(sysfs):
 
 def test_probe(sysfs, proc, xpu_smi):
     clock = iter([1_000_000_000, 6_000_000_000])
-    probe = IntelProbe(sysfs_root=str(sysfs), proc_root=str(proc), xpu_smi=str(xpu_smi),
-                       clock_ns=lambda: next(clock))
+    probe = IntelProbe(
+        sysfs_root=str(sysfs), proc_root=str(proc), xpu_smi=str(xpu_smi), clock_ns=lambda: next(clock)
+    )
     arc, pvc = probe.probe()
     assert (arc.index, arc.brand, arc.name, arc.type) == (0, "intel", "Intel Arc A770", "arca770")
     assert (arc.vram_total, arc.vram_used, arc.uuid) == (16 * GiB, 1 * GiB, "intel-0000:03:00.0")
     # One client reached through three descriptors in two processes counts once.
     assert [(p.pid, p.uid, p.used_memory) for p in arc.processes] == [(100, os.getuid(), 1 * GiB)]
     assert (pvc.name, pvc.type, pvc.vram_total, pvc.vram_used) == (
-        "Intel(R) Data Center GPU Max 1550", "max1550", 128 * GiB, 4 * GiB)
+        "Intel(R) Data Center GPU Max 1550",
+        "max1550",
+        128 * GiB,
+        4 * GiB,
+    )
     assert pvc.uuid.startswith("01000000-")
     assert arc.util == pvc.util == 0  # nothing to compare with yet
     assert (arc.visibility_id, pvc.visibility_id, arc.mig_mode) == ("0", "1", None)
@@ -166,8 +225,15 @@ def test_visibility_and_device_nodes(sysfs, proc, tmp_path):
 
 
 def test_fdinfo_units_and_legacy_keys():
-    c = drmclients.client_from_fdinfo(1, {"drm-driver": "i915", "drm-client-id": "3",
-                                          "drm-pdev": "0000:03:00.0", "drm-memory-local0": "2 MiB"})
+    c = drmclients.client_from_fdinfo(
+        1,
+        {
+            "drm-driver": "i915",
+            "drm-client-id": "3",
+            "drm-pdev": "0000:03:00.0",
+            "drm-memory-local0": "2 MiB",
+        },
+    )
     assert c is not None and c.vram == 2 << 20
     assert drmclients.client_from_fdinfo(1, {"pos": "0"}) is None
 

@@ -14,17 +14,20 @@ def test_examples(brand, model, expected):
     assert normalize_type(brand, model) == expected
 
 
-@pytest.mark.parametrize(("brand", "model", "expected"), [
-    ("nvidia", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "a100-40gb"),  # a MIG device: its parent's type
-    ("nvidia", "NVIDIA GeForce RTX 4090 D", "rtx4090d"),
-    ("nvidia", "NVIDIA A800 80GB PCIe", "a800-80gb"),
-    ("nvidia", "NVIDIA H200 NVL", "h200nvl"),
-    ("NVIDIA", "  NVIDIA L40S  ", "l40s"),
-    ("amd", "AMD Radeon Graphics", "amd"),  # nothing left: the brand
-    ("intel", "Intel(R) Data Center GPU Max 1100", "max1100"),
-    ("ascend", "Ascend 910B", "ascend910b"),  # brand dropped, then put back before a digit
-    ("acme", "???", "acme"),
-])
+@pytest.mark.parametrize(
+    ("brand", "model", "expected"),
+    [
+        ("nvidia", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "a100-40gb"),  # a MIG device: its parent's type
+        ("nvidia", "NVIDIA GeForce RTX 4090 D", "rtx4090d"),
+        ("nvidia", "NVIDIA A800 80GB PCIe", "a800-80gb"),
+        ("nvidia", "NVIDIA H200 NVL", "h200nvl"),
+        ("NVIDIA", "  NVIDIA L40S  ", "l40s"),
+        ("amd", "AMD Radeon Graphics", "amd"),  # nothing left: the brand
+        ("intel", "Intel(R) Data Center GPU Max 1100", "max1100"),
+        ("ascend", "Ascend 910B", "ascend910b"),  # brand dropped, then put back before a digit
+        ("acme", "???", "acme"),
+    ],
+)
 def test_edges(brand, model, expected):
     assert normalize_type(brand, model) == expected
 

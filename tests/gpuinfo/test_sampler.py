@@ -34,9 +34,22 @@ class ScriptedProbe(GpuProbe):
     def probe(self) -> list[GpuInfo]:
         if self.fail is not None:
             raise self.fail
-        return self._found([GpuInfo(index=i, brand=self.brand, type=f"{self.brand}x", name="X",
-                                    uuid=f"{self.brand}-{i}", vram_total=GiB, vram_used=0, util=0,
-                                    visibility_id=f"{self.brand}{i}") for i in range(self.count)])
+        return self._found(
+            [
+                GpuInfo(
+                    index=i,
+                    brand=self.brand,
+                    type=f"{self.brand}x",
+                    name="X",
+                    uuid=f"{self.brand}-{i}",
+                    vram_total=GiB,
+                    vram_used=0,
+                    util=0,
+                    visibility_id=f"{self.brand}{i}",
+                )
+                for i in range(self.count)
+            ]
+        )
 
     def device_nodes(self, indices):
         return [f"/dev/{self.brand}{i}" for i in indices] + [f"/dev/{self.brand}ctl"]
@@ -51,8 +64,9 @@ def test_default_probes():
     probes = default_probes(Options(gpu_probes=(spec,)))
     assert isinstance(probes[-1], CommandProbe) and len(probes) == 4
     # Simulated GPUs replace the real probes, so a demo never offers real cards.
-    sim = default_probes(Options(simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),),
-                                 gpu_probes=(spec,)))
+    sim = default_probes(
+        Options(simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),), gpu_probes=(spec,))
+    )
     assert [type(p) for p in sim] == [SimulatedProbe]
 
 
@@ -115,8 +129,9 @@ def test_disk_of_homes_not_yet_created(tmp_path):
 
 
 def test_simulated_through_the_sampler():
-    opts = Options(server_name="gpu01", tenant_home_root="/",
-                   simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),))
+    opts = Options(
+        server_name="gpu01", tenant_home_root="/", simulated_gpus=(SimulatedGpuSpec("rtx4090", 2, 24 * GiB),)
+    )
     sampler = Sampler(opts)
     sampler.set_declared({1: 20 * GiB})
     assert sampler.simulated is not None

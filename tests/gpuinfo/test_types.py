@@ -8,14 +8,33 @@ from mtgpu.gpuinfo.types import GpuInfo, GpuProcess, HostUsage, NodeInventory
 
 GiB = 1 << 30
 
-GPU = GpuInfo(index=0, brand="nvidia", type="h100", name="NVIDIA H100 80GB HBM3", uuid="GPU-1",
-              vram_total=80 * GiB, vram_used=82 * GiB, util=4,
-              processes=(GpuProcess(pid=7, uid=20001, used_memory=GiB),), mig_mode=False,
-              visibility_id="GPU-1")
-NODE = NodeInventory(name="gpu01", gpus=(GPU,),
-                     host=HostUsage(cpus=64, cpu_percent=12.5, ram_total=512 * GiB, ram_used=100 * GiB,
-                                    disk_total=4096 * GiB, disk_free=1024 * GiB),
-                     errors=("amd: broken",), sampled_at=1700000000.0)
+GPU = GpuInfo(
+    index=0,
+    brand="nvidia",
+    type="h100",
+    name="NVIDIA H100 80GB HBM3",
+    uuid="GPU-1",
+    vram_total=80 * GiB,
+    vram_used=82 * GiB,
+    util=4,
+    processes=(GpuProcess(pid=7, uid=20001, used_memory=GiB),),
+    mig_mode=False,
+    visibility_id="GPU-1",
+)
+NODE = NodeInventory(
+    name="gpu01",
+    gpus=(GPU,),
+    host=HostUsage(
+        cpus=64,
+        cpu_percent=12.5,
+        ram_total=512 * GiB,
+        ram_used=100 * GiB,
+        disk_total=4096 * GiB,
+        disk_free=1024 * GiB,
+    ),
+    errors=("amd: broken",),
+    sampled_at=1700000000.0,
+)
 
 
 def test_member_fields_of_mt_job_nodes_json():
@@ -27,7 +46,8 @@ def test_member_fields_of_mt_job_nodes_json():
     assert g["jobs"] == ["17", "18"] and g["type"] == "h100"
     assert "processes" not in g  # tenants see this listing; PIDs and UIDs only on request
     assert NODE.to_dict(processes=True)["gpus"][0]["processes"] == [
-        {"pid": 7, "uid": 20001, "used_memory": GiB}]
+        {"pid": 7, "uid": 20001, "used_memory": GiB}
+    ]
     json.dumps(d)  # plain JSON, no custom types
 
 
@@ -45,8 +65,11 @@ def test_vram_free_never_negative():
 def test_report_reader_keeps_unchanged_gpu_records_and_rebuilds_changed_ones():
     from mtgpu.gpuinfo.types import ReportReader
 
-    two = NodeInventory(name="gpu01", gpus=(GPU, GpuInfo(1, "nvidia", "h100", "H100", "GPU-2",
-                                                          80 * GiB, 0, 0)), host=NODE.host)
+    two = NodeInventory(
+        name="gpu01",
+        gpus=(GPU, GpuInfo(1, "nvidia", "h100", "H100", "GPU-2", 80 * GiB, 0, 0)),
+        host=NODE.host,
+    )
     reader = ReportReader()
     wire = json.loads(json.dumps(two.to_dict()))
     first = reader.read(wire)
@@ -66,3 +89,26 @@ def test_report_reader_keeps_unchanged_gpu_records_and_rebuilds_changed_ones():
     assert len(fewer.gpus) == 1
     # What it reads equals what from_dict reads.
     assert reader.read(wire) == NodeInventory.from_dict(wire)
+
+
+def test_a_mig_device_keeps_its_card_across_the_wire():
+    """A member's report reaches the scheduler and other members as JSON: a MIG device
+    stays under its card and the card stays unplaceable."""
+    card = GpuInfo(1, "nvidia", "h100", "NVIDIA H100 80GB HBM3", "GPU-c", 80 << 30, 0, 0, mig_mode=True)
+    dev = GpuInfo(
+        10,
+        "nvidia",
+        "h100-3g.40gb",
+        "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+        "MIG-d",
+        40 << 30,
+        0,
+        0,
+        mig_mode=True,
+        visibility_id="MIG-d",
+        parent=1,
+    )
+    inv = NodeInventory("gpu01", (card, dev), HostUsage(8, 0.0, 1 << 34, 0, 0, 0))
+    back = NodeInventory.from_dict(json.loads(json.dumps(inv.to_dict())))
+    assert [(g.index, g.parent, g.placeable) for g in back.gpus] == [(1, None, False), (10, 1, True)]
+    assert "parent" not in inv.to_dict()["gpus"][0]

@@ -23,27 +23,34 @@ def test_detect_reads_writable_hierarchies(tmp_path: Path) -> None:
     for name in ("mem", "dev", "uni"):
         (tmp_path / name).mkdir()
     (tmp_path / "uni" / "cgroup.controllers").write_text("cpu memory pids\n")
-    mounts = "\n".join([
-        f"cgroup {tmp_path}/mem cgroup rw,relatime,memory 0 0",
-        f"cgroup {tmp_path}/dev cgroup rw,relatime,devices 0 0",
-        f"cgroup {tmp_path}/nope cgroup rw,relatime,pids 0 0",       # not there: skipped
-        f"cgroup {tmp_path}/mem cgroup rw,relatime,cpu,cpuacct 0 0",  # not one we use
-        f"cgroup2 {tmp_path}/uni cgroup2 rw,relatime 0 0",
-        "proc /proc proc rw 0 0",
-    ])
+    mounts = "\n".join(
+        [
+            f"cgroup {tmp_path}/mem cgroup rw,relatime,memory 0 0",
+            f"cgroup {tmp_path}/dev cgroup rw,relatime,devices 0 0",
+            f"cgroup {tmp_path}/nope cgroup rw,relatime,pids 0 0",  # not there: skipped
+            f"cgroup {tmp_path}/mem cgroup rw,relatime,cpu,cpuacct 0 0",  # cpu: for sessions only
+            f"cgroup2 {tmp_path}/uni cgroup2 rw,relatime 0 0",
+            "proc /proc proc rw 0 0",
+        ]
+    )
     s = detect(mounts)
-    assert dict(s.v1) == {"memory": f"{tmp_path}/mem", "devices": f"{tmp_path}/dev"}
+    assert dict(s.v1) == {"memory": f"{tmp_path}/mem", "devices": f"{tmp_path}/dev", "cpu": f"{tmp_path}/mem"}
     assert s.v2 == f"{tmp_path}/uni" and s.v2_controllers == {"cpu", "memory", "pids"}
     assert s.version == "v1"
     assert CgroupSystem(v2="/x").version == "v2" and CgroupSystem().version == "none"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("0::/", {"": "/"}),
-    ("12:pids:/a\n4:memory:/b/c\n1:name=systemd:/d\n0::/e",
-     {"pids": "/a", "memory": "/b/c", "name=systemd": "/d", "": "/e"}),
-    ("3:cpu,cpuacct:/x", {"cpu": "/x", "cpuacct": "/x"}),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0::/", {"": "/"}),
+        (
+            "12:pids:/a\n4:memory:/b/c\n1:name=systemd:/d\n0::/e",
+            {"pids": "/a", "memory": "/b/c", "name=systemd": "/d", "": "/e"},
+        ),
+        ("3:cpu,cpuacct:/x", {"cpu": "/x", "cpuacct": "/x"}),
+    ],
+)
 def test_own_paths(text: str, expected: dict) -> None:
     assert own_paths(text) == expected
 
@@ -72,30 +79,40 @@ Block devices:
 """
 
 
-@pytest.mark.parametrize(("text", "majors"), [
-    (PROC_DEVICES, {195, 226, 234, 237, 238, 240}),     # not the block 236
-    ("Character devices:\n  1 mem\n", {195, 226}),      # the fixed ones are always counted
-    ("", {195, 226}),
-])
+@pytest.mark.parametrize(
+    ("text", "majors"),
+    [
+        (PROC_DEVICES, {195, 226, 234, 237, 238, 240}),  # not the block 236
+        ("Character devices:\n  1 mem\n", {195, 226}),  # the fixed ones are always counted
+        ("", {195, 226}),
+    ],
+)
 def test_gpu_majors(text: str, majors: set[int]) -> None:
     assert gpu_majors(text) == majors
 
 
-@pytest.mark.parametrize(("allowed", "majors", "expected"), [
-    ([], [195, 226], ["c 195:* rwm", "c 226:* rwm"]),
-    ([(195, 0), (195, 255), (237, 0), (237, 1)], [195, 237],
-     [f"c 195:{m} rwm" for m in range(1, 255)] + [f"c 237:{m} rwm" for m in range(2, 256)]),
-    ([(500, 3)], [], [f"c 500:{m} rwm" for m in range(256) if m != 3]),  # allowed majors count too
-    ([(195, 300)], [195], [f"c 195:{m} rwm" for m in range(300)]),      # large minors are covered
-])
+@pytest.mark.parametrize(
+    ("allowed", "majors", "expected"),
+    [
+        ([], [195, 226], ["c 195:* rwm", "c 226:* rwm"]),
+        (
+            [(195, 0), (195, 255), (237, 0), (237, 1)],
+            [195, 237],
+            [f"c 195:{m} rwm" for m in range(1, 255)] + [f"c 237:{m} rwm" for m in range(2, 256)],
+        ),
+        ([(500, 3)], [], [f"c 500:{m} rwm" for m in range(256) if m != 3]),  # allowed majors count too
+        ([(195, 300)], [195], [f"c 195:{m} rwm" for m in range(300)]),  # large minors are covered
+    ],
+)
 def test_device_deny_rules(allowed: list, majors: list, expected: list[str]) -> None:
     assert device_deny_rules(allowed, majors) == expected
 
 
 # --------------------------------------------------------------------- on this kernel
 
-needs_devices = pytest.mark.skipif(os.geteuid() != 0 or "devices" not in SYSTEM.v1,
-                                   reason="needs root and the v1 devices controller")
+needs_devices = pytest.mark.skipif(
+    os.geteuid() != 0 or "devices" not in SYSTEM.v1, reason="needs root and the v1 devices controller"
+)
 
 
 @pytest.fixture
@@ -112,13 +129,16 @@ def standins() -> Iterator[Path]:
 
 def _open_in(cg_dir: str, paths: list[Path]) -> list[str]:
     """errno names of opening ``paths`` from a process inside the devices cgroup ``cg_dir``."""
-    code = ("import errno, os, sys\n"
-            "open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()))\n"
-            "for p in sys.argv[2:]:\n"
-            "    try:\n        os.open(p, os.O_RDWR); print('OK')\n"
-            "    except OSError as e:\n        print(errno.errorcode[e.errno])\n")
-    r = subprocess.run(["/usr/bin/python3", "-c", code, cg_dir, *map(str, paths)],
-                       capture_output=True, text=True, check=True)
+    code = (
+        "import errno, os, sys\n"
+        "open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()))\n"
+        "for p in sys.argv[2:]:\n"
+        "    try:\n        os.open(p, os.O_RDWR); print('OK')\n"
+        "    except OSError as e:\n        print(errno.errorcode[e.errno])\n"
+    )
+    r = subprocess.run(
+        ["/usr/bin/python3", "-c", code, cg_dir, *map(str, paths)], capture_output=True, text=True, check=True
+    )
     return r.stdout.split()
 
 
@@ -149,8 +169,9 @@ def test_job_cgroup_v1_lifecycle(standins: Path) -> None:
     parents = cgroups.parents(SYSTEM)
     name = f"mtgpu_job_test{os.getpid()}"
     allowed = [(195, 2)]
-    cg, applied = JobCgroup.create(parents, name, ram=256 << 20, cpus=[0], pids_max=100,
-                                   deny=device_deny_rules(allowed, [195]))
+    cg, applied = JobCgroup.create(
+        parents, name, ram=256 << 20, cpus=[0], pids_max=100, deny=device_deny_rules(allowed, [195])
+    )
     try:
         assert set(cg.dirs) == set(parents) and cg.version == "v1"
         assert all(not v.startswith("unavailable") for v in applied.values()), applied

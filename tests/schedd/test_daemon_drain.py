@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+from mtgpu_testing import show_job, wait_job
 
-pytestmark = pytest.mark.root
+# Every mt-job behaviour here is checked with both clients (Python, C fast path).
+pytestmark = [pytest.mark.root, pytest.mark.mtjob_clients]
 
 SLEEPER = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 300\n"
 QUICK = "#!/bin/bash\n#MTGPU cpus=1 ram=10M\necho ran\n"
@@ -20,20 +21,11 @@ def submit(host, key, script):
 
 
 def show(host, key, jid):
-    r = host.ssh("dora", key, "mt-job", "show", jid, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return show_job(host, "dora", key, jid)
 
 
 def wait(host, key, jid, pred, what, timeout=30):
-    deadline = time.time() + timeout
-    while True:
-        j = show(host, key, jid)
-        if pred(j):
-            return j
-        if time.time() > deadline:
-            raise AssertionError(f"job {jid}: timed out waiting for {what}: {j}")
-        time.sleep(0.2)
+    return wait_job(host, "dora", key, jid, pred, what, timeout)
 
 
 def test_drain_holds_new_jobs_keeps_running_ones_and_outlives_a_restart(make_host):
@@ -43,8 +35,7 @@ def test_drain_holds_new_jobs_keeps_running_ones_and_outlives_a_restart(make_hos
     wait(host, key, running, lambda j: j["state"] == "RUNNING", "RUNNING")
 
     r = host.admin("drain", "solo", "--reason", "kernel update")
-    assert r.stdout.strip() == (f"solo is drained: it takes no new work; 1 running job goes on "
-                                f"({running})")
+    assert r.stdout.strip() == (f"solo is drained: it takes no new work; 1 running job goes on ({running})")
     assert host.admin("drain", "nosuch", check=False).returncode != 0
     tenant = host.ssh("dora", key, "mtgpu-admin", "drain", "solo")
     assert tenant.returncode != 0 and b"needs an admin" in tenant.stderr

@@ -8,8 +8,10 @@ import subprocess
 import time
 
 import pytest
+from mtgpu_testing import MT_JOB_CLIENTS, wait_for
 
-pytestmark = pytest.mark.root
+# Every mt-job behaviour here is checked with both clients (Python, C fast path).
+pytestmark = [pytest.mark.root, pytest.mark.mtjob_clients]
 
 GPUS2 = {"SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}], "SIMULATED_CPUS": 16}
 
@@ -43,11 +45,13 @@ def job(body, directives=""):
     return f"#!/bin/bash\n#MTGPU {directives}\n{body}\n" if directives else f"#!/bin/bash\n{body}\n"
 
 
-@pytest.fixture(scope="module")
-def gpu_host():
+@pytest.fixture(scope="module", params=MT_JOB_CLIENTS)
+def gpu_host(request):
+    """One host per mt-job client: its tenants' mt-job is the Python one or the C one."""
     from mtgpu_testing import Host
 
     h = Host({**GPUS2, "PRIORITY_AGING": 3600})
+    h.mt_job_client = request.param
     h.start()
     key = h.add_user("gina")
     yield h, key
@@ -77,10 +81,12 @@ def test_default_output_lands_in_home_owned_by_tenant(gpu_host):
     host, key = gpu_host
     jid = submit(host, key, "gina", job("echo to-home; echo to-err >&2"))
     j = wait_state(host, key, "gina", jid, {"COMPLETED"})
-    assert j["stdout"] == f"{host.homes}/gina/.mtgpu/jobs/{jid}/stdout.log"
+    # One directory per cluster (a standalone host's is its SERVER_NAME).
+    assert j["stdout"] == f"{host.homes}/gina/.mtgpu/jobs/{host.config['SERVER_NAME']}/{jid}/stdout.log"
     assert open(j["stdout"]).read() == "to-home\n"
     assert open(j["stderr"]).read() == "to-err\n"
     import os
+
     assert os.stat(j["stdout"]).st_uid == int(host.passwd("gina")[2])
     r = host.ssh("gina", key, "mt-job", "logs", jid)
     assert r.stdout == b"to-home\n"
@@ -95,9 +101,15 @@ def at_once(host, key, user, ids):
 
 def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     host, key = gpu_host
-    ex = [submit(host, key, "gina", job("sleep 6", "gpus=1 cpus=1 ram=50M")) for _ in range(3)]
-    time.sleep(1.5)
-    states = at_once(host, key, "gina", ex)
+    # Jobs that outlive the test (each is cancelled): a loaded host that starts them
+    # late must not see one end on its own before it is looked at.
+    ex = [submit(host, key, "gina", job("sleep 300", "gpus=1 cpus=1 ram=50M")) for _ in range(3)]
+    states = wait_for(
+        lambda: (
+            (st := at_once(host, key, "gina", ex)) and sum(s["state"] == "RUNNING" for s in st) >= 2 and st
+        ),
+        what="two running",
+    )
     running = [s for s in states if s["state"] == "RUNNING"]
     pending = [s for s in states if s["state"] == "PENDING"]
     assert len(running) == 2 and len(pending) == 1
@@ -107,8 +119,14 @@ def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     assert host.ssh("gina", key, "mt-job cancel " + " ".join(ex)).returncode == 0
     for j in ex:
         wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
-    sh = [submit(host, key, "gina", job("sleep 6", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
-    time.sleep(1.5)
+    sh = [submit(host, key, "gina", job("sleep 300", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
+    states = wait_for(
+        lambda: (
+            (st := at_once(host, key, "gina", sh)) and sum(s["state"] == "RUNNING" for s in st) >= 4 and st
+        ),
+        what="four running",
+    )
+    time.sleep(1.5)  # and a fifth would have started by now if it could
     states = at_once(host, key, "gina", sh)
     running = [s for s in states if s["state"] == "RUNNING"]
     assert len(running) == 4  # two 10G jobs per 24G card, never three
@@ -124,8 +142,11 @@ def test_exclusive_and_shared_never_oversubscribe(gpu_host):
 def test_impossible_job_is_rejected_at_once(gpu_host):
     host, key = gpu_host
     before = host.ssh("gina", key, "mt-job list --all --json").stdout
-    for directives, words in (("gpus=rtx4090:3", "3 rtx4090"), ("gpus=1 vram=80G", "VRAM"),
-                              ("gpus=a100:1", "a100")):
+    for directives, words in (
+        ("gpus=rtx4090:3", "3 rtx4090"),
+        ("gpus=1 vram=80G", "VRAM"),
+        ("gpus=a100:1", "a100"),
+    ):
         r = submit(host, key, "gina", job("true", directives), expect_ok=False)
         assert r.returncode == 1
         assert b"rejected" in r.stderr and words.encode() in r.stderr, r.stderr
@@ -134,15 +155,20 @@ def test_impossible_job_is_rejected_at_once(gpu_host):
 
 def test_bad_directive_names_line_and_key(gpu_host):
     host, key = gpu_host
-    r = submit(host, key, "gina", "#!/bin/bash\n#MTGPU cpus=4\n#MTGPU gpu_mode=sharing\necho\n",
-               expect_ok=False)
+    r = submit(
+        host, key, "gina", "#!/bin/bash\n#MTGPU cpus=4\n#MTGPU gpu_mode=sharing\necho\n", expect_ok=False
+    )
     assert r.returncode == 1 and b"line 3" in r.stderr and b"gpu_mode" in r.stderr
 
 
 def test_array_of_ten_makes_ten_jobs(gpu_host):
     host, key = gpu_host
-    jid = submit(host, key, "gina", job('echo "task $MTGPU_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID"',
-                                        "array=0-9%3 cpus=1 ram=50M"))
+    jid = submit(
+        host,
+        key,
+        "gina",
+        job('echo "task $MTGPU_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID"', "array=0-9%3 cpus=1 ram=50M"),
+    )
     deadline = time.time() + 60
     while True:
         j = show(host, key, "gina", jid)
@@ -158,8 +184,9 @@ def test_array_of_ten_makes_ten_jobs(gpu_host):
 def test_cancel_kills_the_whole_tree(gpu_host):
     host, key = gpu_host
     marker = f"mtgpu-cancel-{time.time_ns()}"
-    body = (f"setsid bash -c '(sleep 1000 & ) ; exec -a {marker} sleep 1000' & \n"
-            f"exec -a {marker}-main sleep 1000")
+    body = (
+        f"setsid bash -c '(sleep 1000 & ) ; exec -a {marker} sleep 1000' & \nexec -a {marker}-main sleep 1000"
+    )
     jid = submit(host, key, "gina", job(body, "cpus=1 ram=50M"))
     wait_state(host, key, "gina", jid, {"RUNNING"})
     deadline = time.time() + 10
@@ -223,11 +250,13 @@ def test_placement_avoids_measured_use(gpu_host):
     try:
         nodes = json.loads(host.ssh("gina", key, "mt-job nodes --json").stdout)
         assert nodes[0]["gpus"][0]["vram_used"] >= 20 << 30
-        jid = submit(host, key, "gina", job("sleep 3", "gpus=1 vram=10G cpus=1 ram=50M"))
+        jid = submit(host, key, "gina", job("sleep 300", "gpus=1 vram=10G cpus=1 ram=50M"))
         j = wait_state(host, key, "gina", jid, {"RUNNING"})
         assert j["gpus"][0]["index"] == 1
         table = host.admin("nodes").stdout
         assert "rtx4090" in table and jid in table  # the admin view names the job on the GPU
+        assert host.ssh("gina", key, f"mt-job cancel {jid}").returncode == 0
+        wait_state(host, key, "gina", jid, {"CANCELLED"}, timeout=40)
     finally:
         host.admin("simulate", "testhost", "0", "--used", "0")
 
@@ -269,6 +298,7 @@ def test_finished_jobs_expire_with_their_logs(make_host):
     jid = submit(host, key, "ret", job("echo bye"))
     j = wait_state(host, key, "ret", jid, {"COMPLETED"})
     import os
+
     log_dir = os.path.dirname(j["stdout"])
     assert os.path.exists(j["stdout"])
     deadline = time.time() + 30

@@ -26,7 +26,16 @@ async def _settle() -> None:
 def _table_with(*ids: str) -> JobTable:
     t = JobTable()
     for jid in ids:
-        t._put({"job_id": jid, "state": PENDING, "user": "ann", "placement": None, "term": None})
+        t._put(
+            {
+                "job_id": jid,
+                "state": PENDING,
+                "user": "ann",
+                "placement": None,
+                "term": None,
+                "spec": {"script": ""},
+            }
+        )
     return t
 
 
@@ -43,7 +52,7 @@ def test_a_lone_start_is_one_request_and_a_burst_rides_in_few() -> None:
     async def go() -> None:
         gate = release()
 
-        async def call(member, op, *, jobs, term, timeout):
+        async def call(member, op, *, jobs, term, timeout, attempts):
             assert op == "job.dispatch"
             sent.append((member, list(jobs), term))
             await gate.wait()
@@ -71,7 +80,7 @@ def test_each_part_gets_its_own_answer_and_terms_are_never_mixed() -> None:
     sent: list[tuple[list[str], int]] = []
 
     async def go() -> None:
-        async def call(member, op, *, jobs, term, timeout):
+        async def call(member, op, *, jobs, term, timeout, attempts):
             sent.append((list(jobs), term))
             await asyncio.sleep(0.01)
             if "down" in jobs:
@@ -99,7 +108,10 @@ def test_a_member_starts_a_batch_once_each_placement_reaches_its_replica() -> No
     t = _table_with("1", "2", "3")
     started: list[str] = []
 
-    async def start(job, term):
+    ports: dict[str, int] = {}
+
+    async def start(job, term, port):
+        ports[job["job_id"]] = port
         if job["job_id"] == "3":
             raise RuntimeError("the account cannot be created")
         started.append(job["job_id"])
@@ -108,17 +120,21 @@ def test_a_member_starts_a_batch_once_each_placement_reaches_its_replica() -> No
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
+
         # The placements are applied on another thread (as PySyncObj's does), later.
         def apply() -> None:
             for jid in ("1", "2", "3"):
                 _place(t, jid, 5)
 
         loop.call_later(0.05, lambda: threading.Thread(target=apply).start())
-        r = await asyncio.wait_for(op(PEER, {"jobs": ["1", "2", "3"], "term": 5}), 5)
+        r = await asyncio.wait_for(op(PEER, {"jobs": ["1", "2", "3"], "term": 5, "ports": {"2": 31000}}), 5)
         assert sorted(r["started"]) == ["1", "2"] and sorted(started) == ["1", "2"]
+        assert ports == {"1": 0, "2": 31000, "3": 0}  # the rank-0 member's pick, where given
         assert "account cannot be created" in r["errors"]["3"]
         with pytest.raises(ApiError, match="1 to"):
             await op(PEER, {"jobs": [], "term": 5})
+        with pytest.raises(ApiError, match="ports must map"):
+            await op(PEER, {"jobs": ["1"], "term": 5, "ports": {"1": 70000}})
         with pytest.raises(ApiError, match="only the scheduler"):
             await op(Caller("ann", 20001, False, "ssh"), {"jobs": ["1"], "term": 5})
 
@@ -141,3 +157,55 @@ def test_waiting_for_a_job_is_woken_by_its_change_and_gives_up_at_its_timeout() 
     asyncio.run(go())
     # Who waits is this member's business: never in the replicated state.
     assert "_waiters" not in t._serialize() and "_wait_lock" not in t._serialize()
+
+
+def test_a_start_of_an_attempt_requeued_since_is_stale() -> None:
+    """The scheduler's start of attempt 0 arrives after the job was requeued and placed
+    again (attempt 1): the member does not start attempt 1 on its strength."""
+    t = _table_with("1")
+    _place(t, "1", 5)
+    t._put({**t.get("1"), "cancel_requested": False, "reason": ""})
+    t.requeue("1", "drained now", 3.0, 0, _doApply=True)
+    _place(t, "1", 5)
+    started: list[int] = []
+
+    async def start(job, term, port=0):
+        started.append(job["requeues"])
+
+    op = dispatch_op(t, start)
+
+    async def go() -> None:
+        r = await op(PEER, {"jobs": ["1"], "term": 5, "attempts": {"1": 0}})
+        assert "attempt 0" in r["errors"]["1"] and started == []
+        r = await op(PEER, {"jobs": ["1"], "term": 5, "attempts": {"1": 1}})
+        assert r["started"] == ["1"] and started == [1]
+        with pytest.raises(ApiError, match="attempts must"):
+            await op(PEER, {"jobs": ["1"], "term": 5, "attempts": {"1": "x"}})
+
+    asyncio.run(go())
+
+
+def test_a_start_lost_with_its_connection_says_it_may_have_started():
+    from mtgpu.cluster.starts import StartUnanswered
+
+    answers = [
+        ApiError("the connection to the member was lost", "unreachable"),
+        ApiError("no such job", "not_found"),
+    ]
+
+    async def call(member, op, **kw):
+        raise answers.pop(0)
+
+    async def go() -> tuple[BaseException, BaseException]:
+        b = StartBatcher(call, in_flight=1)
+        got = []
+        for jid in ("1", "2"):
+            try:
+                await b.start("m1", jid, 1)
+            except MtgpuError as exc:
+                got.append(exc)
+        return got[0], got[1]
+
+    lost, refused = asyncio.run(go())
+    # Only the unanswered one may be asked again (a member starts a part once).
+    assert isinstance(lost, StartUnanswered) and not isinstance(refused, StartUnanswered)

@@ -16,8 +16,9 @@ G = 1 << 30
 
 
 def inv(name: str) -> NodeInventory:
-    return NodeInventory(name, (), HostUsage(cpus=4, cpu_percent=0, ram_total=8 * G, ram_used=0,
-                                             disk_total=0, disk_free=0))
+    return NodeInventory(
+        name, (), HostUsage(cpus=4, cpu_percent=0, ram_total=8 * G, ram_used=0, disk_total=0, disk_free=0)
+    )
 
 
 async def apply(method, *args, **kw):
@@ -50,8 +51,13 @@ def test_scheduler_places_nothing_on_a_drained_member_until_undrained() -> None:
 
     async def submit(text: str) -> str:
         spec = parse_job_file(text, default_workdir="/h")
-        r = await apply(table.submit, {"user": "ann", "uid": 20001, "name": spec.name,
-                                       "spec": spec_to_dict(spec), "workdir": "/h"}, None, 1.0, None)
+        r = await apply(
+            table.submit,
+            {"user": "ann", "uid": 20001, "name": spec.name, "spec": spec_to_dict(spec), "workdir": "/h"},
+            None,
+            1.0,
+            None,
+        )
         s.accepted(r["tasks"])
         return r["job_id"]
 

@@ -11,9 +11,13 @@ from mtgpu.schedd.jobtable import ACTIVE_STATES, JobTable
 
 RECORD = {"name": "j", "user": "ann", "uid": 20001, "workdir": "/tmp", "spec": {}}
 
-ops = st.lists(st.tuples(st.sampled_from(["submit", "array", "place", "started", "finish",
-                                          "cancel", "requeue", "purge"]),
-                         st.integers(0, 30)), max_size=60)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["submit", "array", "place", "started", "finish", "cancel", "requeue", "purge"]),
+        st.integers(0, 30),
+    ),
+    max_size=60,
+)
 
 
 def apply(t: JobTable, op: str, n: int) -> None:
@@ -83,11 +87,14 @@ def test_the_first_part_that_fails_ends_the_job_naming_its_member():
     t = JobTable()
     jid = _gang(t, ["a", "b", "c"])
     t.part_ended(jid, "a", 3, "COMPLETED", 0, "", 5.0, _doApply=True)
-    t.part_ended(jid, "c", 3, "OUT_OF_MEMORY", None, "the kernel's OOM killer stopped 1 process", 6.0,
-                 _doApply=True)
+    t.part_ended(
+        jid, "c", 3, "OUT_OF_MEMORY", None, "the kernel's OOM killer stopped 1 process", 6.0, _doApply=True
+    )
     j = t.jobs[jid]
     assert j["state"] == "OUT_OF_MEMORY"
-    assert j["reason"] == "its part on c (rank 2) ended OUT_OF_MEMORY: the kernel's OOM killer stopped 1 process"
+    assert (
+        j["reason"] == "its part on c (rank 2) ended OUT_OF_MEMORY: the kernel's OOM killer stopped 1 process"
+    )
     # The parts stopped because of it change nothing more.
     assert t.part_ended(jid, "b", 3, "CANCELLED", None, "", 7.0, _doApply=True)["code"] == "final"
 
@@ -107,3 +114,129 @@ def test_a_one_member_job_ends_with_its_part():
     t.part_ended(jid, "a", 3, "FAILED", 2, "the job exited with status 2", 5.0, _doApply=True)
     assert t.jobs[jid]["state"] == "FAILED" and t.jobs[jid]["exit_code"] == 2
     assert t.jobs[jid]["reason"] == "the job exited with status 2"
+
+
+def test_pending_script_bytes_count_an_array_once_and_finished_scripts_are_dropped():
+    t = JobTable()
+    rec = dict(RECORD, spec={"script": "x" * 1000, "requeue": False}, script_bytes=1000)
+    t.submit(rec, [0, 1, 2], 1.0, _doApply=True)
+    t.submit(rec, None, 1.0, _doApply=True)
+    assert t.pending_script_bytes == {"ann": 2000}
+    t.cancel(["1_0", "1_1"], "ann", 2.0, _doApply=True)
+    assert t.pending_script_bytes == {"ann": 2000}  # one task of the array still waits
+    t.cancel(["1_2", "2"], "ann", 2.0, _doApply=True)
+    assert t.pending_script_bytes == {}
+    assert all(j["spec"]["script"] == "" for j in t.jobs.values())  # out of the state
+    fresh = JobTable()
+    t.submit(rec, None, 3.0, _doApply=True)
+    fresh._deserialize(pickle.loads(pickle.dumps(t._serialize())))
+    assert fresh.pending_script_bytes == {"ann": 1000}
+
+
+def test_a_job_id_that_reading_would_refuse_never_enters_the_table():
+    t = JobTable()
+    r = t.submit(dict(RECORD), [int("9" * 200)], 1.0, _doApply=True)
+    assert r["code"] == "bad_id" and not t.jobs and t.next_id == 1
+
+
+# ------------------------------------------------------------------- attempts
+
+ONE = {"members": [{"node": "h", "rank": 0, "gpu_indices": [0]}]}
+
+
+def running_table(requeues: int = 0) -> JobTable:
+    t = JobTable()
+    t.submit(dict(RECORD), None, 1.0, _doApply=True)
+    t.place("1", ONE, 1, 2.0, _doApply=True)
+    for _ in range(requeues):
+        t.requeue("1", "drained now", 3.0, _doApply=True)
+        t.place("1", ONE, 1, 4.0, _doApply=True)
+    return t
+
+
+def test_a_late_report_of_an_earlier_attempt_neither_ends_nor_starts_the_next():
+    t = running_table(requeues=1)
+    assert t.get("1")["requeues"] == 1
+    # Attempt 0's start and end arrive after attempt 1 was placed on the same host.
+    t.started("1", "h", 5.0, 0, _doApply=True)
+    assert t.get("1")["start_time"] is None
+    r = t.part_ended("1", "h", 1, "CANCELLED", None, "stopped: requeued", 6.0, 0, _doApply=True)
+    assert r["code"] == "stale" and t.get("1")["state"] == "RUNNING"
+    assert t.finish("1", "NODE_FAIL", None, "lost", 6.0, 0, _doApply=True)["code"] == "stale"
+    assert t.requeue("1", "lost", 6.0, 0, _doApply=True)["code"] == "stale"
+    assert t.get("1")["state"] == "RUNNING" and t.get("1")["requeues"] == 1
+    # Attempt 1's own reports count.
+    t.started("1", "h", 7.0, 1, _doApply=True)
+    assert t.get("1")["start_time"] == 7.0
+    assert t.part_ended("1", "h", 1, "COMPLETED", 0, "", 8.0, 1, _doApply=True)["state"] == "COMPLETED"
+
+
+def test_a_journal_without_attempts_reads_as_attempt_zero():
+    """Records journalled before attempts were counted have no requeue count: their
+    first start's reports are attempt 0's, as before."""
+    t = running_table()
+    rec = dict(t.get("1"))
+    rec.pop("requeues", None)
+    t.jobs["1"] = rec
+    assert t.part_ended("1", "h", 1, "COMPLETED", 0, "", 8.0, _doApply=True)["state"] == "COMPLETED"
+
+
+def test_a_job_whose_cancel_was_asked_is_not_requeued():
+    t = running_table()
+    r = t.cancel(["1"], "ann", 3.0, _doApply=True)
+    assert r["stopping"] == ["1"] and r["cancelled"] == [] and r["ended"] == []
+    # Asked again while it stops: it is still named as stopping (the tools say so).
+    assert t.cancel(["1"], "ann", 3.5, _doApply=True)["stopping"] == ["1"]
+    t.requeue("1", "drained now", 4.0, _doApply=True)
+    assert t.get("1")["state"] == "CANCELLED" and "cancelled by ann" in t.get("1")["reason"]
+    assert t.cancel(["1"], "ann", 5.0, _doApply=True) == {"cancelled": [], "stopping": [], "ended": ["1"]}
+
+
+def test_a_requeue_forgets_the_earlier_attempts_parts():
+    t = JobTable()
+    t.submit(dict(RECORD), None, 1.0, _doApply=True)
+    two = {
+        "members": [{"node": "a", "rank": 0, "gpu_indices": []}, {"node": "b", "rank": 1, "gpu_indices": []}]
+    }
+    t.place("1", two, 1, 2.0, _doApply=True)
+    t.part_ended("1", "a", 1, "COMPLETED", 0, "", 3.0, 0, _doApply=True)
+    t.requeue("1", "b lost", 4.0, 0, _doApply=True)
+    t.place("1", two, 1, 5.0, _doApply=True)
+    # Attempt 1's part on b completing does not complete the job: a's part of attempt 0 is gone.
+    assert t.part_ended("1", "b", 1, "COMPLETED", 0, "", 6.0, 1, _doApply=True)["state"] == "RUNNING"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(["report", "lost", "timeout", "requeue"]))
+def test_an_end_is_recorded_once_whichever_decision_comes_first(order):
+    """The member's report, the scheduler's lost-member and failed-start decisions and
+    a requeue race for one attempt: the first applied decides, the rest change nothing."""
+    t = running_table()
+    first = None
+    for what in order:
+        if what == "report":
+            r = t.part_ended("1", "h", 1, "COMPLETED", 0, "", 5.0, 0, _doApply=True)
+        elif what == "lost":
+            r = t.finish("1", "NODE_FAIL", None, "lost", 5.0, 0, _doApply=True)
+        elif what == "timeout":
+            r = t.finish("1", "TIMEOUT", None, "time limit", 5.0, 0, _doApply=True)
+        else:
+            r = t.requeue("1", "lost", 5.0, 0, _doApply=True)
+        if first is None:
+            first = what
+            assert "error" not in r
+        else:
+            assert r.get("code") in ("final", "stale", "not_running"), (what, r)
+    expect = {"report": "COMPLETED", "lost": "NODE_FAIL", "timeout": "TIMEOUT", "requeue": "PENDING"}
+    assert t.get("1")["state"] == expect[first]
+
+
+def test_a_finished_jobs_exported_environment_leaves_the_state():
+    t = JobTable()
+    rec = dict(
+        RECORD, spec={"script": "x", "requeue": False}, submit={"umask": 0o27, "env": {"TOKEN": "secret"}}
+    )
+    t.submit(rec, None, 1.0, _doApply=True)
+    assert t.jobs["1"]["submit"]["env"] == {"TOKEN": "secret"}  # a pending job still needs it
+    t.cancel(["1"], "ann", 2.0, _doApply=True)
+    assert t.jobs["1"]["submit"] == {"umask": 0o27, "env": {}}

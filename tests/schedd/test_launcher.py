@@ -111,9 +111,15 @@ def test_concurrent_starts_share_one_launcher(base: Path, tenant: JobUser) -> No
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(runner.start, jobs))
     assert all(wait_result(runner, la.job_id).state is FinalState.COMPLETED for la in jobs)
-    serving = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(int(p)).endswith(
-        f"--serve\0{runner.state_dir}\0--id\0{launcher.code_id(runner.python)}\0--idle\0"
-        f"{launcher.IDLE_TIMEOUT}\0")]
+    serving = [
+        p
+        for p in os.listdir("/proc")
+        if p.isdigit()
+        and _cmdline(int(p)).endswith(
+            f"--serve\0{runner.state_dir}\0--id\0{launcher.code_id(runner.python)}\0--idle\0"
+            f"{launcher.IDLE_TIMEOUT}\0"
+        )
+    ]
     assert serving == [str(launcher_pid(runner))]
 
 
@@ -166,11 +172,20 @@ def test_only_root_may_talk_to_it(base: Path, tenant: JobUser) -> None:
     # Open the way in on purpose: the peer check must still refuse the tenant.
     os.chmod(runner.state_dir, 0o711)
     os.chmod(sock, 0o666)
-    code = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(sock)!r})\n"
-            "try: s.sendall(b'{}\\n'); print(repr(s.recv(16)))\n"
-            "except OSError: print(repr(b''))  # refused before we could even ask")
-    r = subprocess.run(["/usr/bin/python3", "-c", code], user=tenant.uid, capture_output=True,
-                       text=True, timeout=10, env={"PATH": "/usr/bin:/bin"}, check=False)
+    code = (
+        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(sock)!r})\n"
+        "try: s.sendall(b'{}\\n'); print(repr(s.recv(16)))\n"
+        "except OSError: print(repr(b''))  # refused before we could even ask"
+    )
+    r = subprocess.run(
+        ["/usr/bin/python3", "-c", code],
+        user=tenant.uid,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+    )
     assert r.stdout == "b''\n", r.stderr
     os.chmod(runner.state_dir, 0o700)
     with socket.socket(socket.AF_UNIX) as s:  # and root still may

@@ -43,8 +43,14 @@ def test_the_sbatch_example_means_what_the_manual_says() -> None:
     (text,) = [t for t in job_files() if "--partition=gpu" in t]
     spec = parse_job_file(text, default_workdir="/home/ann")
     r = spec.request
-    assert (r.gpus, r.gpu_type, r.cpus, r.ram, spec.time_limit, spec.name) == \
-        (2, "a100-80gb", 16, 64 * G, 12 * 3600, "resnet")
+    assert (r.gpus, r.gpu_type, r.cpus, r.ram, spec.time_limit, spec.name) == (
+        2,
+        "a100-80gb",
+        16,
+        64 * G,
+        12 * 3600,
+        "resnet",
+    )
     assert len(spec.warnings) == 1 and "--partition=gpu" in spec.warnings[0]
 
 
@@ -68,11 +74,20 @@ def test_quoted_messages_are_the_real_ones() -> None:
         _error("#!/bin/sh\n#MTGPU cpus=2\n\n#MTGPU gpuz=2\n"),
         _error("#!/bin/sh\n", {"time": "soon"}),
     ]
-    snapshot = ClusterSnapshot(nodes=(
-        NodeSnapshot("a", 8, 64 * G, gpus=tuple(GpuSnapshot(i, "nvidia", "rtx4090", 24 * G) for i in range(2))),
-        NodeSnapshot("b", 8, 64 * G, gpus=tuple(GpuSnapshot(i, "nvidia", "a100-40gb", 40 * G) for i in range(4)))))
-    for req in (ResourceRequest(gpus=3, gpu_type="rtx4090"),
-                ResourceRequest(gpus=1, gpu_type="a100-40gb", gpu_mode=GpuMode.SHARED, vram=64 * G)):
+    snapshot = ClusterSnapshot(
+        nodes=(
+            NodeSnapshot(
+                "a", 8, 64 * G, gpus=tuple(GpuSnapshot(i, "nvidia", "rtx4090", 24 * G) for i in range(2))
+            ),
+            NodeSnapshot(
+                "b", 8, 64 * G, gpus=tuple(GpuSnapshot(i, "nvidia", "a100-40gb", 40 * G) for i in range(4))
+            ),
+        )
+    )
+    for req in (
+        ResourceRequest(gpus=3, gpu_type="rtx4090"),
+        ResourceRequest(gpus=1, gpu_type="a100-40gb", gpu_mode=GpuMode.SHARED, vram=64 * G),
+    ):
         reason = feasible_ever(snapshot, req)
         assert reason is not None
         messages.append(reason.message)

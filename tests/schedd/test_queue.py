@@ -32,22 +32,42 @@ H = 3600.0
 
 
 def node(name: str, n_gpus: int = 4, cpus: int = 32, ram: int = 256, vram: int = 80) -> NodeSnapshot:
-    return NodeSnapshot(name=name, cpus=cpus, ram_total=ram * G,
-                        gpus=tuple(GpuSnapshot(index=i, brand="nvidia", type="a100", vram_total=vram * G)
-                                   for i in range(n_gpus)))
+    return NodeSnapshot(
+        name=name,
+        cpus=cpus,
+        ram_total=ram * G,
+        gpus=tuple(
+            GpuSnapshot(index=i, brand="nvidia", type="a100", vram_total=vram * G) for i in range(n_gpus)
+        ),
+    )
 
 
-def pj(job_id: str, submit: float = 0.0, priority: int = 50, limit: float | None = H,
-       **req: Any) -> PendingJob:
+def pj(
+    job_id: str, submit: float = 0.0, priority: int = 50, limit: float | None = H, **req: Any
+) -> PendingJob:
     req.setdefault("ram", G)
-    return PendingJob(job_id=job_id, tenant="ann", request=ResourceRequest(**req), priority=priority,
-                      submit_time=submit, time_limit=limit)
+    return PendingJob(
+        job_id=job_id,
+        tenant="ann",
+        request=ResourceRequest(**req),
+        priority=priority,
+        submit_time=submit,
+        time_limit=limit,
+    )
 
 
 def task(array_id: str, index: int, limit: int | None, submit: float = 0.0, **req: Any) -> PendingJob:
     req.setdefault("ram", G)
-    return PendingJob(job_id=f"{array_id}_{index}", tenant="ann", request=ResourceRequest(**req),
-                      submit_time=submit, time_limit=H, array_id=array_id, array_task=index, array_limit=limit)
+    return PendingJob(
+        job_id=f"{array_id}_{index}",
+        tenant="ann",
+        request=ResourceRequest(**req),
+        submit_time=submit,
+        time_limit=H,
+        array_id=array_id,
+        array_task=index,
+        array_limit=limit,
+    )
 
 
 def cluster(nodes: list[NodeSnapshot], allocations: list[Allocation]) -> ClusterSnapshot:
@@ -62,24 +82,33 @@ def queue_of(*jobs: PendingJob) -> PendingQueue:
     return q
 
 
-def running(job_id: str, node_name: str, gpu_indices: tuple[int, ...], end: float | None,
-            array_id: str | None = None) -> Allocation:
+def running(
+    job_id: str, node_name: str, gpu_indices: tuple[int, ...], end: float | None, array_id: str | None = None
+) -> Allocation:
     member = MemberPlacement(node=node_name, rank=0, gpu_indices=gpu_indices, cpus=1, ram=G)
     return Allocation(Placement(job_id, GpuMode.EXCLUSIVE, (member,)), end, array_id)
 
 
 # ------------------------------------------------------------------- the queue itself
 
+
 def test_order_is_priority_then_submit_time() -> None:
-    q = queue_of(pj("a", submit=10, priority=10), pj("b", submit=20, priority=50), pj("c", submit=5, priority=50),
-                 pj("d", submit=1, priority=10))
+    q = queue_of(
+        pj("a", submit=10, priority=10),
+        pj("b", submit=20, priority=50),
+        pj("c", submit=5, priority=50),
+        pj("d", submit=1, priority=10),
+    )
     assert [j.job_id for j in q.jobs()] == ["c", "b", "d", "a"]
 
 
 def test_aging_makes_an_old_low_priority_job_overtake() -> None:
     # 10 points an hour: a priority-0 job catches up 50 points in 5 hours.
-    q = queue_of(pj("low", submit=0, priority=0), pj("new", submit=5 * H + 60, priority=50),
-                 pj("older", submit=5 * H - 60, priority=50))
+    q = queue_of(
+        pj("low", submit=0, priority=0),
+        pj("new", submit=5 * H + 60, priority=50),
+        pj("older", submit=5 * H - 60, priority=50),
+    )
     assert [j.job_id for j in q.jobs()] == ["older", "low", "new"]
     low = q.get("low")
     assert low is not None and q.effective_priority(low, 5 * H) == pytest.approx(50.0)
@@ -112,8 +141,11 @@ def test_array_tasks_form_one_entry_and_share_a_position() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 3), st.integers(0, 20)),
-                    max_size=120))
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 3), st.integers(0, 20)), max_size=120
+    )
+)
 def test_queue_order_matches_a_sorted_list(ops: list[tuple[bool, int, int, int]]) -> None:
     q = PendingQueue()
     ref: dict[str, PendingJob] = {}
@@ -128,21 +160,30 @@ def test_queue_order_matches_a_sorted_list(ops: list[tuple[bool, int, int, int]]
     want = sorted(ref.values(), key=lambda j: (-(j.priority - q.age_weight * j.submit_time), j.submit_time))
     assert sorted(got) == sorted(ref) and len(q) == len(ref)
     keys = [(-(ref[j].priority - q.age_weight * ref[j].submit_time), ref[j].submit_time) for j in got]
-    assert keys == sorted(keys) and [k for k in keys] == [(-(j.priority - q.age_weight * j.submit_time),
-                                                           j.submit_time) for j in want]
+    assert keys == sorted(keys) and [k for k in keys] == [
+        (-(j.priority - q.age_weight * j.submit_time), j.submit_time) for j in want
+    ]
 
 
 def test_pending_jobs_from_a_spec() -> None:
     spec = parse_job_file("#MTGPU gpus=1 array=0-3%2 priority=10 time=1h\nrun\n", default_workdir="/h")
     jobs = pending_jobs("42", "ann", spec, 100.0)
     assert [j.job_id for j in jobs] == ["42_0", "42_1", "42_2", "42_3"]
-    assert all(j.array_id == "42" and j.array_limit == 2 and j.priority == 10 and j.time_limit == 3600
-               and j.submit_time == 100.0 and j.request == spec.request for j in jobs)
+    assert all(
+        j.array_id == "42"
+        and j.array_limit == 2
+        and j.priority == 10
+        and j.time_limit == 3600
+        and j.submit_time == 100.0
+        and j.request == spec.request
+        for j in jobs
+    )
     single = pending_jobs("43", "ann", parse_job_file("#MTGPU cpus=2\n", default_workdir="/h"), 1.0)
     assert [(j.job_id, j.array_id) for j in single] == [("43", None)]
 
 
 # ------------------------------------------------------------------- one pass
+
 
 def test_pass_places_in_order_and_reports_the_rest() -> None:
     snap = ClusterSnapshot(nodes=(node("a", 2),))
@@ -167,10 +208,12 @@ def test_bad_constraints_waits_without_holding_the_reservation() -> None:
 def test_easy_backfill_short_job_before_the_shadow_time() -> None:
     # Two members of 4 GPUs; 4 GPUs busy on "a" until t=1h. The head needs both members.
     snap = cluster([node("a"), node("b")], [running("r", "a", (0, 1, 2, 3), H)])
-    q = queue_of(pj("head", gpus=4, nodes=2, limit=2 * H),
-                 pj("short", submit=1, gpus=2, limit=0.5 * H),
-                 pj("long", submit=2, gpus=2, limit=3 * H),
-                 pj("forever", submit=3, gpus=1, limit=None))
+    q = queue_of(
+        pj("head", gpus=4, nodes=2, limit=2 * H),
+        pj("short", submit=1, gpus=2, limit=0.5 * H),
+        pj("long", submit=2, gpus=2, limit=3 * H),
+        pj("forever", submit=3, gpus=1, limit=None),
+    )
     r = schedule_pass(snap, q, 0.0)
     assert [p.job_id for p in r.placements] == ["short"]
     assert r.reservation is not None and r.reservation.start_time == H
@@ -205,17 +248,39 @@ def test_reservation_waits_for_unlimited_work() -> None:
     assert r.reservation is not None and r.reservation.start_time is None
     assert r.placements == []  # even a short job may not use what the head will need
     assert r.pending["short"].reason == "Priority"
-    assert "once work without a time limit ends" in r.pending["head"].message
+    assert "once job r ends (no time limit)" in r.pending["head"].message
+    assert "once job r ends (no time limit)" in r.pending["short"].message
+
+
+def test_a_reason_names_only_what_really_blocks() -> None:
+    """Nothing runs and nothing but the job's own size is in the way: the reason is not
+    "work without a time limit" (there is none) but the rule that turned each member
+    away."""
+    busy = NodeSnapshot(
+        name="w",
+        cpus=8,
+        ram_total=64 * G,
+        gpus=(GpuSnapshot(index=0, brand="nvidia", type="a100", vram_total=80 * G, vram_used=75 * G),),
+    )
+    r = schedule_pass(cluster([busy], []), queue_of(pj("big", gpus=1, vram=40 * G)), 0.0)
+    why = r.pending["big"]
+    assert why.reason == "Resources" and "time limit" not in why.message, why.message
+    assert "1 lack free VRAM" in why.message and r.reservation is None
 
 
 def test_no_reservation_when_use_outside_mtgpu_blocks() -> None:
     # 70G of the card is used by a process MTGPU did not start; no job ending frees it.
-    busy = NodeSnapshot(name="w", cpus=8, ram_total=64 * G,
-                        gpus=(GpuSnapshot(index=0, brand="nvidia", type="a100", vram_total=80 * G,
-                                          vram_used=70 * G),))
+    busy = NodeSnapshot(
+        name="w",
+        cpus=8,
+        ram_total=64 * G,
+        gpus=(GpuSnapshot(index=0, brand="nvidia", type="a100", vram_total=80 * G, vram_used=70 * G),),
+    )
     snap = ClusterSnapshot(nodes=(busy, node("a", 1)))
-    q = queue_of(pj("shared", gpus=1, gpu_mode=GpuMode.SHARED, vram=20 * G, servers=("w",)),
-                 pj("other", submit=1, gpus=1))
+    q = queue_of(
+        pj("shared", gpus=1, gpu_mode=GpuMode.SHARED, vram=20 * G, servers=("w",)),
+        pj("other", submit=1, gpus=1),
+    )
     r = schedule_pass(snap, q, 0.0)
     assert r.reservation is None
     assert r.pending["shared"].reason == "Resources"
@@ -290,10 +355,12 @@ def test_pass_is_deterministic() -> None:
         snap = ClusterSnapshot(nodes=tuple(node(f"n{i}") for i in range(4)))
         q = queue_of(*[pj(f"j{i}", submit=i, gpus=1 + i % 3) for i in range(12)])
         return [(p.job_id, p.nodes) for p in schedule_pass(snap, q, 0.0).placements]
+
     assert run() == run()
 
 
 # ------------------------------------------------------------------- simulations
+
 
 @dataclass
 class Sim:
@@ -301,7 +368,7 @@ class Sim:
 
     nodes: list[NodeSnapshot]
     queue: PendingQueue = field(default_factory=PendingQueue)
-    runtime: dict[str, float] = field(default_factory=dict)   # how long each job really runs
+    runtime: dict[str, float] = field(default_factory=dict)  # how long each job really runs
     jobs: dict[str, PendingJob] = field(default_factory=dict)
     active: list[tuple[Allocation, float]] = field(default_factory=list)  # (allocation, real end)
     started: dict[str, float] = field(default_factory=dict)
@@ -356,8 +423,9 @@ def test_big_job_is_not_starved_by_a_stream_of_small_ones() -> None:
     assert "big" in sim.started
     assert sim.started["big"] <= sim.promised["big"]
     assert sim.started["big"] <= 600 + 0.5 * H  # as soon as the small jobs running at 600 s end
-    started_small_after_big = [j for j, when in sim.started.items()
-                               if j.startswith("s") and 600 < when < sim.started["big"]]
+    started_small_after_big = [
+        j for j, when in sim.started.items() if j.startswith("s") and 600 < when < sim.started["big"]
+    ]
     # Meanwhile small jobs still ran, but only those that end before the big one starts.
     assert all(sim.started[j] + 0.5 * H <= sim.started["big"] for j in started_small_after_big)
 
@@ -386,17 +454,48 @@ def workloads(draw: st.DrawFn) -> list[tuple[PendingJob, float]]:
         vram = draw(st.sampled_from((10, 40))) * G if mode is not GpuMode.EXCLUSIVE else 0
         limit = draw(st.sampled_from((600.0, 1800.0, 3600.0, None)))
         runtime = draw(st.sampled_from((0.3, 0.7, 1.0))) * (limit or 5400.0)
-        req = ResourceRequest(gpus=gpus, gpu_mode=mode, vram=vram, cpus=draw(st.sampled_from((1, 8, 16))),
-                              ram=G, nodes=draw(st.sampled_from((1, 1, 2))))
+        req = ResourceRequest(
+            gpus=gpus,
+            gpu_mode=mode,
+            vram=vram,
+            cpus=draw(st.sampled_from((1, 8, 16))),
+            ram=G,
+            nodes=draw(st.sampled_from((1, 1, 2))),
+        )
         array = draw(st.sampled_from((None, None, None, 2)))
         if array:
             # Arrays come last in the queue (see the promise check below).
             for i in range(3):
-                out.append((PendingJob(f"{k}_{i}", "t", req, priority=0, submit_time=1.0, time_limit=limit,
-                                       array_id=str(k), array_task=i, array_limit=array), runtime))
+                out.append(
+                    (
+                        PendingJob(
+                            f"{k}_{i}",
+                            "t",
+                            req,
+                            priority=0,
+                            submit_time=1.0,
+                            time_limit=limit,
+                            array_id=str(k),
+                            array_task=i,
+                            array_limit=array,
+                        ),
+                        runtime,
+                    )
+                )
         else:
-            out.append((PendingJob(str(k), "t", req, priority=draw(st.sampled_from((0, 50))),
-                                   submit_time=0.0, time_limit=limit), runtime))
+            out.append(
+                (
+                    PendingJob(
+                        str(k),
+                        "t",
+                        req,
+                        priority=draw(st.sampled_from((0, 50))),
+                        submit_time=0.0,
+                        time_limit=limit,
+                    ),
+                    runtime,
+                )
+            )
     return out
 
 

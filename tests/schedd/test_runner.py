@@ -20,6 +20,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import psutil
 import pytest
 from mtgpu_testing import REPO, python_env
 
+from mtgpu.cluster.lease import now as lease_now
 from mtgpu.errors import JobError
 from mtgpu.proc import run
 from mtgpu.schedd import launcher
@@ -50,8 +52,10 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 PY = "/usr/bin/python3"
 _ids = itertools.count(1)
 V1 = detect().v1
-needs_v1 = pytest.mark.skipif(not {"memory", "devices", "freezer"} <= set(V1),
-                              reason="needs the cgroup v1 memory, devices and freezer controllers")
+needs_v1 = pytest.mark.skipif(
+    not {"memory", "devices", "freezer"} <= set(V1),
+    reason="needs the cgroup v1 memory, devices and freezer controllers",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,24 @@ def base() -> Iterator[Path]:
 def _useradd(name: str, home: Path) -> None:
     # Another useradd or userdel may hold /etc/passwd's lock for a moment.
     for _ in range(20):
-        r = run(["useradd", "-m", "-d", str(home), "-s", "/bin/bash", "-K", "SUB_UID_COUNT=0",
-                 "-K", "SUB_GID_COUNT=0", "-c", "MTGPU runner test", name], check=False)
+        r = run(
+            [
+                "useradd",
+                "-m",
+                "-d",
+                str(home),
+                "-s",
+                "/bin/bash",
+                "-K",
+                "SUB_UID_COUNT=0",
+                "-K",
+                "SUB_GID_COUNT=0",
+                "-c",
+                "MTGPU runner test",
+                name,
+            ],
+            check=False,
+        )
         if r.returncode == 0:
             return
         time.sleep(0.25)
@@ -127,6 +147,7 @@ def launch(tenant: JobUser) -> Callable[..., JobLaunch]:
         kw.setdefault("workdir", tenant.home)
         user = kw.pop("user", tenant)
         return JobLaunch(kw.pop("job_id", f"j{next(_ids)}"), user, textwrap.dedent(script), **kw)
+
     return make
 
 
@@ -159,17 +180,29 @@ def dead(pid: int) -> bool:
 
 # ------------------------------------------------------------------ environment
 
+
 def test_env_shows_reserved_gpus_uid_and_pinned_cpus(runner: Runner, launch, tenant: JobUser) -> None:
-    la = launch("""\
+    la = launch(
+        """\
         id -u; id -g
         env | sort
         grep Cpus_allowed_list /proc/self/status
         cat /proc/self/cgroup
         cat /proc/self/oom_score_adj
         pwd; umask
-        """, name="envjob", gpu_indices=(1, 3), cpus=(0,), ram=256 << 20,
-        gpu_env={"CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-3333"}, env={"FOO": "bar", "SLURM_JOB_ID": "x"},
-        nnodes=2, node_rank=1, nodelist=("gpu01", "gpu02"), node_name="gpu02", master_port=29999)
+        """,
+        name="envjob",
+        gpu_indices=(1, 3),
+        cpus=(0,),
+        ram=256 << 20,
+        gpu_env={"CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-3333"},
+        env={"FOO": "bar", "SLURM_JOB_ID": "x"},
+        nnodes=2,
+        node_rank=1,
+        nodelist=("gpu01", "gpu02"),
+        node_name="gpu02",
+        master_port=29999,
+    )
     runner.start(la)
     r = wait_result(runner, la.job_id)
     assert r.state is FinalState.COMPLETED and r.exit_code == 0, r
@@ -194,6 +227,57 @@ def test_env_shows_reserved_gpus_uid_and_pinned_cpus(runner: Runner, launch, ten
     assert r.limits["cpus"].startswith("affinity")
 
 
+def test_the_submitting_shells_umask_and_limits_and_open_mode_append(
+    runner: Runner, launch, tenant: JobUser
+) -> None:
+    """Both start paths: the umask, the limits (held within the hard limit here, which
+    a tenant cannot raise), and --open-mode=append."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    target = Path(tenant.home) / "append.out"
+    target.write_text("before\n")
+    os.chown(target, tenant.uid, tenant.gid)
+    la = launch(
+        "umask; ulimit -Sn; ulimit -Hn; ulimit -Hc; touch made-by-job\n",
+        stdout=str(target),
+        umask=0o077,
+        rlimits={"nofile": [100, 200], "core": [0, -1]},
+        open_append=True,
+    )
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.COMPLETED, r
+    hard_core = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    shown_core = "unlimited" if hard_core == resource.RLIM_INFINITY else str(hard_core)
+    assert target.read_text() == f"before\n0077\n100\n200\n{shown_core}\n"
+    made = Path(tenant.home) / "made-by-job"
+    assert oct(made.stat().st_mode & 0o777) == "0o600"
+    made.unlink()
+    # Asking for more than the member's hard limit gets the hard limit, no more.
+    la = launch("ulimit -Hn\n", rlimits={"nofile": [-1, -1]})
+    runner.start(la)
+    assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
+    shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    assert out(tenant, la.job_id) == f"{shown}\n"
+
+
+def test_a_warning_signal_comes_before_the_time_limit(runner: Runner, launch, tenant: JobUser) -> None:
+    """sbatch's --signal=B:USR1@2 with a 3 s limit: the script's trap runs, then it ends
+    by itself before the limit (COMPLETED, not TIMEOUT)."""
+    la = launch(
+        "trap 'echo warned; exit 0' USR1\nfor i in $(seq 100); do sleep 0.1; done\necho not-warned\n",
+        time_limit=3,
+        warn_signal=10,
+        warn_before=2.0,
+        warn_batch_only=True,
+    )
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.COMPLETED, r
+    assert out(tenant, la.job_id) == "warned\n"
+
+
 def test_shebang_picks_the_interpreter(runner: Runner, launch, tenant: JobUser) -> None:
     la = launch("#!/usr/bin/python3\nimport os, sys\nprint(os.getuid(), sys.argv[0][:14])\n")
     runner.start(la)
@@ -202,6 +286,7 @@ def test_shebang_picks_the_interpreter(runner: Runner, launch, tenant: JobUser) 
 
 
 # ------------------------------------------------------------------ exit and restarts
+
 
 def test_exit_code_recorded_across_a_new_runner(runner: Runner, launch, base: Path) -> None:
     la = launch("sleep 2; exit 3")
@@ -236,8 +321,15 @@ def test_kill_9_of_the_daemon_keeps_the_job(base: Path, launch, tenant: JobUser)
         time.sleep(300)
         """)
     import json
-    proc = subprocess.Popen([sys.executable, "-c", daemon], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=python_env(), cwd=REPO)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", daemon],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=python_env(),
+        cwd=REPO,
+    )
     try:
         proc.stdin.write(json.dumps(la.to_dict()) + "\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
@@ -281,25 +373,27 @@ def test_lost_supervisor_is_node_fail_and_job_is_killed(runner: Runner, launch, 
 
 # ------------------------------------------------------------------ stopping jobs
 
+
+def escaping_job(marker: str, ignore_term: bool = False) -> str:
+    """A job that leaves a double-forked child in a session of its own (its pid in
+    ``marker``), and ignores SIGTERM if asked to."""
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_term else ""
+    return (
+        ("trap '' TERM\n" if ignore_term else "") + f"echo $$ > {marker}.main\n"
+        f"{PY} -c '\nimport os, signal, time\n{ignore}\nif os.fork() == 0:\n    os.setsid()\n"
+        f'    if os.fork() == 0:\n        open("{marker}", "w").write(f"{{os.getpid()}}\\n")\n'
+        "        time.sleep(300)\n    os._exit(0)\nos.wait()\n'\n"
+        "while true; do sleep 0.1; done\n"
+    )
+
+
 @pytest.mark.parametrize("cgroup_root", ["auto", "none"])
-def test_cancel_kills_a_double_forked_setsid_child(make_runner, launch, tenant: JobUser,
-                                                   cgroup_root: str) -> None:
+def test_cancel_kills_a_double_forked_setsid_child(
+    make_runner, launch, tenant: JobUser, cgroup_root: str
+) -> None:
     runner = make_runner(cgroup_root=cgroup_root)
     marker = f"escapee-{next(_ids)}.pid"
-    la = launch(f"""\
-        echo $$ > {marker}.main
-        {PY} -c '
-        import os, time
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                open("{marker}", "w").write(f"{{os.getpid()}}\\n")
-                time.sleep(300)
-            os._exit(0)
-        os.wait()
-        '
-        sleep 300
-        """)
+    la = launch(escaping_job(marker))
     runner.start(la)
     escapee = int(wait_file(Path(tenant.home) / marker))
     main = int(wait_file(Path(tenant.home) / f"{marker}.main"))
@@ -339,20 +433,33 @@ def test_time_limit_ends_the_job_with_timeout(runner: Runner, launch) -> None:
     assert r.state is FinalState.TIMEOUT and "time limit of 2s" in r.reason
     assert r.signal == signal.SIGTERM
     assert 1.5 < time.monotonic() - t0 < 15
+    # It ended on the SIGTERM: the reason does not claim a SIGKILL that was never sent.
+    assert "and they ended within its 1s grace" in r.reason and "SIGKILL" not in r.reason
+
+
+def test_a_job_that_ignores_sigterm_at_its_time_limit_is_said_to_get_sigkill(runner: Runner, launch) -> None:
+    la = launch("trap '' TERM; sleep 60", time_limit=1, kill_grace=1)
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.TIMEOUT and r.signal == signal.SIGKILL
+    assert r.reason.endswith("then SIGKILL after 1s to those still running"), r.reason
+    assert r.cpu_user is not None and r.cpu_system is not None and r.max_rss
 
 
 # ------------------------------------------------------------------ limits
 
+
 @needs_v1
-def test_job_over_its_ram_is_out_of_memory_and_others_live(runner: Runner, launch,
-                                                             tenant: JobUser) -> None:
-    bystander = subprocess.Popen(["sleep", "300"], user=tenant.uid, group=tenant.gid,
-                                 start_new_session=True)
+def test_job_over_its_ram_is_out_of_memory_and_others_live(runner: Runner, launch, tenant: JobUser) -> None:
+    bystander = subprocess.Popen(["sleep", "300"], user=tenant.uid, group=tenant.gid, start_new_session=True)
     try:
-        la = launch(f"""\
+        la = launch(
+            f"""\
             {PY} -c 'x = b"x" * (512 << 20)'
             echo "python ended with $?"
-            """, ram=64 << 20)
+            """,
+            ram=64 << 20,
+        )
         runner.start(la)
         r = wait_result(runner, la.job_id)
         assert r.state is FinalState.OUT_OF_MEMORY, r
@@ -382,7 +489,8 @@ def test_unreserved_gpu_device_is_eperm(runner: Runner, launch, base: Path) -> N
     for minor in (0, 1):  # stand-ins for /dev/nvidia0 (reserved) and /dev/nvidia1
         os.mknod(dev / f"nvidia{minor}", 0o666 | 0o020000, os.makedev(195, minor))
         os.chmod(dev / f"nvidia{minor}", 0o666)
-    la = launch(f"""\
+    la = launch(
+        f"""\
         {PY} -c '
         import errno, os
         for n in ("nvidia0", "nvidia1"):
@@ -392,8 +500,11 @@ def test_unreserved_gpu_device_is_eperm(runner: Runner, launch, base: Path) -> N
             except OSError as e:
                 print(n, errno.errorcode[e.errno])
         '
-        """, device_nodes=(str(dev / "nvidia0"),), gpu_indices=(0,),
-        gpu_env={"CUDA_VISIBLE_DEVICES": "0"})
+        """,
+        device_nodes=(str(dev / "nvidia0"),),
+        gpu_indices=(0,),
+        gpu_env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
     runner.start(la)
     assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
     # No driver behind 195:0, so the allowed open reaches the kernel's lookup and
@@ -405,12 +516,16 @@ def test_unreserved_gpu_device_is_eperm(runner: Runner, launch, base: Path) -> N
 
 @needs_v1
 def test_pids_and_cpuset_limits_are_in_the_cgroup(runner: Runner, launch) -> None:
-    la = launch("""\
+    la = launch(
+        """\
         p=$(grep :pids: /proc/self/cgroup | cut -d: -f3)
         cat /sys/fs/cgroup/pids$p/pids.max
         c=$(grep :cpuset: /proc/self/cgroup | cut -d: -f3)
         cat /sys/fs/cgroup/cpuset$c/cpuset.cpus
-        """, pids_max=64, cpus=(1,))
+        """,
+        pids_max=64,
+        cpus=(1,),
+    )
     runner.start(la)
     assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
     assert out(la.user, la.job_id).split() == ["64", "1"]
@@ -420,13 +535,20 @@ def test_pids_and_cpuset_limits_are_in_the_cgroup(runner: Runner, launch) -> Non
 
 # ------------------------------------------------------------------ files and failures
 
+
 def test_output_and_error_substitutions(runner: Runner, launch, tenant: JobUser) -> None:
     outdir = Path(tenant.home) / "logs"
     outdir.mkdir(exist_ok=True)
     os.chown(outdir, tenant.uid, tenant.gid)
-    la = launch("echo to-out; echo to-err >&2", job_id=f"{next(_ids)}_4", name="train",
-                array_task_id=4, array_job_id="77", stdout="logs/%x-%A_%a-%j-%u.out",
-                stderr="~/logs/%x-%%.err")
+    la = launch(
+        "echo to-out; echo to-err >&2",
+        job_id=f"{next(_ids)}_4",
+        name="train",
+        array_task_id=4,
+        array_job_id="77",
+        stdout="logs/%x-%A_%a-%j-%u.out",
+        stderr="~/logs/%x-%%.err",
+    )
     runner.start(la)
     assert wait_result(runner, la.job_id).state is FinalState.COMPLETED
     o = outdir / f"train-77_4-{la.job_id}-{tenant.name}.out"
@@ -444,8 +566,9 @@ def test_missing_workdir_fails_with_reason(runner: Runner, launch) -> None:
     runner.start(la)
     r = wait_result(runner, la.job_id)
     assert r.state is FinalState.FAILED and r.exit_code is None
-    assert r.reason == ("the job could not start: entering the working directory /nonexistent/work: "
-                        "No such file or directory: /nonexistent/work")
+    assert r.reason == (
+        "the job could not start: entering the working directory /nonexistent/work: No such file or directory"
+    )  # the path named once
 
 
 def test_missing_workdir_on_a_member_names_it_and_says_what_to_do(runner: Runner, launch) -> None:
@@ -457,9 +580,11 @@ def test_missing_workdir_on_a_member_names_it_and_says_what_to_do(runner: Runner
     finally:
         runner.workdir_help = None
     assert r.state is FinalState.FAILED
-    assert r.reason == ("the job could not start on c2: entering the working directory "
-                        "/nonexistent/work: No such file or directory: /nonexistent/work; "
-                        "copy /nonexistent/work to c2")
+    assert r.reason == (
+        "the job could not start on c2: entering the working directory "
+        "/nonexistent/work: No such file or directory; "
+        "copy /nonexistent/work to c2"
+    )
 
 
 def test_output_where_the_tenant_cannot_write_is_refused(runner: Runner, launch) -> None:
@@ -468,7 +593,7 @@ def test_output_where_the_tenant_cannot_write_is_refused(runner: Runner, launch)
     runner.start(la)
     r = wait_result(runner, la.job_id)
     assert r.state is FinalState.FAILED
-    assert r.reason == f"the job could not start: opening the output file {evil}: Permission denied: {evil}"
+    assert r.reason == f"the job could not start: opening the output file {evil}: Permission denied"
     assert not evil.exists()
 
 
@@ -499,7 +624,8 @@ exec "$interp" "$script"
 
 
 def test_a_container_job_gets_its_variables_by_name_and_its_container_removed(
-        make_runner: Callable[..., Runner], launch, tenant: JobUser, base: Path) -> None:
+    make_runner: Callable[..., Runner], launch, tenant: JobUser, base: Path
+) -> None:
     fake = base / "fake-podman"
     fake.write_text(FAKE_PODMAN)
     fake.chmod(0o755)
@@ -509,10 +635,15 @@ def test_a_container_job_gets_its_variables_by_name_and_its_container_removed(
     r = make_runner()
     for body, cancel in (("echo from-the-container $MTGPU_JOB_ID", False), ("sleep 30", True)):
         jid = f"c{next(_ids)}"
-        la = launch(body, job_id=jid, container="img:1",
-                    container_argv=(str(fake), "run", "--rm", f"--name=mtgpu-job-{jid}", "img:1"),
-                    container_name=f"mtgpu-job-{jid}", container_script=f"{runtime}/jobs/{jid}.sh",
-                    container_env={"XDG_RUNTIME_DIR": str(runtime), "PATH": "/usr/bin:/bin"})
+        la = launch(
+            body,
+            job_id=jid,
+            container="img:1",
+            container_argv=(str(fake), "run", "--rm", f"--name=mtgpu-job-{jid}", "img:1"),
+            container_name=f"mtgpu-job-{jid}",
+            container_script=f"{runtime}/jobs/{jid}.sh",
+            container_env={"XDG_RUNTIME_DIR": str(runtime), "PATH": "/usr/bin:/bin"},
+        )
         r.start(la)
         if cancel:
             wait_for_file(Path(tenant.home) / "podman-args.txt", jid)
@@ -522,16 +653,18 @@ def test_a_container_job_gets_its_variables_by_name_and_its_container_removed(
         args = (home / "podman-args.txt").read_text().splitlines()
         assert "--env=MTGPU_JOB_ID" in args and "--env=PATH" not in args  # names, not values
         assert f"--volume={runtime}/jobs/{jid}.sh:/.mtgpu-job:ro" in args
-        assert args[-2:] == ["/bin/sh", "/.mtgpu-job"]           # no #! line: /bin/sh
+        assert args[-2:] == ["/bin/sh", "/.mtgpu-job"]  # no #! line: /bin/sh
         env = (home / "podman-env.txt").read_text().splitlines()
         assert f"MTGPU_JOB_ID={jid}" in env and f"XDG_RUNTIME_DIR={runtime}" in env
         assert f"rm --force --ignore --time 0 mtgpu-job-{jid}" in (home / "podman-rm.txt").read_text()
-        assert not Path(f"{runtime}/jobs/{jid}.sh").exists()      # the script goes too
+        assert not Path(f"{runtime}/jobs/{jid}.sh").exists()  # the script goes too
         if cancel:
             assert res.state is FinalState.CANCELLED
         else:
             assert res.state is FinalState.COMPLETED
-            assert (home / ".mtgpu" / "jobs" / jid / "stdout.log").read_text() == f"from-the-container {jid}\n"
+            assert (
+                home / ".mtgpu" / "jobs" / jid / "stdout.log"
+            ).read_text() == f"from-the-container {jid}\n"
 
 
 def wait_for_file(path: Path, text: str, timeout: float = 15) -> None:
@@ -582,3 +715,176 @@ def test_supervisors_announce_each_end_after_writing_the_result(make_runner, lau
     assert r.result(la.job_id) is not None  # already on disk when the notice came
     assert [x.job_id for x in r.poll({la.job_id})] == [la.job_id]
     ends.close()
+
+
+_PRELOAD = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    FILE *f = fopen(MARKER, "a");
+    if (f) { fprintf(f, "%d\n", (int)geteuid()); fclose(f); }
+}
+"""
+
+
+def test_the_start_helper_never_runs_as_root_with_the_jobs_loader_variables(
+    make_runner: Callable[..., Runner], launch, base: Path, tenant: JobUser
+) -> None:
+    """A job's environment carries LD_PRELOAD: the library is loaded by the job (as the
+    tenant), never by the job-start helper while it is still root."""
+    marker = base / "preload-marker"
+    marker.write_text("")
+    os.chmod(marker, 0o666)
+    src = base / "preload.c"
+    src.write_text(_PRELOAD)
+    lib = base / "preload.so"
+    run(["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(lib), str(src)])
+    os.chmod(lib, 0o755)
+    r = make_runner()
+    la = launch("true\n", env={"LD_PRELOAD": str(lib)})
+    r.start(la)
+    assert wait_result(r, la.job_id).state is FinalState.COMPLETED
+    spec = json.loads((r.job_dir(la.job_id) / "spec.json").read_text())
+    assert spec["jobinit"], "the C helper started this job"
+    loaded_by = set(marker.read_text().split())
+    assert "0" not in loaded_by, "the helper loaded the job's LD_PRELOAD as root"
+    assert loaded_by == {str(tenant.uid)}, loaded_by  # the job still gets its variables
+
+
+def test_the_start_helper_refuses_loader_and_python_variables_of_its_own(
+    make_runner: Callable[..., Runner],
+) -> None:
+    r = make_runner()
+    helper = r.build_jobinit()
+    assert helper
+    for var in ("LD_BIND_NOW=1", "PYTHONPATH=/tmp"):
+        name, value = var.split("=")
+        p = subprocess.run(
+            [helper, "x", "0", "u", "1", *["0"] * 8, "--", "true"],
+            env={name: value},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert p.returncode == 127
+        assert f"refusing to start with {name} in the environment" in p.stdout
+
+
+def poll_until(runner: Runner, job_id: str, timeout: float = 30) -> JobResult:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in runner.poll():
+            if r.job_id == job_id:
+                return r
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} was not reported within {timeout}s")
+
+
+def test_each_attempt_of_a_requeued_job_is_reported_and_cancelled_on_its_own(runner: Runner, launch) -> None:
+    """A requeued job started again here (same id, same term, the next attempt): one
+    runner reports both ends, and a stop meant for the earlier attempt (or its ack)
+    never reaches the later one."""
+    first = launch("echo first $MTGPU_RESTART_COUNT\n", term=3, attempt=0)
+    runner.start(first)
+    r0 = poll_until(runner, first.job_id)
+    assert (r0.attempt, r0.state) == (0, FinalState.COMPLETED)
+    runner.ack(first.job_id, 0)
+    second = replace(first, script="echo second $MTGPU_RESTART_COUNT; sleep 60\n", attempt=1)
+    runner.start(second)
+    assert runner.launch_run(first.job_id) == (3, 1)
+    assert runner.cancel(first.job_id, grace=0, attempt=0) is False  # attempt 0 is over
+    assert first.job_id in runner.running()
+    assert runner.cancel(first.job_id, grace=0, attempt=1) is True
+    r1 = poll_until(runner, first.job_id)
+    assert (r1.attempt, r1.state) == (1, FinalState.CANCELLED)
+    acked = runner.job_dir(first.job_id) / "acked"
+    runner.ack(first.job_id, 0)  # a late ack of attempt 0 does not mark attempt 1's end
+    assert not acked.exists()
+    runner.ack(first.job_id, 1)
+    assert acked.exists()
+
+
+# ------------------------------------------------------------------ leases (fencing)
+
+
+def _lease(runner: Runner, seconds: float, grace: float) -> Any:
+    from mtgpu.cluster.lease import MemberLease
+
+    lease = MemberLease(runner.state_dir, grace)
+    lease.granted(lease_now(), seconds)
+    return lease
+
+
+class Renewing:
+    """Renews ``lease`` every 0.3 s, as a member's reports do, until the block ends."""
+
+    def __init__(self, lease: Any, seconds: float) -> None:
+        import threading
+
+        self.lease, self.seconds = lease, seconds
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.3):
+            self.lease.granted(lease_now(), self.seconds)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("cgroup_root", ["auto", "none"])
+def test_a_job_whose_members_lease_runs_out_is_fenced_even_if_it_ignores_sigterm(
+    make_runner, launch, tenant: JobUser, cgroup_root: str
+) -> None:
+    # A hostile job: it ignores SIGTERM and leaves a double-forked child in a session
+    # of its own, hoping to outlive its member's lease.
+    runner = make_runner(cgroup_root=cgroup_root)
+    marker = f"fenced-{next(_ids)}.pid"
+    la = launch(escaping_job(marker, ignore_term=True))
+    lease = _lease(runner, 1.5, 1.0)
+    with Renewing(lease, 1.5):
+        runner.start(la)
+        escapee = int(wait_file(Path(tenant.home) / marker))
+        assert runner.result(la.job_id) is None  # runs while the lease holds
+    r = wait_result(runner, la.job_id, timeout=30)
+    assert r.state is FinalState.NODE_FAIL and r.reason.startswith("fenced: "), r
+    assert "SIGKILL after 1s" in r.reason
+    assert dead(escapee)
+    assert lease_now() >= lease.until  # not before the lease ran out
+
+
+def test_a_renewed_lease_keeps_the_job_and_one_not_renewed_fences_it(
+    runner: Runner, launch, tenant: JobUser
+) -> None:
+    n = next(_ids)
+    la = launch(f"echo up > up-{n}.txt\nwhile true; do sleep 0.1; done\n")
+    with Renewing(_lease(runner, 1.5, 0.5), 1.5):
+        runner.start(la)
+        wait_file(Path(tenant.home) / f"up-{n}.txt")
+        time.sleep(4)  # well past the first lease
+        assert runner.result(la.job_id) is None
+    r = wait_result(runner, la.job_id, timeout=20)
+    assert r.state is FinalState.NODE_FAIL and r.reason.startswith("fenced: ")
+
+
+def test_a_job_is_not_started_on_a_lease_that_ran_out_or_comes_from_another_boot(
+    runner: Runner, launch, tenant: JobUser
+) -> None:
+    from mtgpu.cluster.lease import LEASE_FILE
+
+    n = next(_ids)
+    runner.state_dir.mkdir(parents=True, exist_ok=True)
+    # A lease far in the future, but written before a reboot: it means nothing now.
+    (runner.state_dir / LEASE_FILE).write_text(
+        json.dumps({"until": lease_now() + 3600, "grace": 1, "boot": "another-boot"})
+    )
+    la = launch(f"echo ran > ran-{n}.txt\nsleep 60\n")
+    runner.start(la)
+    r = wait_result(runner, la.job_id)
+    assert r.state is FinalState.NODE_FAIL and r.reason.startswith("fenced: ")
+    assert not (Path(tenant.home) / f"ran-{n}.txt").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import ClassVar
 
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
 from mtgpu.schedd import scheduler as sched_mod
@@ -19,10 +20,12 @@ G = 1 << 30
 
 
 def inv(name: str, used: int = 0, vram: int = 24) -> NodeInventory:
-    gpus = tuple(GpuInfo(i, "nvidia", "rtx4090", "RTX 4090", f"{name}-{i}", vram * G, used * G, 0)
-                 for i in range(2))
-    return NodeInventory(name, gpus, HostUsage(cpus=8, cpu_percent=0, ram_total=64 * G, ram_used=0,
-                                               disk_total=0, disk_free=0))
+    gpus = tuple(
+        GpuInfo(i, "nvidia", "rtx4090", "RTX 4090", f"{name}-{i}", vram * G, used * G, 0) for i in range(2)
+    )
+    return NodeInventory(
+        name, gpus, HostUsage(cpus=8, cpu_percent=0, ram_total=64 * G, ram_used=0, disk_total=0, disk_free=0)
+    )
 
 
 async def apply(method, *args, **kw):
@@ -75,8 +78,13 @@ def test_each_snapshot_shows_the_latest_report_state_and_running_work() -> None:
         assert [n.name for n in s.snapshot().nodes] == ["a", "aa", "b", "c"]
         # Running work is committed, and released when it ends.
         spec = parse_job_file("#!/bin/bash\n#MTGPU gpus=2 server=a\ntrue\n", default_workdir="/h")
-        r = await apply(table.submit, {"user": "ann", "uid": 20001, "name": spec.name,
-                                       "spec": spec_to_dict(spec), "workdir": "/h"}, None, 1.0, None)
+        r = await apply(
+            table.submit,
+            {"user": "ann", "uid": 20001, "name": spec.name, "spec": spec_to_dict(spec), "workdir": "/h"},
+            None,
+            1.0,
+            None,
+        )
         s.accepted(r["tasks"])
         assert await s.run_pass() == 1 and started == [r["job_id"]]
         held = s.snapshot().nodes[0]
@@ -106,8 +114,7 @@ def test_starts_on_many_members_run_side_by_side_but_few_on_one(monkeypatch) -> 
             now[node] -= 1
 
         s.dispatch = dispatch
-        jobs = [{"job_id": f"j{k}", "placement": {"members": [{"node": f"n{k % 10}"}]}}
-                for k in range(50)]
+        jobs = [{"job_id": f"j{k}", "placement": {"members": [{"node": f"n{k % 10}"}]}} for k in range(50)]
         tasks = [asyncio.ensure_future(s._start(j, 1)) for j in jobs]
         for _ in range(20):
             await asyncio.sleep(0)
@@ -127,7 +134,7 @@ def test_a_leader_with_peers_does_not_wake_its_tick_for_uncommitted_entries() ->
             self.woken += 1
 
     class Sync:
-        otherNodes: set[str] = set()
+        otherNodes: ClassVar[set[str]] = set()
         _SyncObj__raftCommitIndex = 1
         _SyncObj__pipeNotifier = Notifier()
 
@@ -157,9 +164,13 @@ def test_a_pass_stopped_at_its_bound_asks_for_the_next_one() -> None:
 
     async def go() -> None:
         spec = parse_job_file("#!/bin/bash\n#MTGPU cpus=1 ram=1G array=0-4\ntrue\n", default_workdir="/h")
-        r = await apply(table.submit, {"user": "ann", "uid": 20001, "name": spec.name,
-                                       "spec": spec_to_dict(spec), "workdir": "/h"}, [0, 1, 2, 3, 4],
-                        1.0, None)
+        r = await apply(
+            table.submit,
+            {"user": "ann", "uid": 20001, "name": spec.name, "spec": spec_to_dict(spec), "workdir": "/h"},
+            [0, 1, 2, 3, 4],
+            1.0,
+            None,
+        )
         s.accepted(r["tasks"])
         s._kick.clear()
         assert await s.run_pass() == 2 and s._kick.is_set()

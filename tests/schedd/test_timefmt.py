@@ -7,17 +7,25 @@ import pytest
 from mtgpu.schedd.timefmt import format_time_limit, parse_time_limit
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30", 30 * 60),                    # MM
-    ("5:30", 5 * 60 + 30),              # MM:SS
-    ("2:00:00", 2 * 3600),              # HH:MM:SS
-    ("100:00:00", 100 * 3600),          # hours above a day are fine
-    ("1-12", 86400 + 12 * 3600),        # D-HH
-    ("1-12:30", 86400 + 12 * 3600 + 30 * 60),        # D-HH:MM
-    ("2-00:00:10", 2 * 86400 + 10),     # D-HH:MM:SS
-    ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("1w", 7 * 86400), ("1.5h", 5400),
-    (" 2H ", 7200),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30 * 60),  # MM
+        ("5:30", 5 * 60 + 30),  # MM:SS
+        ("2:00:00", 2 * 3600),  # HH:MM:SS
+        ("100:00:00", 100 * 3600),  # hours above a day are fine
+        ("1-12", 86400 + 12 * 3600),  # D-HH
+        ("1-12:30", 86400 + 12 * 3600 + 30 * 60),  # D-HH:MM
+        ("2-00:00:10", 2 * 86400 + 10),  # D-HH:MM:SS
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1d", 86400),
+        ("1w", 7 * 86400),
+        ("1.5h", 5400),
+        (" 2H ", 7200),
+    ],
+)
 def test_formats(text: str, seconds: float) -> None:
     assert parse_time_limit(text) == seconds
 
@@ -33,9 +41,15 @@ def test_bad(text: str) -> None:
         parse_time_limit(text)
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (None, "UNLIMITED"), (59, "00:00:59"), (3600, "01:00:00"), (86400 + 61, "1-00:01:01"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "UNLIMITED"),
+        (59, "00:00:59"),
+        (3600, "01:00:00"),
+        (86400 + 61, "1-00:01:01"),
+    ],
+)
 def test_format(seconds: float | None, text: str) -> None:
     assert format_time_limit(seconds) == text
 

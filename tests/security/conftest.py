@@ -22,9 +22,14 @@ from mtgpu_testing import Host  # noqa: E402
 from security_testing import Tenant, api_socket, call  # noqa: E402,F401
 
 #: The limits the host runs with: low, so abuse reaches them quickly.
-LIMITS = {"USER_SUBMIT_RATE": 2, "USER_SUBMIT_BURST": 40, "USER_MAX_QUEUED_JOBS": 60,
-          "SSH_MAX_STARTUPS": 20, "SIMULATED_CPUS": 2,
-          "USER_DISK_LIMIT": "100G"}
+LIMITS = {
+    "USER_SUBMIT_RATE": 2,
+    "USER_SUBMIT_BURST": 40,
+    "USER_MAX_QUEUED_JOBS": 60,
+    "SSH_MAX_STARTUPS": 20,
+    "SIMULATED_CPUS": 2,
+    "USER_DISK_LIMIT": "100G",
+}
 
 
 @pytest.fixture(scope="package")
@@ -43,4 +48,3 @@ def arena() -> Iterator[dict]:
         yield {"host": h, **people}
     finally:
         h.cleanup()
-

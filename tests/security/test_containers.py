@@ -63,29 +63,41 @@ def _job(config: dict) -> dict:
 
 OCI_CONFIGS = [
     (oci(annotations={"io.podman.annotations.privileged": "TRUE"}), "no-privileged"),
-    (oci(process={"capabilities": {"bounding": ["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]}},
-         linux={"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}),
-     "no-privileged"),
+    (
+        oci(
+            process={"capabilities": {"bounding": ["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]}},
+            linux={"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+        ),
+        "no-privileged",
+    ),
     (oci(namespaces=[{"type": t} for t in ("network", "ipc", "uts", "mount")]), "no-host-namespaces"),
     (oci(namespaces=[{"type": t} for t in ("pid", "ipc", "uts", "mount")]), "no-host-namespaces"),
     (oci(namespaces=[{"type": t} for t in ("pid", "network", "uts", "mount")]), "no-host-namespaces"),
     (oci(namespaces=[{"type": t} for t in ("pid", "network", "ipc", "uts")]), "no-host-namespaces"),
     (oci(devices=[{"path": "/dev/sda", "type": "b"}]), "no-host-devices"),
     (oci(devices=[{"path": "/dev/nvidia1", "type": "c"}]), "no-host-devices"),
-    (oci(mounts=[{"destination": "/host", "type": "bind", "options": ["rbind"], "source": "/"}]),
-     "host-paths"),
-    (oci(mounts=[{"destination": "/x", "type": "bind", "options": ["rbind"], "source": "/etc"}]),
-     "host-paths"),
-    (oci(mounts=[{"destination": "/x", "type": "none", "options": ["bind"],
-                  "source": "/home/ann/../bob"}]), "host-paths"),
-    (oci(mounts=[{"destination": "/dev/kvm", "type": "bind", "options": ["bind"],
-                  "source": "/dev/kvm"}]), "no-host-devices"),
+    (
+        oci(mounts=[{"destination": "/host", "type": "bind", "options": ["rbind"], "source": "/"}]),
+        "host-paths",
+    ),
+    (
+        oci(mounts=[{"destination": "/x", "type": "bind", "options": ["rbind"], "source": "/etc"}]),
+        "host-paths",
+    ),
+    (
+        oci(
+            mounts=[{"destination": "/x", "type": "none", "options": ["bind"], "source": "/home/ann/../bob"}]
+        ),
+        "host-paths",
+    ),
+    (
+        oci(mounts=[{"destination": "/dev/kvm", "type": "bind", "options": ["bind"], "source": "/dev/kvm"}]),
+        "no-host-devices",
+    ),
     # A job container may share the member's network only where CONTAINERS.job_network
     # is host; its PID namespace, never.
-    (_job(oci(namespaces=[{"type": t} for t in ("pid", "ipc", "uts", "mount")])),
-     "no-host-namespaces"),
-    (_job(oci(namespaces=[{"type": t} for t in ("network", "ipc", "uts", "mount")])),
-     "no-host-namespaces"),
+    (_job(oci(namespaces=[{"type": t} for t in ("pid", "ipc", "uts", "mount")])), "no-host-namespaces"),
+    (_job(oci(namespaces=[{"type": t} for t in ("network", "ipc", "uts", "mount")])), "no-host-namespaces"),
 ]
 
 
@@ -102,9 +114,10 @@ def test_only_job_containers_get_the_host_network_and_only_when_configured():
     host_net = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     allowed = dataclasses.replace(POL, job_network_host=True)
     check_oci_config(_job(oci(namespaces=host_net)), allowed)  # intended: nodes=N jobs
-    for config, policy in ((oci(namespaces=host_net), allowed),
-                           (_job(oci(namespaces=host_net)),
-                            dataclasses.replace(POL, job_network_host=False))):
+    for config, policy in (
+        (oci(namespaces=host_net), allowed),
+        (_job(oci(namespaces=host_net)), dataclasses.replace(POL, job_network_host=False)),
+    ):
         with pytest.raises(PolicyRefusal):
             check_oci_config(config, policy)
         tally("attacks_refused")

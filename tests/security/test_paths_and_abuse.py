@@ -45,9 +45,13 @@ def test_job_paths_never_lead_the_daemon_into_files_it_must_not_touch(arena):
     r = h.ssh("alice", alice.key, "echo mine > ~/victim.txt && chmod 600 ~/victim.txt && echo ok")
     assert r.stdout.strip() == b"ok"
     home = mal.home
-    r = h.ssh("mallory", mal.key, f"""
+    r = h.ssh(
+        "mallory",
+        mal.key,
+        f"""
         ln -sf /etc/shadow ~/shadow-link && ln -sf {alice.home}/victim.txt ~/alice-link &&
-        mkdir -p ~/swap && rm -rf ~/.mtgpu && ln -s /etc ~/.mtgpu && echo ok""")
+        mkdir -p ~/swap && rm -rf ~/.mtgpu && ln -s /etc ~/.mtgpu && echo ok""",
+    )
     assert r.stdout.strip() == b"ok", r.stderr
     body = "#!/bin/sh\necho written-by-mallory\n"
     attempts = {
@@ -61,8 +65,11 @@ def test_job_paths_never_lead_the_daemon_into_files_it_must_not_touch(arena):
         "output in a swapped link": {"script": body, "overrides": {"output": f"{home}/swap/out"}},
     }
     # Swap ~/swap/out between a file and a link to /etc/shadow while the jobs start.
-    swapper = h.ssh_argv("mallory", mal.key, "for i in $(seq 4000); do ln -sfn /etc/shadow "
-                         "~/swap/out; rm -f ~/swap/out; : > ~/swap/out; done")
+    swapper = h.ssh_argv(
+        "mallory",
+        mal.key,
+        "for i in $(seq 4000); do ln -sfn /etc/shadow ~/swap/out; rm -f ~/swap/out; : > ~/swap/out; done",
+    )
     import subprocess
 
     swap = subprocess.Popen(swapper, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,18 +92,28 @@ def test_job_paths_never_lead_the_daemon_into_files_it_must_not_touch(arena):
     assert (alice.home / "victim.txt").read_text() == "mine\n"
     assert not (h.etc / "jobs").exists()
     # Each job that could not open its files failed, saying which path and why.
-    for what in ("output=/etc/shadow", "output link to /etc/shadow", "output link to another home",
-                 "error=another home", "workdir=/root", "workdir=another home"):
+    for what in (
+        "output=/etc/shadow",
+        "output link to /etc/shadow",
+        "output link to another home",
+        "error=another home",
+        "workdir=/root",
+        "workdir=another home",
+    ):
         v = views[ids[what]]
-        assert v["state"] == "FAILED" and ("Permission denied" in v["reason"]
-                                           or "Not a directory" in v["reason"]), (what, v)
+        assert v["state"] == "FAILED" and (
+            "Permission denied" in v["reason"] or "Not a directory" in v["reason"]
+        ), (what, v)
     tally("attacks_refused", len(ids))
 
 
 def test_quota_scans_do_not_follow_links_out_of_the_home(arena):
     h, mal = arena["host"], arena["mallory"]
-    r = h.ssh("mallory", mal.key, "ln -sfn /usr ~/usr-link && ln -sfn / ~/root-link && "
-              "mkdir -p ~/d && ln -sfn /var ~/d/var && echo ok")
+    r = h.ssh(
+        "mallory",
+        mal.key,
+        "ln -sfn /usr ~/usr-link && ln -sfn / ~/root-link && mkdir -p ~/d && ln -sfn /var ~/d/var && echo ok",
+    )
     assert r.stdout.strip() == b"ok"
     with api_socket(h.run_dir, 0) as s:
         a = call(s, "usage", {"refresh": True})
@@ -158,8 +175,7 @@ def test_a_flood_of_submissions_meets_the_rate_and_queue_limits(arena):
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
     script = "#!/bin/sh\n#MTGPU cpus=2 time=1\ntrue\n"
     with api_socket(h.run_dir, mal.uid) as s:
-        answers = lines(s, [{"op": "job.submit", "args": {"script": script}, "id": i}
-                            for i in range(2000)])
+        answers = lines(s, [{"op": "job.submit", "args": {"script": script}, "id": i} for i in range(2000)])
         ok = [a for a in answers if a["ok"]]
         refused = [a for a in answers if not a["ok"]]
         big = call(s, "job.submit", {"script": "#!/bin/sh\n#MTGPU array=0-99\ntrue\n"})
@@ -187,6 +203,11 @@ def test_pending_jobs_past_the_queue_limit_are_refused(arena):
             time.sleep(1.5)
             first = call(s, "job.submit", {"script": hold})
         second = call(s, "job.submit", {"script": hold})
+        if not second["ok"] and second["code"] == "rate_limited":
+            # The flood test before this one may have left the burst empty: the queue
+            # limit is what this test asks about.
+            time.sleep(1.5)
+            second = call(s, "job.submit", {"script": hold})
         with api_socket(h.run_dir, 0) as root:
             if first["ok"]:
                 call(root, "job.cancel", {"job_ids": [first["result"]["job_id"]]})
@@ -217,8 +238,9 @@ def test_a_thousand_idle_connections_leave_logged_in_tenants_working(arena):
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 
     async def run():
-        async with asyncssh.connect(h.address, h.port, username="alice",
-                                    client_keys=[str(alice.key)], known_hosts=None) as conn:
+        async with asyncssh.connect(
+            h.address, h.port, username="alice", client_keys=[str(alice.key)], known_hosts=None
+        ) as conn:
             socks = await _hold_idle(h, 1000)
             await asyncio_sleep(1)
             r = await conn.run("echo still-here", timeout=30)

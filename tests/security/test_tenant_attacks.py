@@ -38,10 +38,14 @@ def victim(arena):
     """Alice's private things: a file, podman storage, a tmux server, a running job
     and its log."""
     h, alice = arena["host"], arena["alice"]
-    r = h.ssh("alice", alice.key, "echo s3cret > ~/secret.txt && "
-              "mkdir -p ~/.local/share/containers/storage && echo layer > "
-              "~/.local/share/containers/storage/layer && tmux -L mtgpu new -d sleep 300 && "
-              "echo ok")
+    r = h.ssh(
+        "alice",
+        alice.key,
+        "echo s3cret > ~/secret.txt && "
+        "mkdir -p ~/.local/share/containers/storage && echo layer > "
+        "~/.local/share/containers/storage/layer && tmux -L mtgpu new -d sleep 300 && "
+        "echo ok",
+    )
     assert r.stdout.strip() == b"ok", r.stderr
     with api_socket(h.run_dir, alice.uid) as s:
         a = call(s, "job.submit", {"script": "#!/bin/sh\n#MTGPU cpus=1\necho the-log; sleep 300\n"})
@@ -49,10 +53,14 @@ def victim(arena):
     jid = a["result"]["job_id"]
     _wait(lambda: _job(h, alice, jid)["state"] == "RUNNING", what="alice's job to run")
     job = _job(h, alice, jid)
-    _wait(lambda: Path(job["stdout"]).exists() and b"the-log" in Path(job["stdout"]).read_bytes(),
-          what="the job's log")
-    pid = _wait(lambda: h.ssh("alice", alice.key, "pgrep -u alice -x sleep -n").stdout.strip(),
-                what="alice's processes")
+    _wait(
+        lambda: Path(job["stdout"]).exists() and b"the-log" in Path(job["stdout"]).read_bytes(),
+        what="the job's log",
+    )
+    pid = _wait(
+        lambda: h.ssh("alice", alice.key, "pgrep -u alice -x sleep -n").stdout.strip(),
+        what="alice's processes",
+    )
     return {"job_id": jid, "job": job, "pid": int(pid.split()[-1])}
 
 
@@ -64,6 +72,7 @@ def _intact(h, alice, victim):
 
 # ----------------------------------------------------------- files and processes
 
+
 def test_another_tenants_files_processes_and_tmux_are_out_of_reach(arena, victim):
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
     home = alice.home
@@ -72,8 +81,8 @@ def test_another_tenants_files_processes_and_tmux_are_out_of_reach(arena, victim
         "list home": f"ls {home}",
         "read job log": f"cat {victim['job']['stdout']}",
         "read podman storage": f"cat {home}/.local/share/containers/storage/layer",
-        "tmux socket": f"tmux -S /tmp/tmux-{alice.uid}/mtgpu list-sessions",
-        "tmux socket dir": f"ls /tmp/tmux-{alice.uid}",
+        "tmux socket": f"tmux -S {h.run_dir}/tmux/tmux-{alice.uid}/mtgpu list-sessions",
+        "tmux socket dir": f"ls {h.run_dir}/tmux/tmux-{alice.uid}",
         "write home": f"touch {home}/pwned",
         "process environ": f"cat /proc/{victim['pid']}/environ",
         "process cwd": f"ls /proc/{victim['pid']}/cwd/",
@@ -86,8 +95,10 @@ def test_another_tenants_files_processes_and_tmux_are_out_of_reach(arena, victim
         "host key": f"head -c1 {h.state_dir}/ssh_host_ed25519_key",
         "shadow": "head -c1 /etc/shadow",
     }
-    script = "".join(f"if {cmd} >/dev/null 2>&1; then echo 'LEAK {name}'; "
-                     f"else echo 'DENIED {name}'; fi\n" for name, cmd in probes.items())
+    script = "".join(
+        f"if {cmd} >/dev/null 2>&1; then echo 'LEAK {name}'; else echo 'DENIED {name}'; fi\n"
+        for name, cmd in probes.items()
+    )
     r = h.ssh("mallory", mal.key, "sh", input=script.encode())
     out = r.stdout.decode()
     assert "LEAK" not in out, out
@@ -99,11 +110,17 @@ def test_another_tenants_files_processes_and_tmux_are_out_of_reach(arena, victim
 
 # ------------------------------------------------------------ the API, raw
 
+
 def test_forged_caller_on_the_unix_socket_is_ignored(arena, victim):
     """SO_PEERCRED names the caller; whatever the request claims is not believed."""
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
-    forged = {"caller": {"name": "alice", "uid": alice.uid, "admin": True}, "uid": alice.uid,
-              "user": "alice", "as": "alice", "via": "peer"}
+    forged = {
+        "caller": {"name": "alice", "uid": alice.uid, "admin": True},
+        "uid": alice.uid,
+        "user": "alice",
+        "as": "alice",
+        "via": "peer",
+    }
     jid = victim["job_id"]
     with api_socket(h.run_dir, mal.uid) as s:
         who = call(s, "whoami", {"user": "alice", "uid": alice.uid}, **forged)
@@ -129,14 +146,28 @@ def test_admin_and_peer_verbs_are_refused_to_a_tenant(arena, victim):
         tenant_ops = set(call(s, "no.such.op")["error"].split("known: ")[1].split(", "))
         admin_ops = sorted(every - tenant_ops)
         assert {"user.add", "user.remove", "invite", "node.drain", "audit", "logs"} <= set(admin_ops)
-        args = {"name": "mallory", "key": "ssh-ed25519 AAAA", "admin": True, "node": "testhost",
-                "job_ids": [victim["job_id"]], "dry_run": False}
+        args = {
+            "name": "mallory",
+            "key": "ssh-ed25519 AAAA",
+            "admin": True,
+            "node": "testhost",
+            "job_ids": [victim["job_id"]],
+            "dry_run": False,
+        }
         answers = [call(s, op, args) for op in admin_ops]
         # Verbs only other members may use: not served to a tenant at all.
-        peer = [call(s, op, {"op": "job.cancel", "caller": {"name": "alice", "uid": alice.uid,
-                                                              "admin": True},
-                             "args": {"job_ids": [victim["job_id"]]}})
-                for op in ("forward", "job.dispatch", "retention.member")]
+        peer = [
+            call(
+                s,
+                op,
+                {
+                    "op": "job.cancel",
+                    "caller": {"name": "alice", "uid": alice.uid, "admin": True},
+                    "args": {"job_ids": [victim["job_id"]]},
+                },
+            )
+            for op in ("forward", "job.dispatch", "retention.member")
+        ]
     for op, a in zip(admin_ops, answers):
         assert not a["ok"] and a["code"] == "forbidden", (op, a)
     for a in peer:
@@ -157,8 +188,9 @@ def test_system_accounts_and_nobody_are_refused(arena):
 
 
 async def _subsystem_requests(h, tenant, requests):
-    async with asyncssh.connect(h.address, h.port, username=tenant.name,
-                                client_keys=[str(tenant.key)], known_hosts=None) as conn:
+    async with asyncssh.connect(
+        h.address, h.port, username=tenant.name, client_keys=[str(tenant.key)], known_hosts=None
+    ) as conn:
         proc = await conn.create_process(subsystem="mtgpu-api", encoding=None)
         out = []
         for r in requests:
@@ -171,17 +203,28 @@ async def _subsystem_requests(h, tenant, requests):
 def test_the_mtgpu_api_subsystem_answers_as_the_ssh_login(arena, victim):
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
     forged = {"caller": {"name": "alice", "uid": alice.uid, "admin": True}, "via": "peer"}
-    answers = asyncio.run(_subsystem_requests(h, mal, [
-        {"op": "whoami", **forged},
-        {"op": "job.cancel", "args": {"job_ids": [victim["job_id"]]}, **forged},
-        {"op": "job.show", "args": {"job_id": victim["job_id"]}, **forged},
-        {"op": "user.add", "args": {"name": "eve", "key": "x", "admin": True}, **forged},
-        {"op": "forward", "args": {"op": "job.cancel", "caller": forged["caller"],
-                                   "args": {"job_ids": [victim["job_id"]]}}},
-    ]))
+    answers = asyncio.run(
+        _subsystem_requests(
+            h,
+            mal,
+            [
+                {"op": "whoami", **forged},
+                {"op": "job.cancel", "args": {"job_ids": [victim["job_id"]]}, **forged},
+                {"op": "job.show", "args": {"job_id": victim["job_id"]}, **forged},
+                {"op": "user.add", "args": {"name": "eve", "key": "x", "admin": True}, **forged},
+                {
+                    "op": "forward",
+                    "args": {
+                        "op": "job.cancel",
+                        "caller": forged["caller"],
+                        "args": {"job_ids": [victim["job_id"]]},
+                    },
+                },
+            ],
+        )
+    )
     assert answers[0]["result"]["name"] == "mallory"
-    assert [a["code"] for a in answers[1:]] == ["not_found", "not_found", "forbidden",
-                                                answers[4]["code"]]
+    assert [a["code"] for a in answers[1:]] == ["not_found", "not_found", "forbidden", answers[4]["code"]]
     assert answers[4]["code"] in ("forbidden", "unknown_op")
     assert not any(a["ok"] for a in answers[1:])
     tally("attacks_refused", 4)
@@ -190,11 +233,13 @@ def test_the_mtgpu_api_subsystem_answers_as_the_ssh_login(arena, victim):
 
 # ------------------------------------------------------------- raw SSH requests
 
+
 async def _raw_ssh(h, mal, alice, victim):
     """Every refused request, as (what, refused?)."""
     results = []
-    async with asyncssh.connect(h.address, h.port, username=mal.name,
-                                client_keys=[str(mal.key)], known_hosts=None) as conn:
+    async with asyncssh.connect(
+        h.address, h.port, username=mal.name, client_keys=[str(mal.key)], known_hosts=None
+    ) as conn:
         for sub in ("mtgpu-peer", "mtgpu-raft", "mtgpu-image"):
             try:
                 proc = await conn.create_process(subsystem=sub, encoding=None)
@@ -203,16 +248,29 @@ async def _raw_ssh(h, mal, alice, victim):
                 results.append((f"subsystem {sub}", not got))
             except asyncssh.ChannelOpenError:
                 results.append((f"subsystem {sub}", True))
-        for dest in ("10.213.0.1", "192.0.2.1", "127.1", "0.0.0.0", "::ffff:127.0.0.1",
-                     "169.254.169.254", "example.com", h.address + ".evil"):
+        for dest in (
+            "10.213.0.1",
+            "192.0.2.1",
+            "127.1",
+            "0.0.0.0",
+            "::ffff:127.0.0.1",
+            "169.254.169.254",
+            "example.com",
+            h.address + ".evil",
+        ):
             try:
                 r, w = await conn.open_connection(dest, 22)
                 w.close()
                 results.append((f"forward to {dest}", False))
             except asyncssh.ChannelOpenError:
                 results.append((f"forward to {dest}", True))
-        for bind, port in (("127.0.0.1", 80), ("127.0.0.1", 22), ("0.0.0.0", 0), ("", 443),
-                           ("10.213.0.1", 0)):
+        for bind, port in (
+            ("127.0.0.1", 80),
+            ("127.0.0.1", 22),
+            ("0.0.0.0", 0),
+            ("", 443),
+            ("10.213.0.1", 0),
+        ):
             try:
                 listener = await conn.forward_remote_port(bind, port, "127.0.0.1", 9)
                 listener.close()
@@ -220,8 +278,12 @@ async def _raw_ssh(h, mal, alice, victim):
             except asyncssh.ChannelListenError:
                 results.append((f"remote forward {bind}:{port}", True))
         link = mal.home / "alice-tmux"
-        for path in (f"/tmp/tmux-{alice.uid}/mtgpu", str(h.run_dir / "api.sock"), str(link),
-                     f"{alice.home}/secret.txt"):
+        for path in (
+            f"{h.run_dir}/tmux/tmux-{alice.uid}/mtgpu",
+            str(h.run_dir / "api.sock"),
+            str(link),
+            f"{alice.home}/secret.txt",
+        ):
             try:
                 r, w = await conn.open_unix_connection(path)
                 w.close()
@@ -234,14 +296,16 @@ async def _raw_ssh(h, mal, alice, victim):
             results.append(("remote unix forward", False))
         except asyncssh.ChannelListenError:
             results.append(("remote unix forward", True))
-        r = await conn.run("echo \"[$LD_PRELOAD][$LD_LIBRARY_PATH][$PYTHONPATH]\"",
-                           env={"LD_PRELOAD": "/tmp/evil.so", "LD_LIBRARY_PATH": "/tmp",
-                                "PYTHONPATH": "/tmp"})
+        r = await conn.run(
+            'echo "[$LD_PRELOAD][$LD_LIBRARY_PATH][$PYTHONPATH]"',
+            env={"LD_PRELOAD": "/tmp/evil.so", "LD_LIBRARY_PATH": "/tmp", "PYTHONPATH": "/tmp"},
+        )
         results.append(("environment injection", r.stdout.strip() == "[][][]"))
     # A member's user name, with a tenant's key: only a cluster certificate may use it.
     try:
-        async with asyncssh.connect(h.address, h.port, username="mtgpu-peer.testhost",
-                                    client_keys=[str(mal.key)], known_hosts=None) as conn:
+        async with asyncssh.connect(
+            h.address, h.port, username="mtgpu-peer.testhost", client_keys=[str(mal.key)], known_hosts=None
+        ) as conn:
             results.append(("log in as a member", False))
     except asyncssh.PermissionDenied:
         results.append(("log in as a member", True))
@@ -251,7 +315,7 @@ async def _raw_ssh(h, mal, alice, victim):
 def test_raw_ssh_requests_beyond_the_tenants_rights_are_refused(arena, victim):
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
     link = mal.home / "alice-tmux"
-    r = h.ssh("mallory", mal.key, f"ln -sf /tmp/tmux-{alice.uid}/mtgpu {link}")
+    r = h.ssh("mallory", mal.key, f"ln -sf {h.run_dir}/tmux/tmux-{alice.uid}/mtgpu {link}")
     assert r.returncode == 0
     results = asyncio.run(_raw_ssh(h, mal, alice, victim))
     allowed = [what for what, refused in results if not refused]
@@ -262,8 +326,9 @@ def test_raw_ssh_requests_beyond_the_tenants_rights_are_refused(arena, victim):
 
 async def _unix_refusals(h, mal, paths):
     reasons = []
-    async with asyncssh.connect(h.address, h.port, username=mal.name,
-                                client_keys=[str(mal.key)], known_hosts=None) as conn:
+    async with asyncssh.connect(
+        h.address, h.port, username=mal.name, client_keys=[str(mal.key)], known_hosts=None
+    ) as conn:
         for path in paths:
             try:
                 r, w = await conn.open_unix_connection(path)
@@ -278,8 +343,10 @@ def test_unix_forwarding_does_not_tell_what_exists_in_another_home(arena, victim
     """The daemon resolves the path as root: its refusal must be the same for a file
     that exists in a home the tenant cannot read and for one that does not."""
     h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
-    reasons = asyncio.run(_unix_refusals(h, mal, [f"{alice.home}/secret.txt",
-                                                  f"{alice.home}/no-such-file",
-                                                  f"{alice.home}/.local/share"]))
+    reasons = asyncio.run(
+        _unix_refusals(
+            h, mal, [f"{alice.home}/secret.txt", f"{alice.home}/no-such-file", f"{alice.home}/.local/share"]
+        )
+    )
     assert None not in reasons and len(set(reasons)) == 1, reasons
     tally("attacks_refused", 3)

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-
 from mtgpu_testing import free_port
 
 pytestmark = pytest.mark.root
@@ -62,8 +61,11 @@ def fwd(shared_host):
 
 
 def _background_ssh(host, key, *opts):
-    return subprocess.Popen(host.ssh_argv("fwdy", key, opts=["-N", "-o", "ExitOnForwardFailure=yes", *opts]),
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        host.ssh_argv("fwdy", key, opts=["-N", "-o", "ExitOnForwardFailure=yes", *opts]),
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_local_forward_to_loopback_works(fwd):
@@ -75,7 +77,61 @@ def test_local_forward_to_loopback_works(fwd):
         assert _talk(lport) == b"echo:hi"
     finally:
         p.kill()
+        p.wait()
         echo.close()
+
+
+def _owner_of_connection_from(port: int) -> int | None:
+    """The UID that owns the loopback TCP socket whose local port is ``port`` (the
+    kernel's record in /proc/net/tcp, which iptables' owner match also uses)."""
+    with open("/proc/net/tcp") as f:
+        lines = f.read().splitlines()[1:]
+    for line in lines:
+        f = line.split()
+        if int(f[1].split(":")[1], 16) == port:
+            return int(f[7])
+    return None
+
+
+def test_local_forward_connects_as_the_tenant_never_as_root(fwd):
+    """The service an -L forward reaches sees a connection the tenant owns, as if the
+    tenant had connected from a shell; a forward to a closed port is refused cleanly."""
+    host, key = fwd
+    uid = int(host.passwd("fwdy")[2])
+    owners: list[int | None] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        c, (_, peer_port) = srv.accept()
+        owners.append(_owner_of_connection_from(peer_port))
+        c.sendall(b"seen")
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    lport = free_port()
+    p = _background_ssh(host, key, "-L", f"{lport}:127.0.0.1:{srv.getsockname()[1]}")
+    try:
+        assert _talk(lport) == b"seen"
+        assert owners == [uid], f"the forwarded connection belonged to UID {owners}, not the tenant's {uid}"
+    finally:
+        p.kill()
+        p.wait()
+        srv.close()
+    closed = free_port()
+    lport = free_port()
+    p = _background_ssh(host, key, "-L", f"{lport}:127.0.0.1:{closed}")
+    try:
+        try:
+            got = _talk(lport, timeout=5)
+        except OSError:  # the client resets the connection the server refused
+            got = b""
+        assert got == b""
+        assert "Connection refused" in host.log()
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_local_forward_elsewhere_is_refused(fwd):
@@ -90,6 +146,7 @@ def test_local_forward_elsewhere_is_refused(fwd):
         assert echo.accepted == 0
     finally:
         p.kill()
+        p.wait()
         echo.close()
     assert "forwarding to 127.0.0.2" in host.log()
 
@@ -103,13 +160,15 @@ def test_remote_forward_binds_loopback_unprivileged_only(fwd):
         assert _talk(rport) == b"echo:hi"
     finally:
         p.kill()
+        p.wait()
     for spec in (f"80:127.0.0.1:{echo.port}", f"0.0.0.0:{free_port()}:127.0.0.1:{echo.port}"):
         p = _background_ssh(host, key, "-R", spec)
         try:
             p.wait(15)
         except subprocess.TimeoutExpired:
             p.kill()
-            raise AssertionError(f"-R {spec} was accepted")
+            p.wait()
+            raise AssertionError(f"-R {spec} was accepted") from None
         assert p.returncode == 255 and b"remote port forwarding failed" in p.stderr.read()
     echo.close()
 
@@ -129,12 +188,18 @@ while True:
 def test_unix_socket_forward_only_to_own_sockets(fwd, shared_host):
     host, key = fwd
     other = host.add_user("sockowner")
-    srv = subprocess.Popen(host.ssh_argv("sockowner", other, "python3", "-", "~/app.sock"),
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    srv = subprocess.Popen(
+        host.ssh_argv("sockowner", other, "python3", "-", "~/app.sock"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     srv.stdin.write(TENANT_SOCKET_SERVER.encode())
     srv.stdin.close()
-    mine = subprocess.Popen(host.ssh_argv("fwdy", key, "python3", "-", "~/mine.sock"),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    mine = subprocess.Popen(
+        host.ssh_argv("fwdy", key, "python3", "-", "~/mine.sock"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     mine.stdin.write(TENANT_SOCKET_SERVER.encode())
     mine.stdin.close()
     try:
@@ -146,6 +211,7 @@ def test_unix_socket_forward_only_to_own_sockets(fwd, shared_host):
             assert _talk(lport) == b"unix:hi"
         finally:
             p.kill()
+        p.wait()
         # The other tenant's socket: refused even though the daemon (root) could reach it.
         (host.homes / "sockowner").chmod(0o755)
         lport = free_port()
@@ -156,6 +222,7 @@ def test_unix_socket_forward_only_to_own_sockets(fwd, shared_host):
             pass
         finally:
             p.kill()
+        p.wait()
         assert "not a socket you own" in host.log()
     finally:
         srv.kill()
@@ -189,8 +256,11 @@ def test_vscode_remote_ssh_flow(fwd):
     prints its port; the client then reaches it through the SOCKS port."""
     host, key = fwd
     dport = free_port()
-    p = subprocess.Popen(host.ssh_argv("fwdy", key, "bash", opts=["-T", "-D", str(dport)]),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    p = subprocess.Popen(
+        host.ssh_argv("fwdy", key, "bash", opts=["-T", "-D", str(dport)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         p.stdin.write(TENANT_HTTP_SCRIPT.encode())
         p.stdin.flush()
@@ -200,3 +270,4 @@ def test_vscode_remote_ssh_flow(fwd):
         assert _socks5(dport, "127.0.0.1", port, b"hello") == b"vscode-server:hello"
     finally:
         p.kill()
+        p.wait()

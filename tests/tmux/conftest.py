@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from mtgpu.proc import run
+from mtgpu.tmux.runtime import session_env
 
 ROOT = str(Path(__file__).resolve().parents[2])
 # The interpreter tenants run: it must not live under /root (mode 0700).
@@ -38,8 +40,9 @@ PYTHON = sys.executable
 _counter = itertools.count()
 
 
-def wait_until(check: Callable[[], object], timeout: float = 10,
-               what: str | Callable[[], str] = "condition") -> object:
+def wait_until(
+    check: Callable[[], object], timeout: float = 10, what: str | Callable[[], str] = "condition"
+) -> object:
     """Poll ``check`` until it returns something truthy (``what`` may be computed late)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -57,22 +60,47 @@ class Tenant:
     uid: int
     gid: int
     home: str
+    run_dir: str = ""  # the daemon's RUN_DIR stand-in; its tmux/ holds the sockets
 
-    def env(self, **extra: str) -> dict[str, str]:
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.run_dir, "tmux", f"tmux-{self.uid}", "mtgpu")
+
+    def env(self, **extra: str | None) -> dict[str, str]:
         """The gateway's clean environment (plus where this checkout lives)."""
-        env = {"HOME": self.home, "USER": self.name, "LOGNAME": self.name, "SHELL": "/bin/bash",
-               "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "xterm-256color",
-               "SSH_CONNECTION": "127.0.0.1 40000 127.0.0.1 2222",
-               "SSH_CLIENT": "127.0.0.1 40000 2222", "PYTHONPATH": ROOT}
+        env = {
+            "HOME": self.home,
+            "USER": self.name,
+            "LOGNAME": self.name,
+            "SHELL": "/bin/bash",
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "TERM": "xterm-256color",
+            "SSH_CONNECTION": "127.0.0.1 40000 127.0.0.1 2222",
+            "SSH_CLIENT": "127.0.0.1 40000 2222",
+            "PYTHONPATH": ROOT,
+        }
+        if self.run_dir:
+            env.update(session_env(self.run_dir, self.uid, self.gid))
         env.update(extra)
-        return env
+        return {k: v for k, v in env.items() if v is not None}
 
-    def run(self, argv: Sequence[str], check: bool = True, **extra_env: str) -> subprocess.CompletedProcess[str]:
-        return run(argv, user=self.uid, group=self.gid, extra_groups=[self.gid], env=self.env(**extra_env),
-                   cwd=self.home, check=check, timeout=30)
+    def run(
+        self, argv: Sequence[str], check: bool = True, **extra_env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return run(
+            argv,
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[self.gid],
+            env=self.env(**extra_env),
+            cwd=self.home,
+            check=check,
+            timeout=30,
+        )
 
     def tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run(["tmux", "-L", "mtgpu", *args], check=check)
+        return self.run(["tmux", "-u", "-S", self.socket, *args], check=check)
 
     def sessions(self) -> dict[str, int]:
         """Session name -> number of attached clients."""
@@ -85,8 +113,9 @@ class Tenant:
         return self.tmux("capture-pane", "-p", "-t", f"={target}:").stdout
 
     @staticmethod
-    def until(check: Callable[[], object], what: str | Callable[[], str] = "condition",
-              timeout: float = 10) -> object:
+    def until(
+        check: Callable[[], object], what: str | Callable[[], str] = "condition", timeout: float = 10
+    ) -> object:
         return wait_until(check, timeout, what)
 
     def python(self, code: str, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -103,15 +132,32 @@ def tenant() -> Iterator[Callable[[], Tenant]]:
             pytest.skip(f"needs {tool}")
     base = tempfile.mkdtemp(prefix="mtgpu-tmux-")
     os.chmod(base, 0o755)
+    run_dir = os.path.join(base, "run")  # root's, as the daemon's RUN_DIR is
+    os.mkdir(run_dir, 0o755)
     made: list[Tenant] = []
 
     def make() -> Tenant:
         name = f"mtt{os.getpid() % 100000}x{next(_counter)}"
         home = os.path.join(base, name)
-        run(["useradd", "-m", "-d", home, "-s", "/bin/bash", "-K", "SUB_UID_COUNT=0",
-             "-K", "SUB_GID_COUNT=0", "-c", "MTGPU tmux test", name])
+        run(
+            [
+                "useradd",
+                "-m",
+                "-d",
+                home,
+                "-s",
+                "/bin/bash",
+                "-K",
+                "SUB_UID_COUNT=0",
+                "-K",
+                "SUB_GID_COUNT=0",
+                "-c",
+                "MTGPU tmux test",
+                name,
+            ]
+        )
         pw = pwd.getpwnam(name)
-        t = Tenant(name, pw.pw_uid, pw.pw_gid, home)
+        t = Tenant(name, pw.pw_uid, pw.pw_gid, home, run_dir)
         made.append(t)
         return t
 
@@ -123,6 +169,7 @@ def tenant() -> Iterator[Callable[[], Tenant]]:
 
 def _remove(t: Tenant) -> None:
     t.tmux("kill-server", check=False)
+
     # What the test started as this tenant (tmux server, shells, sleeps) ends by pid.
     def leftovers() -> list[psutil.Process]:
         out = []
@@ -133,6 +180,7 @@ def _remove(t: Tenant) -> None:
             except psutil.Error:
                 pass
         return out
+
     try:
         wait_until(lambda: not leftovers(), timeout=5, what="the tenant's processes to end")
     except AssertionError:
@@ -153,14 +201,30 @@ def set_winsize(fd: int, cols: int, rows: int) -> None:
 class Terminal:
     """One SSH terminal, as the gateway makes it: a pty and a program as the tenant."""
 
-    def __init__(self, tenant: Tenant, argv: Sequence[str], cols: int = 100, rows: int = 30) -> None:
+    def __init__(
+        self,
+        tenant: Tenant,
+        argv: Sequence[str],
+        cols: int = 100,
+        rows: int = 30,
+        env: dict[str, str | None] | None = None,
+    ) -> None:
         self.tenant = tenant
         self.master, slave = os.openpty()
         set_winsize(self.master, cols, rows)
         self.proc = subprocess.Popen(
-            ["setsid", "-c", "-w", *argv], stdin=slave, stdout=slave, stderr=slave,
-            user=tenant.uid, group=tenant.gid, extra_groups=[tenant.gid], env=tenant.env(),
-            cwd=tenant.home, start_new_session=True, close_fds=True)
+            ["setsid", "-c", "-w", *argv],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            user=tenant.uid,
+            group=tenant.gid,
+            extra_groups=[tenant.gid],
+            env=tenant.env(**(env or {})),
+            cwd=tenant.home,
+            start_new_session=True,
+            close_fds=True,
+        )
         os.close(slave)
         self._out = bytearray()
         self._stop = threading.Event()
@@ -185,8 +249,9 @@ class Terminal:
         return self._out.decode(errors="replace")
 
     def wait_for(self, text: str, timeout: float = 10) -> None:
-        wait_until(lambda: text in self.output, timeout,
-                   lambda: f"{text!r} on the terminal; got {self.output!r}")
+        wait_until(
+            lambda: text in self.output, timeout, lambda: f"{text!r} on the terminal; got {self.output!r}"
+        )
 
     def send(self, data: str) -> None:
         os.write(self.master, data.encode())
@@ -197,9 +262,11 @@ class Terminal:
 
     def client_pid(self) -> int:
         """The process setsid started: the attach program, then the tmux client it became."""
+
         def child() -> int | None:
             kids = psutil.Process(self.proc.pid).children()
             return kids[0].pid if kids else None
+
         return int(wait_until(child, what="setsid's child"))  # type: ignore[arg-type]
 
     def hang_up(self) -> None:
@@ -242,7 +309,7 @@ def terminals(tenant: Callable[[], Tenant]) -> Iterator[Callable[..., Terminal]]
     """
     opened: list[Terminal] = []
 
-    def open_(tenant: Tenant, argv: Sequence[str], **kw: int) -> Terminal:
+    def open_(tenant: Tenant, argv: Sequence[str], **kw: Any) -> Terminal:
         t = Terminal(tenant, argv, **kw)
         opened.append(t)
         return t

@@ -38,8 +38,13 @@ def detached(t: Tenant, name: str) -> None:
 
 
 def shell_ready(t: Tenant, name: str) -> None:
-    t.until(lambda: t.tmux("display", "-p", "-t", f"={name}:", "#{pane_current_command}",
-                              check=False).stdout.strip() == "bash", what="bash in the pane")
+    t.until(
+        lambda: (
+            t.tmux("display", "-p", "-t", f"={name}:", "#{pane_current_command}", check=False).stdout.strip()
+            == "bash"
+        ),
+        what="bash in the pane",
+    )
 
 
 def test_new_terminal_creates_a_session_run_as_the_tenant(tenant: Tenants, terminals: Terminals) -> None:
@@ -146,8 +151,9 @@ def test_menu_with_several_detached_sessions(tenant: Tenants, terminals: Termina
     assert a.sessions() == {"main": 0, "2": 0, "3": 1}
 
 
-def test_menu_enter_takes_the_first_and_a_bad_answer_asks_again(tenant: Tenants,
-                                                                terminals: Terminals) -> None:
+def test_menu_enter_takes_the_first_and_a_bad_answer_asks_again(
+    tenant: Tenants, terminals: Terminals
+) -> None:
     a = tenant()
     _two_detached(a, terminals)
     t = terminals(a, LOGIN)
@@ -169,7 +175,9 @@ def test_mt_attach_goes_straight_to_a_session(tenant: Tenants, terminals: Termin
     listing = a.python(MT_ATTACH, check=True).stdout.splitlines()
     assert listing[0].split() == ["NAME", "WINDOWS", "STATE", "CREATED", "COMMAND"]
     assert sorted(line.split()[0] + ":" + line.split()[2] for line in listing[1:]) == [
-        "2:detached", "main:attached"]
+        "2:detached",
+        "main:attached",
+    ]
     wrong = a.python(MT_ATTACH, "nope")
     assert wrong.returncode == 1
     assert "no terminal session named 'nope'; yours are: " in wrong.stderr
@@ -189,10 +197,13 @@ def test_another_tenant_cannot_attach(tenant: Tenants, terminals: Terminals) -> 
     a, b = tenant(), tenant()
     terminals(a, LOGIN)
     attached_to(a, "main")
-    sock_dir = f"/tmp/tmux-{a.uid}"
+    sock_dir = os.path.dirname(a.socket)
     st = os.stat(sock_dir)
     assert st.st_uid == a.uid and stat.S_IMODE(st.st_mode) == 0o700
-    a_socket = f"{sock_dir}/mtgpu"
+    top = os.stat(os.path.dirname(sock_dir))
+    assert top.st_uid == 0 and stat.S_IMODE(top.st_mode) == 0o711
+    a_socket = a.socket
+    assert os.path.exists(a_socket)
     for args in (["list-sessions"], ["attach-session", "-t", "main"]):
         p = b.run(["tmux", "-S", a_socket, *args], check=False)
         assert p.returncode != 0 and "Permission denied" in p.stderr, p.stderr
@@ -221,15 +232,18 @@ def test_window_size_changes_reach_the_tmux_client(tenant: Tenants, terminals: T
     assert win == "132x42"
 
 
-def test_killing_the_login_leaves_tmux_and_its_processes_running(tenant: Tenants,
-                                                                 terminals: Terminals) -> None:
+def test_killing_the_login_leaves_tmux_and_its_processes_running(
+    tenant: Tenants, terminals: Terminals
+) -> None:
     a = tenant()
     t = terminals(a, LOGIN)
     attached_to(a, "main")
     shell_ready(a, "main")
     t.send("sleep 1000\r")
-    a.until(lambda: a.tmux("display", "-p", "-t", "=main:", "#{pane_current_command}")
-               .stdout.strip() == "sleep", what="sleep in the pane")
+    a.until(
+        lambda: a.tmux("display", "-p", "-t", "=main:", "#{pane_current_command}").stdout.strip() == "sleep",
+        what="sleep in the pane",
+    )
     server = psutil.Process(int(a.tmux("display", "-p", "-t", "=main:", "#{pid}").stdout))
     shell = psutil.Process(int(a.tmux("display", "-p", "-t", "=main:", "#{pane_pid}").stdout))
     sleep = next(p for p in shell.children() if p.name() == "sleep")
@@ -263,17 +277,67 @@ def test_mt_attach_d_takes_over_from_a_dropped_terminal(tenant: Tenants, termina
     attached_to(a, "main")
     terminals(a, [*terminal_argv(PYTHON), "-d", "main"])
     stale.wait_for("[detached")
-    a.until(lambda: a.tmux("list-clients", "-F", "#{client_session}").stdout.split() == ["main"],
-            what="exactly one client on main")
+    a.until(
+        lambda: a.tmux("list-clients", "-F", "#{client_session}").stdout.split() == ["main"],
+        what="exactly one client on main",
+    )
 
 
-def test_a_socket_directory_taken_by_someone_else_is_explained(tenant: Tenants,
-                                                                terminals: Terminals) -> None:
+def test_a_tmp_tmux_directory_taken_by_someone_else_no_longer_denies_a_terminal(
+    tenant: Tenants, terminals: Terminals
+) -> None:
     a, b = tenant(), tenant()
-    # B got there first: tmux refuses a directory A does not own.
+    # B got there first, in the world-writable /tmp: tmux refuses a directory A does
+    # not own, but A's socket lives in the root-made RUN_DIR/tmux/tmux-UID.
     os.mkdir(f"/tmp/tmux-{a.uid}", 0o700)
     os.chown(f"/tmp/tmux-{a.uid}", b.uid, b.gid)
-    t = terminals(a, LOGIN)
+    terminals(a, LOGIN)
+    attached_to(a, "main")
+    assert os.path.exists(a.socket)
+    # Inside, the tenant's own `tmux -L mtgpu` finds the same server.
+    shell_ready(a, "main")
+    out = a.run(
+        ["tmux", "-L", "mtgpu", "list-sessions", "-F", "#{session_name}"],
+        TMUX_TMPDIR=os.path.dirname(os.path.dirname(a.socket)),
+    ).stdout.split()
+    assert out == ["main"]
+
+
+def test_without_the_daemons_directory_a_taken_tmp_directory_is_explained_and_a_shell_given(
+    tenant: Tenants, terminals: Terminals
+) -> None:
+    a, b = tenant(), tenant()
+    os.mkdir(f"/tmp/tmux-{a.uid}", 0o700)
+    os.chown(f"/tmp/tmux-{a.uid}", b.uid, b.gid)
+    t = terminals(a, LOGIN, env={"MTGPU_TMUX_DIR": None, "TMUX_TMPDIR": None})
     t.wait_for("ask an admin to remove it")
     assert f"/tmp/tmux-{a.uid}, where your terminals' tmux socket lives, is not yours" in t.output
-    assert t.proc.wait(10) == 1
+    assert "`mt-attach` lists your terminals" in t.output
+    assert "Traceback" not in t.output
+    # Never stranded: a plain login shell answers.
+    t.send("echo shell-$((6*7))\r")
+    t.wait_for("shell-42")
+
+
+def test_a_terminal_type_this_host_does_not_know_still_gets_tmux(
+    tenant: Tenants, terminals: Terminals
+) -> None:
+    a = tenant()
+    # tmux itself would refuse it: "missing or unsuitable terminal: xterm-mtgpu-unknown".
+    t = terminals(a, LOGIN, env={"TERM": "xterm-mtgpu-unknown"})
+    a.until(lambda: a.sessions().get("main") == 1, what=lambda: f"main attached; got {t.output!r}")
+    assert a.tmux("list-clients", "-F", "#{client_termname}").stdout.split() == ["xterm-256color"]
+
+
+def test_non_utf8_locales_list_and_reattach_non_ascii_sessions(tenant: Tenants, terminals: Terminals) -> None:
+    a = tenant()
+    first = terminals(a, LOGIN, env={"LC_ALL": "C"})
+    attached_to(a, "main")
+    a.tmux("rename-session", "-t", "=main", "s\u00ebss")
+    first.hang_up()
+    detached(a, "s\u00ebss")
+    second = terminals(a, LOGIN, env={"LC_ALL": "C"})
+    attached_to(a, "s\u00ebss")
+    assert "Traceback" not in second.output
+    listing = a.run([PYTHON, "-P", "-c", MT_ATTACH], LC_ALL="C").stdout
+    assert "s\u00ebss" in listing

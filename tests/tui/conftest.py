@@ -16,9 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workspaces"))
 
-from mtgpu_testing import free_port  # noqa: E402
-from workspace_testing import (IMAGE, WorkspaceHost, podman_ready,  # noqa: E402
-                               start_workspace_host, stop_workspace_host)
+from mtgpu_testing import free_port, shared_uid_range  # noqa: E402
+from workspace_testing import IMAGE, WorkspaceHost, podman_ready, start_workspace_host, stop_workspace_host  # noqa: E402
 
 TEMPLATES = {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}}
 
@@ -32,8 +31,11 @@ class Laptop:
     dead_port: int
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("MTGPU_", "XDG_", "SSH_AUTH_SOCK", "NO_COLOR", "REMOTEGPU"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("MTGPU_", "XDG_", "SSH_AUTH_SOCK", "NO_COLOR", "REMOTEGPU"))
+        }
         env.update(HOME=str(self.home), TERM="xterm-256color", LANG="C.UTF-8", **extra)
         return env
 
@@ -43,11 +45,16 @@ def laptop() -> Iterator[Laptop]:
     why = podman_ready()
     if why:
         pytest.skip(why)
-    wh = start_workspace_host({
-        "TENANT_UID_RANGE": "32300-32399",
-        "SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}],
-        "CONTAINERS": {"enabled": True, "port_publishing": "loopback", "templates": TEMPLATES}},
-        user="lena")
+    wh = start_workspace_host(
+        {
+            # Between the other tests' blocks (20000-30999) and the workspace tests'
+            # (32100 up), and below 33767 (podman's subordinate IDs) for all 16 shares.
+            "TENANT_UID_RANGE": shared_uid_range(31000, size=50, stride=60),
+            "SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}],
+            "CONTAINERS": {"enabled": True, "port_publishing": "loopback", "templates": TEMPLATES},
+        },
+        user="lena",
+    )
     # A server that accepts connections and never answers: the worst case for a UI.
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
@@ -55,8 +62,9 @@ def laptop() -> Iterator[Laptop]:
     home = Path(tempfile.mkdtemp(prefix="remotegpu-home-", dir="/tmp"))
     ssh = home / ".ssh"
     ssh.mkdir(mode=0o700)
-    scan = subprocess.run(["ssh-keyscan", "-p", str(wh.host.port), "127.0.0.1"],
-                          capture_output=True, text=True, timeout=30).stdout
+    scan = subprocess.run(
+        ["ssh-keyscan", "-p", str(wh.host.port), "127.0.0.1"], capture_output=True, text=True, timeout=30
+    ).stdout
     (ssh / "known_hosts").write_text(scan)
     (ssh / "config").write_text(
         f"Host gpu\n  HostName 127.0.0.1\n  Port {wh.host.port}\n  User lena\n"
@@ -64,11 +72,13 @@ def laptop() -> Iterator[Laptop]:
         f"  UserKnownHostsFile {ssh / 'known_hosts'}\n\n"
         # A pattern (never a server), and a host that does not answer as MTGPU.
         "Host *.example.invalid\n  User nobody\n\n"
-        f"Host elsewhere\n  HostName 127.0.0.1\n  Port {free_port()}\n")
+        f"Host elsewhere\n  HostName 127.0.0.1\n  Port {free_port()}\n"
+    )
     cfg = home / ".config" / "remotegpu"
     cfg.mkdir(parents=True)
     (cfg / "servers.yaml").write_text(
-        f"servers:\n  - name: dead\n    host: 127.0.0.1\n    port: {dead.getsockname()[1]}\n")
+        f"servers:\n  - name: dead\n    host: 127.0.0.1\n    port: {dead.getsockname()[1]}\n"
+    )
     try:
         yield Laptop(home, wh, dead.getsockname()[1])
     finally:

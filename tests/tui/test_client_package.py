@@ -19,15 +19,45 @@ REPO = Path(__file__).resolve().parent.parent.parent
 CLIENT = REPO / "clients" / "remotegpu"
 SERVER_ONLY = {"psutil", "nvidia-ml-py", "amdsmi", "libtmux", "pysyncobj", "filelock"}
 #: What the client's modules may import besides the standard library.
-ALLOWED = {"asyncssh", "yaml", "urwid", "tabulate", "mtgpu.errors", "mtgpu.tui"}
+ALLOWED = {
+    "asyncssh",
+    "yaml",
+    "urwid",
+    "tabulate",
+    "mtgpu.errors",
+    "mtgpu.text",
+    "mtgpu.cmdline",
+    "mtgpu.tui",
+}
 #: Calls that do not exist on Windows.
-POSIX_ONLY = {"fcntl", "termios", "pwd", "grp", "resource", "tty", "pty", "getuid", "geteuid",
-              "getgid", "fork", "setsid", "killpg", "SIGWINCH", "SIGHUP", "SIGKILL", "tzset"}
+POSIX_ONLY = {
+    "fcntl",
+    "termios",
+    "pwd",
+    "grp",
+    "resource",
+    "tty",
+    "pty",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "fork",
+    "setsid",
+    "killpg",
+    "SIGWINCH",
+    "SIGHUP",
+    "SIGKILL",
+    "tzset",
+}
 
 
 def client_modules() -> list[Path]:
-    return sorted((REPO / "mtgpu" / "tui").glob("*.py")) + [REPO / "mtgpu" / "errors.py",
-                                                           REPO / "mtgpu" / "__init__.py"]
+    return sorted((REPO / "mtgpu" / "tui").glob("*.py")) + [
+        REPO / "mtgpu" / "errors.py",
+        REPO / "mtgpu" / "text.py",
+        REPO / "mtgpu" / "cmdline.py",  # --help's examples and --version
+        REPO / "mtgpu" / "__init__.py",
+    ]
 
 
 def test_the_client_imports_nothing_of_the_server_and_nothing_posix_only() -> None:
@@ -42,8 +72,15 @@ def test_the_client_imports_nothing_of_the_server_and_nothing_posix_only() -> No
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert (top in stdlib and top not in POSIX_ONLY) or top == "__future__" or any(
-                    name == a or name.startswith(a + ".") for a in ALLOWED), f"{path.name}: {name}"
+                assert (
+                    (top in stdlib and top not in POSIX_ONLY)
+                    or top == "__future__"
+                    or name == "mtgpu"  # the package's own __init__ (its version), shipped too
+                    or (
+                        path.name == "cmdline.py" and name == "mtgpu.scripts"
+                    )  # only its parsers(), for tests
+                    or any(name == a or name.startswith(a + ".") for a in ALLOWED)
+                ), f"{path.name}: {name}"
             if isinstance(node, ast.Attribute):
                 assert node.attr not in POSIX_ONLY, f"{path.name}:{node.lineno}: {node.attr}"
 
@@ -55,8 +92,12 @@ def _wheelhouse() -> Path:
     tag = hashlib.sha256(json.dumps(want).encode()).hexdigest()[:12]
     d = Path.home() / ".cache" / "mtgpu-tests" / f"remotegpu-wheels-{tag}"
     if not (d / "complete").exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(d), *want],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "-d", str(d), *want],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         (d / "complete").write_text("\n".join(want))
     return d
 
@@ -69,33 +110,61 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
     # the checkout (the layout is the repository's: clients/remotegpu and mtgpu/).
     src = tmp_path / "src"
     shutil.copytree(CLIENT, src / "clients" / "remotegpu", ignore=shutil.ignore_patterns("build"))
-    shutil.copytree(REPO / "mtgpu" / "tui", src / "mtgpu" / "tui",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for f in ("__init__.py", "errors.py"):
+    shutil.copytree(
+        REPO / "mtgpu" / "tui", src / "mtgpu" / "tui", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py"):
         shutil.copy(REPO / "mtgpu" / f, src / "mtgpu" / f)
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
-                        "--no-compile", "--no-index", "--find-links", str(wheels),
-                        str(src / "clients" / "remotegpu")], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-compile",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            str(src / "clients" / "remotegpu"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     site = next(venv.glob("lib/python3*/site-packages"))
     names = {d.name.split("-")[0].lower() for d in site.glob("*.dist-info")}
     assert {"remotegpu", "asyncssh", "urwid", "pyyaml"} <= names
     assert not names & {n.replace("-", "_") for n in SERVER_ONLY} and "mtgpu" not in names
     files = sorted(str(p.relative_to(venv)) for p in venv.rglob("mtgpu/**/*.py"))
-    assert not [f for f in files if "/tui/" not in f and not f.endswith(("__init__.py", "errors.py"))]
+    assert not [
+        f
+        for f in files
+        if "/tui/" not in f and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py"))
+    ]
 
     job = tmp_path / "probe.sh"
     job.write_text("#!/bin/sh\n#MTGPU name=probe\ntrue\n")
     laptop.host.run("mt-job submit -", input=job.read_bytes())
-    runs = {args: subprocess.Popen([str(venv / "bin" / "remotegpu-cli"), "--timeout", "1", *args],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env=laptop.env(), cwd=tmp_path)
-            for args in (("servers", "--json"), ("jobs", "--all", "--json"), ("servers",))}
+    runs = {
+        args: subprocess.Popen(
+            [str(venv / "bin" / "remotegpu-cli"), "--timeout", "1", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=laptop.env(),
+            cwd=tmp_path,
+        )
+        for args in (("servers", "--json"), ("jobs", "--all", "--json"), ("servers",))
+    }
     out = {}
     for args, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=60)

@@ -6,21 +6,33 @@ from __future__ import annotations
 import pytest
 
 from mtgpu.tui.fleet import Fleet, ServerState
-from mtgpu.tui.sources import (CLUSTER, ServerList, ServerListError, Target, add_server,
-                               load_server_list, parse_destination, remove_server,
-                               save_server_list, ssh_config_hosts)
+from mtgpu.tui.sources import (
+    CLUSTER,
+    ServerList,
+    ServerListError,
+    Target,
+    add_server,
+    load_server_list,
+    parse_destination,
+    remove_server,
+    save_server_list,
+    ssh_config_hosts,
+)
 
 
-@pytest.mark.parametrize("text, error", [
-    ("servers: [gpu01, 'bad host']", "servers entry 2: 'bad host' is not a server"),
-    ("servers: [{host: gpu01, port: 70000}]", "servers entry 1: port must be a number"),
-    ("servers: [{host: gpu01, colour: red}]", "servers entry 1: unknown key 'colour'"),
-    ("servers: [{name: x}]", "servers entry 1: write a destination"),
-    ("servers: gpu01", "`servers` must be a list"),
-    ("server: [gpu01]", "unknown key 'server'"),
-    ("ssh_config: maybe", "ssh_config must be true or false"),
-    ("servers: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("servers: [gpu01, 'bad host']", "servers entry 2: 'bad host' is not a server"),
+        ("servers: [{host: gpu01, port: 70000}]", "servers entry 1: port must be a number"),
+        ("servers: [{host: gpu01, colour: red}]", "servers entry 1: unknown key 'colour'"),
+        ("servers: [{name: x}]", "servers entry 1: write a destination"),
+        ("servers: gpu01", "`servers` must be a list"),
+        ("server: [gpu01]", "unknown key 'server'"),
+        ("ssh_config: maybe", "ssh_config must be true or false"),
+        ("servers: [", "not valid YAML"),
+    ],
+)
 def test_a_bad_servers_yaml_names_the_entry_and_the_fix(tmp_path, text, error) -> None:
     p = tmp_path / "servers.yaml"
     p.write_text(text)
@@ -57,20 +69,23 @@ def test_ssh_config_hosts_follow_include_and_skip_patterns(tmp_path, monkeypatch
 
 
 def test_members_of_a_known_cluster_are_added_once_as_the_same_user() -> None:
-    f = Fleet(ServerList(targets=(Target("a", "gpu-a.example.org", 2222, None, "~/.ssh/k"),),
-                         ssh_config=False))
+    f = Fleet(
+        ServerList(targets=(Target("a", "gpu-a.example.org", 2222, None, "~/.ssh/k"),), ssh_config=False)
+    )
     st: ServerState = f.states["a"]
     st.server, st.user, st.cluster_id = "node-a", "alice", "lab"
-    st.members = [{"name": "node-a", "address": "10.0.0.1:2222"},
-                  {"name": "node-b", "address": "10.0.0.2:2222"},
-                  {"name": "node-c", "address": "0.0.0.0:2222"}]  # no address to dial
+    st.members = [
+        {"name": "node-a", "address": "10.0.0.1:2222"},
+        {"name": "node-b", "address": "10.0.0.2:2222"},
+        {"name": "node-c", "address": "0.0.0.0:2222"},
+    ]  # no address to dial
     f._learn_members(st)
     f._learn_members(st)
     added = [s.target for s in f.states.values() if s.target.source == CLUSTER]
     assert added == [Target("node-b", "10.0.0.2", 2222, "alice", "~/.ssh/k", CLUSTER)]
 
 
-@pytest.mark.parametrize("module", ["mtgpu.tui.sources", "mtgpu.tui.main", "mtgpu.tui.screen"])
+@pytest.mark.parametrize("module", ["mtgpu.tui.sources", "mtgpu.tui.view", "mtgpu.tui.screen"])
 def test_the_examples_in_the_docstrings(module) -> None:
     import doctest
     import importlib
@@ -84,14 +99,16 @@ def test_the_manuals_examples_read_as_the_manual_says(tmp_path, monkeypatch) -> 
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "manual.md").read_text()
-    section = text[text.index("## The terminal client: `remotegpu-cli`"):]
+    section = text[text.index("## The terminal client: `remotegpu-cli`") :]
     [servers] = re.findall(r"```yaml\n(.*?)```", section, re.S)
     p = tmp_path / "servers.yaml"
     p.write_text(re.sub(r"(?m)^  ", "", servers))
     sl = load_server_list(p)
     assert [(t.name, t.host, t.port, t.user) for t in sl.targets] == [
-        ("gpu01", "gpu01", None, None), ("10.0.0.7", "10.0.0.7", 2222, "alice"),
-        ("lab", "lab.example.org", 2222, "alice")]
+        ("gpu01", "gpu01", None, None),
+        ("10.0.0.7", "10.0.0.7", 2222, "alice"),
+        ("lab", "lab.example.org", 2222, "alice"),
+    ]
     assert sl.ssh_config
     config = re.findall(r"```\n(Host .*?)```", re.sub(r"(?m)^  ", "", section), re.S)[0]
     monkeypatch.setenv("HOME", str(tmp_path))

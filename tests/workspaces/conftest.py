@@ -28,10 +28,17 @@ def ws_host() -> Iterator[WorkspaceHost]:
     for p in (datasets, datasets / "imagenet"):
         os.chmod(p, 0o755)
     os.chmod(datasets / "imagenet" / "labels.txt", 0o644)
-    wh = start_workspace_host({
-        "DATASETS_DIRECTORIES": [str(datasets)],
-        "CONTAINERS": {"enabled": True, "port_publishing": "loopback", "cache_volumes": ["/cache"],
-                       "templates": {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}}}})
+    wh = start_workspace_host(
+        {
+            "DATASETS_DIRECTORIES": [str(datasets)],
+            "CONTAINERS": {
+                "enabled": True,
+                "port_publishing": "loopback",
+                "cache_volumes": ["/cache"],
+                "templates": {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}},
+            },
+        }
+    )
     wh.datasets = datasets  # type: ignore[attr-defined]
     yield wh
     stop_workspace_host(wh.host)

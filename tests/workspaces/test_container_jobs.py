@@ -16,8 +16,7 @@ pytestmark = [pytest.mark.root, pytest.mark.podman]
 
 
 def submit(w: Any, body: str, *opts: str) -> str:
-    _, out, _ = w.run(shlex.join(["mt-job", "submit", "--parsable", *opts, "-"]),
-                      input=body.encode())
+    _, out, _ = w.run(shlex.join(["mt-job", "submit", "--parsable", *opts, "-"]), input=body.encode())
     return out.strip()
 
 
@@ -52,20 +51,31 @@ def wait_container(w: Any, jid: str) -> None:
 
 def test_a_container_job_runs_as_the_tenant_with_the_job_variables(ws_host) -> None:
     w = ws_host
-    jid = submit(w, "#!/bin/sh\n#MTGPU container=busybox name=inbox\n"
-                    "id -u; echo $MTGPU_JOB_ID $SLURM_JOB_ID; pwd; echo $HOME; "
-                    "tr '\\0' ' ' < /proc/1/cmdline; echo; echo made-in-job > $HOME/from-job.txt; "
-                    "cat " + str(w.datasets) + "/imagenet/labels.txt /datasets/" + w.datasets.name + "/imagenet/labels.txt\n")
+    jid = submit(
+        w,
+        "#!/bin/sh\n#MTGPU container=busybox name=inbox\n"
+        "id -u; echo $MTGPU_JOB_ID $SLURM_JOB_ID; pwd; echo $HOME; "
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo made-in-job > $HOME/from-job.txt; "
+        "cat "
+        + str(w.datasets)
+        + "/imagenet/labels.txt /datasets/"
+        + w.datasets.name
+        + "/imagenet/labels.txt\n",
+    )
     v = wait_job(w, jid, {"COMPLETED", "FAILED"})
-    out = (w.home / f".mtgpu/jobs/{jid}/stdout.log")
+    out = w.home / f".mtgpu/jobs/{w.host.config['SERVER_NAME']}/{jid}/stdout.log"
     text = open(v["stdout"]).read() if v["stdout"] else out.read_text()
     log = w.home / ".mtgpu/podman-policy.log"
-    assert v["state"] == "COMPLETED", (v["reason"], open(v["stderr"]).read()[-500:], log.exists() and log.read_text())
+    assert v["state"] == "COMPLETED", (
+        v["reason"],
+        open(v["stderr"]).read()[-500:],
+        log.exists() and log.read_text(),
+    )
     lines = text.splitlines()
     assert lines[0] == str(w.uid)
     assert lines[1] == f"{jid} {jid}"
-    assert lines[2] == lines[3] == str(w.home)           # the working directory, the home
-    assert lines[4].strip() == "/bin/sh /.mtgpu-job"     # PID 1 of its own PID namespace
+    assert lines[2] == lines[3] == str(w.home)  # the working directory, the home
+    assert lines[4].strip() == "/bin/sh /.mtgpu-job"  # PID 1 of its own PID namespace
     assert lines.count("cat") == lines.count("dog") == 2  # the datasets, at both paths
     made = w.home / "from-job.txt"
     assert made.read_text() == "made-in-job\n" and made.stat().st_uid == w.uid
@@ -79,9 +89,12 @@ def test_cancel_and_an_array_leave_no_container(ws_host) -> None:
     wait_container(w, jid)
     w.run(f"mt-job cancel {jid}")
     assert wait_job(w, jid, {"CANCELLED"})["state"] == "CANCELLED"
-    arr = submit(w, "#!/bin/sh\n#MTGPU container=busybox array=0-2\n"
-                    "echo $MTGPU_ARRAY_TASK_ID $container $(tr '\\0' _ < /proc/1/cmdline) "
-                    "> $HOME/task-$MTGPU_ARRAY_TASK_ID.txt\n")
+    arr = submit(
+        w,
+        "#!/bin/sh\n#MTGPU container=busybox array=0-2\n"
+        "echo $MTGPU_ARRAY_TASK_ID $container $(tr '\\0' _ < /proc/1/cmdline) "
+        "> $HOME/task-$MTGPU_ARRAY_TASK_ID.txt\n",
+    )
     v = wait_job(w, arr, {"COMPLETED", "FAILED"})
     assert {t["state"] for t in v["tasks"]} == {"COMPLETED"}, v
     seen = [(w.home / f"task-{i}.txt").read_text().split() for i in range(3)]
@@ -93,11 +106,13 @@ def test_cancel_and_an_array_leave_no_container(ws_host) -> None:
 
 def test_an_image_the_policy_refuses_or_that_is_missing_is_refused_at_submission(ws_host) -> None:
     w = ws_host
-    rc, _, err = w.run("mt-job submit -", ok=False,
-                       input=b"#!/bin/sh\n#MTGPU container=docker.io/library/alpine:3\ntrue\n")
+    rc, _, err = w.run(
+        "mt-job submit -", ok=False, input=b"#!/bin/sh\n#MTGPU container=docker.io/library/alpine:3\ntrue\n"
+    )
     assert rc != 0 and "container=docker.io/library/alpine:3" in err and "user-images" in err, err
-    rc, _, err = w.run("mt-job submit -", ok=False,
-                       input=b"#!/bin/sh\n#SBATCH --container-image=saved:nothing\ntrue\n")
+    rc, _, err = w.run(
+        "mt-job submit -", ok=False, input=b"#!/bin/sh\n#SBATCH --container-image=saved:nothing\ntrue\n"
+    )
     assert rc != 0 and "you have no saved image 'nothing'" in err, err
 
 

@@ -14,7 +14,7 @@ def test_the_least_recently_used_images_go_first_and_the_new_one_stays(tmp_path:
         p = cache.path(name)
         p.write_bytes(b"x" * 100)
         os.utime(p, (1000 + i, 1000 + i))
-    assert cache.get("a" * 64) is not None          # used now: the newest
+    assert cache.get("a" * 64) is not None  # used now: the newest
     assert cache.evict(keep="c" * 64) == ["b" * 64]  # 300 > 250: the oldest goes
     assert sorted(p.stem[0] for p in tmp_path.glob("*.tar")) == ["a", "c"]
     cache.limit = 50

@@ -15,9 +15,12 @@ from mtgpu.workspaces.types import WorkspaceError
 
 
 def test_archives_are_found_by_any_spelling(tmp_path: Path) -> None:
-    c = ContainersOptions(enabled=True, prepull=("team/img:1", "ubuntu"),
-                          registry={"url": "r:5000", "credentials": None, "tls_verify": False},
-                          archive_dir=str(tmp_path))
+    c = ContainersOptions(
+        enabled=True,
+        prepull=("team/img:1", "ubuntu"),
+        registry={"url": "r:5000", "credentials": None, "tls_verify": False},
+        archive_dir=str(tmp_path),
+    )
     a = ImageArchives(c, str(tmp_path))
     assert a.wanted() == ["r:5000/team/img:1", "r:5000/ubuntu:latest"]
     assert a.path_for("team/img:1") is None

@@ -75,8 +75,11 @@ def nobody_processes() -> set[int]:
     """Live (not zombie) processes of nobody."""
     import psutil
 
-    return {p.pid for p in psutil.process_iter(["username", "status"])
-            if p.info["username"] == "nobody" and p.info["status"] != psutil.STATUS_ZOMBIE}
+    return {
+        p.pid
+        for p in psutil.process_iter(["username", "status"])
+        if p.info["username"] == "nobody" and p.info["status"] != psutil.STATUS_ZOMBIE
+    }
 
 
 def wait_job(w, jid: str, timeout: float = 60) -> dict:
@@ -96,9 +99,16 @@ def test_every_podman_of_the_tenant_uses_the_store_on_local_disk() -> None:
     base = Path(tempfile.mkdtemp(prefix="mtgpu-stores-", dir="/tmp"))
     os.chmod(base, 0o755)
     root = base / "local"
-    w = start_workspace_host({"CONTAINERS": {
-        "enabled": True, "storage": str(root),
-        "templates": {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}}}}, user="lois")
+    w = start_workspace_host(
+        {
+            "CONTAINERS": {
+                "enabled": True,
+                "storage": str(root),
+                "templates": {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}},
+            }
+        },
+        user="lois",
+    )
     try:
         assert f"container stores: on this member's disk, under {root}" in w.podman_check
         uid = w.uid
@@ -116,8 +126,9 @@ def test_every_podman_of_the_tenant_uses_the_store_on_local_disk() -> None:
         v = w.mc("create", "box", "--template", "busybox")
         try:
             assert v["state"] == "RUNNING", v
-            _, out, _ = w.run(shlex.join(["mt-container", "shell", "box", "--", "sh", "-c",
-                                          "id -u; echo in-box"]))
+            _, out, _ = w.run(
+                shlex.join(["mt-container", "shell", "box", "--", "sh", "-c", "id -u; echo in-box"])
+            )
             assert out.split() == [str(uid), "in-box"]
             _, out, _ = w.run("podman ps --format '{{.Names}}'")
             assert "box" in out.split()
@@ -125,15 +136,20 @@ def test_every_podman_of_the_tenant_uses_the_store_on_local_disk() -> None:
             w.rm("box")
 
         # A containerized job, and a native job that runs podman itself.
-        jid = w.run("mt-job submit --parsable -", input=(
-            "#!/bin/sh\n#MTGPU container=busybox\necho in-job-container\n").encode())[1].strip()
+        jid = w.run(
+            "mt-job submit --parsable -",
+            input=(b"#!/bin/sh\n#MTGPU container=busybox\necho in-job-container\n"),
+        )[1].strip()
         v = wait_job(w, jid)
         log = w.home / ".mtgpu" / "podman-policy.log"
         assert v["state"] == "COMPLETED", (v["reason"], log.exists() and log.read_text())
         assert Path(v["stdout"]).read_text() == "in-job-container\n"
-        jid = w.run("mt-job submit --parsable -", input=(
-            "#!/bin/sh\necho $CONTAINERS_STORAGE_CONF\n"
-            "podman info --format '{{.Store.GraphRoot}}'\n").encode())[1].strip()
+        jid = w.run(
+            "mt-job submit --parsable -",
+            input=(
+                b"#!/bin/sh\necho $CONTAINERS_STORAGE_CONF\npodman info --format '{{.Store.GraphRoot}}'\n"
+            ),
+        )[1].strip()
         v = wait_job(w, jid)
         assert v["state"] == "COMPLETED", v["reason"]
         assert Path(v["stdout"]).read_text().split() == [f"{root}/storage.conf", f"{mine}/storage"]
@@ -153,9 +169,11 @@ def test_a_stores_directory_tenants_cannot_reach_stops_the_daemon_with_what_to_d
     try:
         with pytest.raises(RuntimeError) as e:
             h.start()
-        assert (f"CONTAINERS.storage: the tenants' container stores cannot be kept in {base}/s: "
-                f"{base} is mode 0700, so tenants cannot reach their stores under {base}/s; let "
-                "others traverse it (chmod o+x) or choose another directory") in str(e.value)
+        assert (
+            f"CONTAINERS.storage: the tenants' container stores cannot be kept in {base}/s: "
+            f"{base} is mode 0700, so tenants cannot reach their stores under {base}/s; let "
+            "others traverse it (chmod o+x) or choose another directory"
+        ) in str(e.value)
     finally:
         h.stop()
         h.cleanup()

@@ -24,8 +24,12 @@ def test_the_configuration_example_loads() -> None:
     [yaml_text] = re.findall(r"```yaml\n(.*?)```", section(), flags=re.DOTALL)
     o = load_text(yaml_text)
     t = o.containers.templates["jupyter"]
-    assert (t["gpus"], t["gpu_type"], t["ports"], o.containers.port_publishing) == \
-        (1, "nvidia", (8888,), "loopback")
+    assert (t["gpus"], t["gpu_type"], t["ports"], o.containers.port_publishing) == (
+        1,
+        "nvidia",
+        (8888,),
+        "loopback",
+    )
 
 
 def test_the_rule_table_is_the_policys() -> None:
@@ -34,11 +38,13 @@ def test_the_rule_table_is_the_policys() -> None:
 
 
 def test_the_quoted_refusal_is_real() -> None:
-    quoted = re.search(r"mt-podman: (refused by the container policy, rule 'no-privileged': .*)",
-                       section()).group(1)
+    quoted = re.search(
+        r"mt-podman: (refused by the container policy, rule 'no-privileged': .*)", section()
+    ).group(1)
     try:
-        check_podman(["run", "--privileged", "localhost/mine", "true"],
-                     Policy(home="/h", allow_user_images=True))
+        check_podman(
+            ["run", "--privileged", "localhost/mine", "true"], Policy(home="/h", allow_user_images=True)
+        )
     except PolicyRefusal as exc:
         assert str(exc) == quoted
     else:

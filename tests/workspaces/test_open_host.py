@@ -27,15 +27,19 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def registry():
-    why = podman_ready() or (None if shutil.which("docker-registry") and shutil.which("htpasswd")
-                             and shutil.which("skopeo") else "needs docker-registry, apache2-utils, skopeo")
+    why = podman_ready() or (
+        None
+        if shutil.which("docker-registry") and shutil.which("htpasswd") and shutil.which("skopeo")
+        else "needs docker-registry, apache2-utils, skopeo"
+    )
     if why:
         pytest.skip(why)
     d = Path(tempfile.mkdtemp(prefix="mtgpu-registry-", dir="/tmp"))
     os.chmod(d, 0o755)  # the archives under it are for every tenant
     port = _free_port()
-    htpasswd = subprocess.run(["htpasswd", "-Bbn", "robot", "s3cret"], capture_output=True,
-                              text=True, check=True).stdout
+    htpasswd = subprocess.run(
+        ["htpasswd", "-Bbn", "robot", "s3cret"], capture_output=True, text=True, check=True
+    ).stdout
     (d / "htpasswd").write_text(htpasswd)
     (d / "config.yml").write_text(f"""version: 0.1
 log: {{level: error}}
@@ -43,8 +47,11 @@ storage: {{filesystem: {{rootdirectory: {d}/data}}}}
 http: {{addr: 127.0.0.1:{port}}}
 auth: {{htpasswd: {{realm: test, path: {d}/htpasswd}}}}
 """)
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(d / "config.yml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(100):
             with socket.socket() as s:
@@ -53,17 +60,37 @@ auth: {{htpasswd: {{realm: test, path: {d}/htpasswd}}}}
             time.sleep(0.05)
         # Push the test image with a private, throw-away root store (test set-up only).
         rootfs = make_rootfs(d)
-        store = ["podman", "--root", str(d / "store"), "--runroot", str(d / "run"),
-                 "--storage-driver", "vfs"]
-        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True,
-                             check=True).stdout
+        store = ["podman", "--root", str(d / "store"), "--runroot", str(d / "run"), "--storage-driver", "vfs"]
+        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
         subprocess.run([*store, "import", "-", IMAGE], input=tar, capture_output=True, check=True)
-        subprocess.run([*store, "push", "--quiet", "--creds", "robot:s3cret", "--tls-verify=false",
-                        IMAGE, f"docker://127.0.0.1:{port}/mtgpu/test:1"], capture_output=True,
-                       check=True)
-        subprocess.run([*store, "push", "--quiet", "--creds", "robot:s3cret", "--tls-verify=false",
-                        IMAGE, f"docker://127.0.0.1:{port}/mtgpu/jobs:2"], capture_output=True,
-                       check=True)  # not pre-pulled: a containerized job pulls it
+        subprocess.run(
+            [
+                *store,
+                "push",
+                "--quiet",
+                "--creds",
+                "robot:s3cret",
+                "--tls-verify=false",
+                IMAGE,
+                f"docker://127.0.0.1:{port}/mtgpu/test:1",
+            ],
+            capture_output=True,
+            check=True,
+        )
+        subprocess.run(
+            [
+                *store,
+                "push",
+                "--quiet",
+                "--creds",
+                "robot:s3cret",
+                "--tls-verify=false",
+                IMAGE,
+                f"docker://127.0.0.1:{port}/mtgpu/jobs:2",
+            ],
+            capture_output=True,
+            check=True,
+        )  # not pre-pulled: a containerized job pulls it
         yield d, port
     finally:
         proc.kill()
@@ -77,10 +104,17 @@ def open_host(registry):
     creds = d / "registry-auth"
     creds.write_text("robot:s3cret\n")
     os.chmod(creds, 0o600)
-    w = start_workspace_host({"CONTAINERS": {
-        "enabled": True, "prepull": ["mtgpu/test:1"], "archive_dir": str(d / "images"),
-        "allow_user_images": True,
-        "registry": {"url": f"127.0.0.1:{port}", "credentials": str(creds), "tls_verify": False}}})
+    w = start_workspace_host(
+        {
+            "CONTAINERS": {
+                "enabled": True,
+                "prepull": ["mtgpu/test:1"],
+                "archive_dir": str(d / "images"),
+                "allow_user_images": True,
+                "registry": {"url": f"127.0.0.1:{port}", "credentials": str(creds), "tls_verify": False},
+            }
+        }
+    )
     yield w, d, port, creds
     stop_workspace_host(w.host)
 
@@ -121,12 +155,17 @@ def test_prepull_with_credentials_feeds_a_workspace(open_host) -> None:
 
 def test_a_devcontainer_dockerfile_is_built_as_the_tenant(open_host) -> None:
     w = open_host[0]
-    w.run("mkdir -p built/.devcontainer && cd built/.devcontainer && "
-          "printf 'FROM localhost/mtgpu-test:1\\nRUN echo built-by-$(id -u) > /built.txt\\n' > Dockerfile")
-    w.run("cat > built/.devcontainer/devcontainer.json", input=b"""{
+    w.run(
+        "mkdir -p built/.devcontainer && cd built/.devcontainer && "
+        "printf 'FROM localhost/mtgpu-test:1\\nRUN echo built-by-$(id -u) > /built.txt\\n' > Dockerfile"
+    )
+    w.run(
+        "cat > built/.devcontainer/devcontainer.json",
+        input=b"""{
       "build": {"dockerfile": "Dockerfile"},
       "postCreateCommand": ["sh", "-c", "cat /built.txt > from-post-create.txt"]
-    }""")
+    }""",
+    )
     v = w.mc("create", "bd", "--devcontainer", "built")
     try:
         assert v["state"] == "RUNNING" and v["image"] == "localhost/mtgpu-devcontainer/bd:latest"
@@ -143,8 +182,10 @@ def test_a_containerized_job_pulls_its_image_with_the_registry_credentials(open_
 
     w, _d, port, _creds = open_host
     ref = f"127.0.0.1:{port}/mtgpu/jobs:2"
-    _, out, _ = w.run("mt-job submit --parsable -",
-                      input=f"#!/bin/sh\n#MTGPU container={ref}\necho pulled-and-ran\n".encode())
+    _, out, _ = w.run(
+        "mt-job submit --parsable -",
+        input=f"#!/bin/sh\n#MTGPU container={ref}\necho pulled-and-ran\n".encode(),
+    )
     jid = out.strip()
     deadline = time.time() + 90
     while (v := json.loads(w.run(f"mt-job show {jid} --json")[1]))["state"] in ("PENDING", "RUNNING"):
@@ -153,5 +194,5 @@ def test_a_containerized_job_pulls_its_image_with_the_registry_credentials(open_
     assert v["state"] == "COMPLETED", (v["reason"], w.host.log()[-2000:])
     assert open(v["stdout"]).read() == "pulled-and-ran\n"
     assert v["progress"] == {w.host.config["SERVER_NAME"]: f"pulling {ref}"}
-    assert not list(w.home.rglob("auth.json"))   # the credentials stayed root's
-    assert w.run(f"podman image exists {ref}", ok=False)[0] == 0   # now in the tenant's store
+    assert not list(w.home.rglob("auth.json"))  # the credentials stayed root's
+    assert w.run(f"podman image exists {ref}", ok=False)[0] == 0  # now in the tenant's store

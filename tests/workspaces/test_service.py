@@ -32,8 +32,10 @@ class Recorder(ContainerRuntime):
         self.fail_create = ""
 
     def containers(self, tenant: Tenant) -> list[dict[str, Any]]:
-        return [{"name": n, "state": c["state"], "ports": [], "image": c["image"], "labels": {}}
-                for n, c in self.containers_.items()]
+        return [
+            {"name": n, "state": c["state"], "ports": [], "image": c["image"], "labels": {}}
+            for n, c in self.containers_.items()
+        ]
 
     def image_exists(self, tenant: Tenant, image: str) -> bool:
         return True
@@ -44,8 +46,11 @@ class Recorder(ContainerRuntime):
             raise PodmanError(["podman", "create"], f"Error: {self.fail_create}")
         name = argv[1].split("=", 1)[1]
         image = next(a for a in argv if a.startswith("localhost/") or a == "img:1")
-        self.containers_[name] = {"state": "created", "image": image,
-                                  "env": [a for a in argv if a.startswith("--env=MTGPU_GPUS")]}
+        self.containers_[name] = {
+            "state": "created",
+            "image": image,
+            "env": [a for a in argv if a.startswith("--env=MTGPU_GPUS")],
+        }
 
     def start(self, tenant: Tenant, name: str) -> None:
         self.calls.append(("start", name))
@@ -92,8 +97,9 @@ CONTAINERS:
         self.sampler = FakeSampler()
         self.tools_dir = str(tmp / "bin")
         self.scheduler = Scheduler(self.jobs, self.replicate, self.dispatch, term=lambda: 1)
-        gpus_ = tuple(GpuInfo(i, "nvidia", "rtx4090", "RTX 4090", f"GPU-{i}", 24 << 30, 0, 0)
-                      for i in range(gpus))
+        gpus_ = tuple(
+            GpuInfo(i, "nvidia", "rtx4090", "RTX 4090", f"GPU-{i}", 24 << 30, 0, 0) for i in range(gpus)
+        )
         self.scheduler.report(NodeInventory(NODE, gpus_, HostUsage(16, 0.0, 64 << 30, 0, 1, 1)))
 
     async def replicate(self, method: Any, *args: Any) -> Any:
@@ -134,7 +140,7 @@ def test_create_reserves_places_and_starts(env) -> None:
 
     async def go() -> None:
         v = await ws.create("ann", 20001, {"name": "a", "template": "box", "gpus": 1, "wait": 0})
-        assert v["state"] == "PENDING"          # the scheduler has not run yet
+        assert v["state"] == "PENDING"  # the scheduler has not run yet
         await settle(host, ws)
         v = await ws.show("ann", 20001, "a")
         assert v["state"] == "RUNNING" and len(v["gpus"]) == 1
@@ -142,6 +148,7 @@ def test_create_reserves_places_and_starts(env) -> None:
         assert job["workspace"] == {"name": "a", "node": NODE} and job["name"] == "workspace-a"
         assert list(job["spec"]["request"]["servers"]) == [NODE] and job["spec"]["output"] == "/dev/null"
         assert rt.containers_["a"]["env"] == [f"--env=MTGPU_GPUS={v['gpus'][0]}"]
+
     run(go())
 
 
@@ -160,7 +167,7 @@ def test_release_and_start_again_on_other_gpus_moves_the_container(env) -> None:
             await settle(host, ws)
         v = await ws.start_ws("ann", 20001, "a", wait=0)
         await settle(host, ws)
-        assert (await ws.show("ann", 20001, "a"))["state"] == "PENDING"   # the host is full
+        assert (await ws.show("ann", 20001, "a"))["state"] == "PENDING"  # the host is full
         holders = {n: (await ws.show("ann", 20001, n))["gpus"] for n in ("c", "d")}
         other = next(n for n, gs in holders.items() if gs != [g])
         await ws.rm("ann", 20001, other)
@@ -171,6 +178,7 @@ def test_release_and_start_again_on_other_gpus_moves_the_container(env) -> None:
         # the writable layer was committed and the container re-created on the new GPU
         assert ("commit", "a", "localhost/mtgpu-carry/a:latest") in rt.calls
         assert rt.containers_["a"]["image"] == "localhost/mtgpu-carry/a:latest"
+
     run(go())
 
 
@@ -183,7 +191,7 @@ def test_stop_keeps_the_reservation_and_a_cancelled_one_stops_the_container(env)
         v = await ws.stop_ws("ann", 20001, "a")
         assert v["state"] == "STOPPED" and host.jobs.get(v["reservation"])["state"] == RUNNING
         await settle(host, ws)
-        assert rt.containers_["a"]["state"] == "exited"      # not restarted behind the tenant's back
+        assert rt.containers_["a"]["state"] == "exited"  # not restarted behind the tenant's back
         v = await ws.start_ws("ann", 20001, "a", wait=0)
         assert v["state"] == "RUNNING"
         # `mt-job cancel` on the reservation: the workspace stops, its container is kept
@@ -191,6 +199,7 @@ def test_stop_keeps_the_reservation_and_a_cancelled_one_stops_the_container(env)
         await settle(host, ws)
         v = await ws.show("ann", 20001, "a")
         assert v["state"] == "RELEASED" and rt.containers_["a"]["state"] == "exited"
+
     run(go())
 
 
@@ -201,12 +210,14 @@ def test_no_queue_refuses_a_full_host_and_leaves_nothing_behind(env) -> None:
         await ws.create("ann", 20001, {"name": "a", "template": "box", "gpus": 2, "wait": 0})
         await settle(host, ws)
         with pytest.raises(WorkspaceError, match="cannot hold the workspace now"):
-            await ws.create("ann", 20001, {"name": "b", "template": "box", "gpus": 1, "wait": 0.5,
-                                           "queue": False})
+            await ws.create(
+                "ann", 20001, {"name": "b", "template": "box", "gpus": 1, "wait": 0.5, "queue": False}
+            )
         assert ("ann", "b") not in [(r.user, r.name) for r in ws.records.values()]
         assert [j["state"] for j in host.jobs.all() if j["name"] == "workspace-b"] == [CANCELLED]
         with pytest.raises(WorkspaceError, match="can never be placed"):
             await ws.create("ann", 20001, {"name": "c", "template": "box", "gpus": 3, "wait": 0})
+
     run(go())
 
 
@@ -221,6 +232,7 @@ def test_a_container_that_cannot_be_made_frees_its_reservation(env) -> None:
         v = await ws.show("ann", 20001, "a")
         assert v["state"] == "FAILED" and "no such image" in v["error"]
         assert host.jobs.get(v["reservation"])["state"] == CANCELLED
+
     run(go())
 
 
@@ -234,11 +246,14 @@ def test_records_survive_a_daemon_restart(env, tmp_path: Path) -> None:
         again._load()
         n = len(rt.calls)
         await again.reconcile()
-        assert len(rt.calls) == n   # nothing re-created or restarted
+        assert len(rt.calls) == n  # nothing re-created or restarted
         assert (await again.show("ann", 20001, "a"))["state"] == "RUNNING"
+
         def plain(r: Any) -> str:
             return json.dumps(dataclasses.asdict(r), sort_keys=True)
+
         assert plain(again.records[(20001, "a")]) == plain(ws.records[(20001, "a")])
+
     run(go())
 
 
@@ -246,10 +261,12 @@ def test_names_and_sources_are_checked(env) -> None:
     _host, _rt, ws = env
 
     async def go() -> None:
-        for args, words in (({"name": "Bad Name", "template": "box"}, "not a workspace name"),
-                            ({"name": "x"}, "exactly one of"),
-                            ({"name": "x", "template": "box", "image": "i"}, "exactly one of"),
-                            ({"name": "x", "template": "nope"}, "no template 'nope'")):
+        for args, words in (
+            ({"name": "Bad Name", "template": "box"}, "not a workspace name"),
+            ({"name": "x"}, "exactly one of"),
+            ({"name": "x", "template": "box", "image": "i"}, "exactly one of"),
+            ({"name": "x", "template": "nope"}, "no template 'nope'"),
+        ):
             with pytest.raises(WorkspaceError, match=words):
                 await ws.create("ann", 20001, {**args, "wait": 0})
         await ws.create("ann", 20001, {"name": "x", "template": "box", "wait": 0})
@@ -257,6 +274,7 @@ def test_names_and_sources_are_checked(env) -> None:
             await ws.create("ann", 20001, {"name": "x", "template": "box", "wait": 0})
         with pytest.raises(WorkspaceError, match="no workspace 'y'"):
             await ws.stop_ws("ann", 20001, "y")
+
     run(go())
 
 
@@ -276,6 +294,7 @@ def test_stopping_a_queued_workspace_leaves_the_queue(env) -> None:
         await settle(host, ws)
         await settle(host, ws)
         assert (await ws.show("ann", 20001, "b"))["state"] == "RUNNING"
+
     run(go())
 
 
@@ -286,20 +305,36 @@ def test_gpu_devices_cdi_for_nvidia_nodes_for_the_rest(env, monkeypatch: pytest.
     amd = GpuInfo(2, "amd", "mi300x", "MI300X", "amd-2", 192 << 30, 0, 0)
     inv = host.scheduler.nodes[NODE]
     host.scheduler.report(dataclasses.replace(inv, gpus=(*inv.gpus, amd)))
-    monkeypatch.setattr(cdi, "load_specs", lambda *a: [
-        {"kind": "nvidia.com/gpu", "devices": [{"name": "0"}, {"name": "GPU-1"}],
-         "containerEdits": {"mounts": [{"hostPath": "/usr/lib/libcuda.so.1"}]}}])
-    monkeypatch.setattr(host.sampler, "device_nodes",
-                        lambda idx: ["/dev/kfd", "/dev/dri/renderD130"] if idx == [2] else [])
+    monkeypatch.setattr(
+        cdi,
+        "load_specs",
+        lambda *a: [
+            {
+                "kind": "nvidia.com/gpu",
+                "devices": [{"name": "0"}, {"name": "GPU-1"}],
+                "containerEdits": {"mounts": [{"hostPath": "/usr/lib/libcuda.so.1"}]},
+            }
+        ],
+    )
+    monkeypatch.setattr(
+        host.sampler, "device_nodes", lambda idx: ["/dev/kfd", "/dev/dri/renderD130"] if idx == [2] else []
+    )
     cdis, nodes, env_ = ws.gpu_devices([1, 2])
     assert cdis == ["nvidia.com/gpu=GPU-1"] and nodes == ["/dev/kfd", "/dev/dri/renderD130"]
     assert env_ == {"MTGPU_GPUS": "1,2"}
     # what the tenant holds is what mt-podman and the hook let through, and no more
-    host.jobs.submit({"user": "ann", "uid": 20001, "name": "j", "spec": {}, "workdir": "/"}, None,
-                     time.time(), _doApply=True)
+    host.jobs.submit(
+        {"user": "ann", "uid": 20001, "name": "j", "spec": {}, "workdir": "/"},
+        None,
+        time.time(),
+        _doApply=True,
+    )
     jid = max(host.jobs.jobs, key=int)
-    host.jobs.jobs[jid] = {**host.jobs.jobs[jid], "state": RUNNING, "placement": {
-        "members": [{"node": NODE, "gpu_indices": [1, 2]}]}}
+    host.jobs.jobs[jid] = {
+        **host.jobs.jobs[jid],
+        "state": RUNNING,
+        "placement": {"members": [{"node": NODE, "gpu_indices": [1, 2]}]},
+    }
     pol = ws.policy(ws.tenant("ann", 20001))
     assert pol.cdi_devices == ("nvidia.com/gpu=GPU-1",)
     assert pol.devices == ("/dev/kfd", "/dev/dri/renderD130")
@@ -317,13 +352,33 @@ def test_a_release_waiting_for_the_lock_does_not_bring_back_a_removed_workspace(
         key = (20001, "a")
         async with ws._lock(key):
             host.jobs.cancel([v["reservation"]], "ann", time.time(), _doApply=True)
-            await host.agent_tick()                 # the reservation ended ...
+            await host.agent_tick()  # the reservation ended ...
             loop = asyncio.create_task(ws.reconcile())
-            await asyncio.sleep(0.01)               # ... and the loop waits for the lock
+            await asyncio.sleep(0.01)  # ... and the loop waits for the lock
             rt.remove(ws.tenant("ann", 20001), "a")
             ws._drop(ws.records[key])
         await loop
         assert key not in ws.records
         assert not (ws.state_dir / "20001" / "a.json").exists()
         assert all(x["name"] != "a" for x in await ws.list("ann", 20001))
+
+    run(go())
+
+
+def test_a_released_workspace_is_on_record_until_its_tenant_is_removed(env) -> None:
+    host, _, ws = env
+
+    async def go() -> None:
+        await ws.create("ann", 20001, {"name": "a", "template": "box", "gpus": 1, "wait": 0})
+        await settle(host, ws)
+        await ws.stop_ws("ann", 20001, "a", release=True)
+        await settle(host, ws)
+        # Retention asks for it: a released workspace keeps its tenant.
+        assert ws.names_of(20001) == ["a"] and ws.names_of(20002) == []
+        state = ws.state_dir / "20001" / "a.json"
+        assert state.exists()
+        # Removing the tenant takes its state files with it.
+        assert ws.forget(20001) == ["a"]
+        assert not state.exists() and not state.parent.exists() and ws.names_of(20001) == []
+
     run(go())

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
-import urllib.request
 
 import pytest
 
@@ -20,11 +18,13 @@ def test_files_land_in_the_home_owned_by_the_tenant_and_datasets_are_read_only(w
         assert v["state"] == "RUNNING" and v["reservation"] and v["image"] == "localhost/mtgpu-test:1"
         ds = w.datasets
         pub = f"/datasets/{ds.name}"  # the same dataset where every tenant finds it
-        script = (f"id -u; echo $HOME; pwd; echo made-inside > $HOME/from-ws.txt; "
-                  f"cat {ds}/imagenet/labels.txt; touch {ds}/imagenet/new 2>&1 || echo ro-refused; "
-                  f"sed s/^/pub:/ {pub}/imagenet/labels.txt; "
-                  f"touch {pub}/imagenet/new 2>&1 || echo pub-ro-refused; "
-                  f"touch /cache/c && echo cache-ok; env | grep ^MTGPU_WORKSPACE=")
+        script = (
+            f"id -u; echo $HOME; pwd; echo made-inside > $HOME/from-ws.txt; "
+            f"cat {ds}/imagenet/labels.txt; touch {ds}/imagenet/new 2>&1 || echo ro-refused; "
+            f"sed s/^/pub:/ {pub}/imagenet/labels.txt; "
+            f"touch {pub}/imagenet/new 2>&1 || echo pub-ro-refused; "
+            f"touch /cache/c && echo cache-ok; env | grep ^MTGPU_WORKSPACE="
+        )
         info = w.mc("shell", "files")
         assert info["argv"][1:3] == ["exec", "-it"] and info["tmux_session"] == "ws-files"
         _, out, _ = w.run(shlex.join(["mt-container", "shell", "files", "--", "sh", "-c", script]))
@@ -45,36 +45,24 @@ def test_files_land_in_the_home_owned_by_the_tenant_and_datasets_are_read_only(w
 
 
 def test_a_published_port_is_reachable_through_ssh_L(ws_host) -> None:
-    from mtgpu_testing import free_port
+    from workspace_testing import get_through_ssh_L
 
     w = ws_host
     w.run("mkdir -p www && echo served-from-workspace > www/index.html")
     w.mc("create", "web", "--template", "busybox", "--port", "8080")
-    ssh = None
     try:
-        w.run(shlex.join(["mt-container", "shell", "web", "--", "httpd", "-p", "8080",
-                          "-h", str(w.home / "www")]))
+        w.run(
+            shlex.join(
+                ["mt-container", "shell", "web", "--", "httpd", "-p", "8080", "-h", str(w.home / "www")]
+            )
+        )
         ports = w.mc("ports", "web")
         [p] = ports["ports"]
         assert p["container_port"] == 8080 and p["host_ip"] == "127.0.0.1"
         _, text, _ = w.run("mt-container ports web")
         assert f"-L 8080:127.0.0.1:{p['host_port']}" in text
-        local = free_port()
-        ssh = subprocess.Popen(w.host.ssh_argv(w.user, w.key, opts=[
-            "-N", "-L", f"{local}:127.0.0.1:{p['host_port']}"]), stdin=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while True:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.2)
-        assert body == b"served-from-workspace\n"
+        assert get_through_ssh_L(w, p["host_port"]) == b"served-from-workspace\n"
     finally:
-        if ssh is not None:
-            ssh.kill()
         w.rm("web")
 
 
@@ -104,8 +92,7 @@ def test_a_devcontainer_json_with_image_env_and_post_create(ws_host) -> None:
       "postCreateCommand": "echo $GREETING > ${containerWorkspaceFolder}/post-created.txt",
       "forwardPorts": [3000],
     }"""
-    w.run("mkdir -p proj/.devcontainer && cat > proj/.devcontainer/devcontainer.json",
-          input=dc.encode())
+    w.run("mkdir -p proj/.devcontainer && cat > proj/.devcontainer/devcontainer.json", input=dc.encode())
     v = w.mc("create", "dc", "--devcontainer", "proj")
     try:
         assert v["state"] == "RUNNING", v
@@ -129,19 +116,24 @@ def test_privileged_is_refused_by_mt_podman_plain_podman_and_the_hook(ws_host) -
     assert rc != 0 and "mtgpu-podman-hook" in err and "podman-policy.log" in err
     _, log, _ = w.run("cat ~/.mtgpu/podman-policy.log")
     assert "rule 'no-privileged'" in log
-    refused = {"-v /etc:/host-etc": "host-paths", "--network host": "no-host-namespaces",
-               "--pid=host": "no-host-namespaces", "-p 8080:80": "ports",
-               "--device /dev/kvm": "no-host-devices",
-               f"-v {w.datasets}:/d": "datasets-read-only"}
+    refused = {
+        "-v /etc:/host-etc": "host-paths",
+        "--network host": "no-host-namespaces",
+        "--pid=host": "no-host-namespaces",
+        "-p 8080:80": "ports",
+        "--device /dev/kvm": "no-host-devices",
+        f"-v {w.datasets}:/d": "datasets-read-only",
+    }
     for flags, rule in refused.items():
         rc, _, err = w.run(f"mt-podman run --rm {flags} localhost/mtgpu-test:1 true", ok=False)
         assert rc == 125 and f"rule '{rule}'" in err, (flags, err)
-    rc, out, err = w.run("/usr/bin/podman run --rm -v /etc:/host-etc localhost/mtgpu-test:1 true",
-                         ok=False)
+    rc, out, err = w.run("/usr/bin/podman run --rm -v /etc:/host-etc localhost/mtgpu-test:1 true", ok=False)
     assert rc != 0
     # What the policy allows runs, as the tenant, with the home and datasets.
-    _, out, _ = w.run(f"mt-podman run --rm --userns=keep-id -v $HOME:$HOME -v {w.datasets}:/d:ro "
-                      "-p 127.0.0.1::80 localhost/mtgpu-test:1 sh -c 'id -u; cat /d/imagenet/labels.txt'")
+    _, out, _ = w.run(
+        f"mt-podman run --rm --userns=keep-id -v $HOME:$HOME -v {w.datasets}:/d:ro "
+        "-p 127.0.0.1::80 localhost/mtgpu-test:1 sh -c 'id -u; cat /d/imagenet/labels.txt'"
+    )
     assert out.split() == [str(w.uid), "cat", "dog"]
     _, rules, _ = w.run("mt-podman --rules")
     assert "no-privileged" in rules and str(w.home) in rules
@@ -164,9 +156,10 @@ def test_the_docker_shim_answers_dev_containers_attach(ws_host) -> None:
         assert info["State"]["Running"] is True and info["Name"].lstrip("/") == "attach"
         assert "MTGPU_WORKSPACE=attach" in info["Config"]["Env"]
         assert info["Config"]["Labels"]["mtgpu.workspace"] == "attach"
-        _, out, _ = w.run("docker exec -i -u root -e VSCODE_REMOTE_CONTAINERS_SESSION=x "
-                          "attach /bin/sh", input=b"echo from-$((40+2)) $VSCODE_REMOTE_CONTAINERS_SESSION\n"
-                                                   b"id -u\nexit\n")
+        _, out, _ = w.run(
+            "docker exec -i -u root -e VSCODE_REMOTE_CONTAINERS_SESSION=x attach /bin/sh",
+            input=b"echo from-$((40+2)) $VSCODE_REMOTE_CONTAINERS_SESSION\nid -u\nexit\n",
+        )
         assert out.split() == ["from-42", "x", "0"]
         rc, _, err = w.run("docker exec --privileged attach true", ok=False)
         assert rc == 125 and "no-privileged" in err
@@ -180,7 +173,7 @@ def test_a_full_host_queues_in_the_one_ledger_and_stop_keeps_the_reservation(ws_
     try:
         assert a["state"] == "RUNNING" and a["gpus"] == [0]
         [node] = json.loads(w.run("mt-job nodes --json")[1])
-        assert node["gpus"][0]["jobs"] == [a["reservation"]]   # the workspace, in the job ledger
+        assert node["gpus"][0]["jobs"] == [a["reservation"]]  # the workspace, in the job ledger
         b = w.mc("create", "big2", "--template", "busybox", "--gpus", "1", "--wait", "3")
         assert b["state"] == "PENDING" and b["position"] == 1 and "Resources" in b["reason"]
         rc, _, err = w.run("mt-container create big3 --template busybox --gpus 1 --no-queue", ok=False)
@@ -229,6 +222,9 @@ def test_user_images_follow_the_policy_and_podman_check_is_clean(ws_host) -> Non
     assert rc == 1 and "rule 'user-images'" in err
     rc, _, err = w.run("mt-container create bad --template nope", ok=False)
     assert rc == 1 and "no template 'nope'" in err
-    assert all(line.startswith("ok") for line in w.podman_check.splitlines()
-               if line.strip() and not line.startswith("mtgpu-setup:")), w.podman_check
+    assert all(
+        line.startswith("ok")
+        for line in w.podman_check.splitlines()
+        if line.strip() and not line.startswith("mtgpu-setup:")
+    ), w.podman_check
     assert [t["name"] for t in w.mc("templates")] == ["busybox"]

@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mtgpu_testing import shared_uid_range
+
 from mtgpu.accounts.provision import subid_range
 
 IMAGE = "localhost/mtgpu-test:1"
 # A UID range of their own: /run/user/UID is shared with the machine, and other
 # tests' tenants (from 20000) must never meet these.
-UID_RANGE = "32100-32199"
+UID_RANGE = shared_uid_range(32100)
 BUSYBOX = "/bin/busybox"
 
 
@@ -65,8 +67,9 @@ class WorkspaceHost:
     def uid(self) -> int:
         return int(self.host.passwd(self.user)[2])
 
-    def ssh(self, *cmd: str, input: bytes | None = None, timeout: float = 120,
-            opts: list[str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    def ssh(
+        self, *cmd: str, input: bytes | None = None, timeout: float = 120, opts: list[str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
         return self.host.ssh(self.user, self.key, *cmd, input=input, timeout=timeout, opts=opts)
 
     def run(self, cmd: str, *, ok: bool = True, input: bytes | None = None) -> tuple[int, str, str]:
@@ -111,17 +114,31 @@ def reap_tenant(uid: int) -> None:
     shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
 
 
-def start_workspace_host(config: dict[str, Any] | None = None, user: str = "wendy") -> WorkspaceHost:
+def start_workspace_host(
+    config: dict[str, Any] | None = None, user: str = "wendy", network: Any = None
+) -> WorkspaceHost:
+    """A host for workspace tests; in ``network`` (a ``Network``) if given."""
     from mtgpu_testing import Host
 
-    base = {"TENANT_UID_RANGE": UID_RANGE, "SIMULATED_GPUS": [{"type": "rtx4090", "count": 1,
-                                                               "vram": "24G"}],
-            "SIMULATED_CPUS": 32}
+    base = {
+        "TENANT_UID_RANGE": UID_RANGE,
+        "SIMULATED_GPUS": [{"type": "rtx4090", "count": 1, "vram": "24G"}],
+        "SIMULATED_CPUS": 32,
+    }
     h = Host({**base, **(config or {})})
+    if network is not None:
+        network.add(h)
     try:
         h.start()
-        r = h.in_ns([str(Path(os.sys.executable).parent / "mtgpu-setup"), "podman-check", "--fix",
-                     "--config", str(h.config_path)])
+        r = h.in_ns(
+            [
+                str(Path(os.sys.executable).parent / "mtgpu-setup"),
+                "podman-check",
+                "--fix",
+                "--config",
+                str(h.config_path),
+            ]
+        )
         assert r.returncode == 0, f"podman-check --fix:\n{r.stdout}\n{r.stderr}"
         key = h.add_user(user)
         wh = WorkspaceHost(h, user, key)
@@ -141,3 +158,29 @@ def stop_workspace_host(h: Any) -> None:
     for uid in uids:
         reap_tenant(uid)
     h.cleanup()
+
+
+def get_through_ssh_L(wh: WorkspaceHost, host_port: int, timeout: float = 20) -> bytes:
+    """``GET /`` of ``127.0.0.1:host_port`` on the host, through the tenant's own
+    ``ssh -L`` from the test's side (as a laptop reaches a workspace's port)."""
+    import urllib.request
+
+    from mtgpu_testing import free_port
+
+    local = free_port()
+    ssh = subprocess.Popen(
+        wh.host.ssh_argv(wh.user, wh.key, opts=["-N", "-L", f"{local}:127.0.0.1:{host_port}"]),
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=2).read()
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        ssh.kill()
+        ssh.wait()

@@ -1,0 +1,156 @@
+"""The cluster's operations on the API: what members ask each other (joining, usage
+reports, roles, the scheduler's log index) and ``mtgpu-admin cluster``.
+
+The handlers live here, on the API's side, and act on the member's
+:class:`~mtgpu.cluster.runtime.ClusterRuntime`; the cluster code itself never imports
+the dispatcher.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.cluster.runtime import ClusterRuntime
+from mtgpu.errors import ApiError, ValidationError
+
+
+def register_hello(d: Dispatcher, rt: ClusterRuntime) -> None:
+    """Answer joining members, from before this member's own store is open."""
+
+    def hello(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """What this member knows of the cluster (for a joining member)."""
+        _peer_only(caller)
+        if arg(args, "cluster_id", str, rt.options.cluster_id) != rt.options.cluster_id:
+            raise ApiError("another cluster ID", "wrong_cluster")
+        leader = rt.leader()
+        if rt.coordinator is None or leader is None:
+            return {"name": rt.name, "formed": False}
+        addr = rt.address if leader == rt.name else rt.addresses.get(leader)
+        return {
+            "name": rt.name,
+            "formed": True,
+            "leader": leader,
+            "leader_address": addr,
+            "voters": rt.members.voters(),
+            "members": [m["name"] for m in rt.members.all()],
+        }
+
+    d.register("cluster.hello", hello)
+
+
+def register(d: Dispatcher, rt: ClusterRuntime) -> None:
+    """The peer and admin operations of a member whose store is open (after ``rt.start``)."""
+    peer_only = _peer_only
+
+    async def join(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Admit a member (on the leader)."""
+        peer_only(caller)
+        assert rt.coordinator is not None
+        name = arg(args, "name", str)
+        if caller.name != f"mtgpu-peer.{name}":
+            raise ApiError("a member can only join as itself", "forbidden")
+        address = arg(args, "address", str)
+
+        async def reachable() -> bool:
+            try:
+                await rt.peers.call(
+                    f"probe:{name}",
+                    "cluster.hello",
+                    dial_address=address,
+                    timeout=3,
+                    cluster_id=rt.options.cluster_id,
+                )
+                return True
+            except ApiError:
+                return False
+            finally:
+                rt.peers.forget(f"probe:{name}")
+
+        r = await rt.coordinator.join(name, address, float(arg(args, "score", (int, float), 0.0)), reachable)
+        r["addresses"] = {**rt.addresses, rt.name: rt.address}
+        return r
+
+    def report(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """A member's inventory and measured use, for the scheduler's memory."""
+        peer_only(caller)
+        inv = rt.reports.read(arg(args, "inventory", dict))
+        if rt.coordinator is not None:
+            rt.coordinator.reported[inv.name] = time.monotonic()
+        if rt.on_report is not None:
+            rt.on_report(inv)
+        # The scheduler's answer renews the reporting member's lease (only a member's
+        # own report: one member cannot renew another's).
+        lease = None
+        if rt.grant is not None and rt.is_leader() and caller.name == f"mtgpu-peer.{inv.name}":
+            lease = rt.grant(inv.name)
+        return {"ok": True, **({"lease": lease} if lease is not None else {})}
+
+    def inventory(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """This member's inventory and measured use, for a scheduler that asks."""
+        peer_only(caller)
+        inv = rt.inventory()
+        if inv is None:
+            raise ApiError("this member has not sampled its resources yet", "not_ready")
+        return inv.to_dict(processes=False)
+
+    def status(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """The cluster as this member sees it."""
+        return rt.status()
+
+    async def remove(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Take a member out of the cluster (on the scheduler)."""
+        name = arg(args, "name", str)
+        if not rt.is_leader():
+            leader = rt.leader()
+            if leader is None:
+                raise ApiError("no scheduler is elected right now; retry", "no_leader")
+            return await rt.peers.call(leader, "cluster.remove", name=name)
+        m = rt.members.get(name)
+        if m is None:
+            raise ApiError(f"no member {name!r}; `mtgpu-admin cluster status` lists them", "not_found")
+        if name == rt.name:
+            raise ValidationError(
+                "the scheduler cannot remove itself; run this on another "
+                "member after moving the scheduler, or stop this one"
+            )
+        assert rt.coordinator is not None
+        await rt.coordinator.remove_member(name)
+        rt.reports.forget(name)
+        return {"removed": name}
+
+    async def role(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Run this member's replica as a voter or read-only (the scheduler asks)."""
+        peer_only(caller)
+        want = arg(args, "role", str)
+        voters = arg(args, "voters", list)
+        if want not in ("voter", "readonly"):
+            raise ValidationError("role must be voter or readonly")
+        if (want == "voter") != (rt.name in voters):
+            raise ValidationError("the voters do not match the role")
+        sender = caller.name.removeprefix("mtgpu-peer.")
+        if want == "voter" and sender != rt.leader():
+            raise ApiError(f"only the scheduler ({rt.leader()}) promotes members", "not_leader")
+        changed = await rt.switch_role(want, [str(v) for v in voters])
+        return {"role": want, "changed": changed}
+
+    def log_index(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """The scheduler's last log index, for a member catching up before a read."""
+        peer_only(caller)
+        if not rt.is_leader():
+            raise ApiError(f"not the scheduler; ask {rt.leader()}", "not_leader")
+        return {"index": rt.last_index()}
+
+    d.register("cluster.log_index", log_index)
+    d.register("cluster.join", join)
+    d.register("cluster.remove", remove, admin=True, audit=True)
+    d.register("cluster.role", role)
+    d.register("node.report", report)
+    d.register("node.inventory", inventory)
+    d.register("cluster.status", status, admin=True)
+
+
+def _peer_only(caller: Caller) -> None:
+    if caller.via != "peer":
+        raise ApiError("only other members may call this", "forbidden")

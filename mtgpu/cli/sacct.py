@@ -1,0 +1,505 @@
+"""``sacct``: finished and running jobs' accounting records, as Slurm's ``sacct`` prints them.
+
+It reads the same records as ``mt-job show`` (one ``job.list`` call, as the tenant;
+an admin may ask for everyone's), then filters and formats them here. The field
+names, the default format, ``--parsable``/``--parsable2`` and the exit codes
+(``status:signal``) are Slurm's, so scripts written for ``sacct`` keep working.
+MTGPU jobs have no job steps: each job (or array task) is one line, and ``-X``
+(allocations only) changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import signal as _signal
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mtgpu.cmdline import with_examples
+
+EPILOG = """\
+examples:
+  sacct                                  your jobs since midnight
+  sacct -j 12,14 --format=JobID,State,ExitCode,Elapsed,MaxRSS,TotalCPU
+  sacct -S 2026-03-01 -E now -s F,TO,OOM -P -n
+  sacct --json -j 12                     Slurm's JSON shape (jobs: [...])
+
+fields (-o/--format, case-insensitive; NAME%WIDTH sets a width):
+  """
+
+#: Slurm's default --format.
+DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+#: Slurm's state abbreviations for -s/--state.
+STATE_CODES = {
+    "PD": "PENDING",
+    "R": "RUNNING",
+    "CD": "COMPLETED",
+    "F": "FAILED",
+    "CA": "CANCELLED",
+    "TO": "TIMEOUT",
+    "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY",
+}
+_LONGEST_ARG = 4096
+
+
+def hms(seconds: float | None) -> str:
+    """Slurm's elapsed form, ``[D-]HH:MM:SS`` (as a time limit is written); empty when unset.
+
+    >>> hms(3725), hms(90061), hms(None)
+    ('01:02:05', '1-01:01:01', '')
+    """
+    from mtgpu.schedd.timefmt import format_time_limit
+
+    return "" if seconds is None else format_time_limit(seconds)
+
+
+def cpu_clock(seconds: float | None) -> str:
+    """Slurm's CPU-time form: ``[D-][HH:]MM:SS.mmm``.
+
+    >>> cpu_clock(1.5), cpu_clock(3661.25), cpu_clock(None)
+    ('00:01.500', '01:01:01.250', '')
+    """
+    if seconds is None:
+        return ""
+    ms = round(seconds * 1000)
+    secs, ms = divmod(ms, 1000)
+    days, rest = divmod(secs, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    head = (f"{days}-" if days else "") + (f"{h:02d}:" if h or days else "")
+    return f"{head}{m:02d}:{s:02d}.{ms:03d}"
+
+
+def elapsed(v: dict[str, Any], now: float | None = None) -> float | None:
+    """A job's elapsed seconds: its record's once it ended, counted to ``now`` while it
+    runs (the record leaves it null then, so that every read of it agrees)."""
+    if v.get("elapsed") is not None:
+        return float(v["elapsed"])
+    if v.get("state") == "RUNNING" and v.get("start_time"):
+        return max(0.0, (now if now is not None else time.time()) - float(v["start_time"]))
+    return None
+
+
+def kib(n: int | None) -> str:
+    """A size as sacct prints MaxRSS (``K`` units, rounded down)."""
+    return "" if n is None else f"{n // 1024}K"
+
+
+def stamp(t: float | None) -> str:
+    """Slurm's time form, local time ``YYYY-MM-DDTHH:MM:SS``; ``Unknown`` when unset."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "Unknown"
+
+
+def signal_name(sig: int | None) -> str:
+    try:
+        return _signal.Signals(int(sig or 0)).name if sig else ""
+    except ValueError:
+        return f"signal {sig}"
+
+
+def exit_code(v: dict[str, Any]) -> str:
+    """Slurm's ``ExitCode``: ``status:signal`` (``0:0`` while it runs)."""
+    return v.get("exit") or "0:0"
+
+
+def _tres(v: dict[str, Any]) -> str:
+    from mtgpu.config.units import format_size
+
+    bits = [f"cpu={v['alloc_cpus']}", f"mem={format_size(v['alloc_ram'])}", f"node={len(v['nodes'])}"]
+    if v["alloc_gpus"]:
+        bits.append(f"gres/gpu={v['alloc_gpus']}")
+    return ",".join(bits) if v["nodes"] else ""
+
+
+#: Field name (as Slurm spells it) -> (width, right-aligned, value of a job view).
+FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
+    "JobID": (12, False, lambda v: v["job_id"]),
+    "JobIDRaw": (12, False, lambda v: v["job_id"]),
+    "JobName": (10, True, lambda v: v["name"]),
+    "Partition": (10, True, lambda v: v.get("cluster") or ""),
+    "Account": (10, True, lambda v: v["user"]),
+    "User": (9, True, lambda v: v["user"]),
+    "AllocCPUS": (10, True, lambda v: v["alloc_cpus"]),
+    "AllocNodes": (10, True, lambda v: len(v["nodes"])),
+    "NNodes": (8, True, lambda v: len(v["nodes"])),
+    "NodeList": (15, True, lambda v: ",".join(v["nodes"]) or "None assigned"),
+    "AllocTRES": (30, True, _tres),
+    "AllocGPUS": (9, True, lambda v: v["alloc_gpus"]),
+    "GPUs": (30, True, lambda v: ",".join(f"{g['node']}:{g['index']}" for g in v["gpus"])),
+    "GPUUUIDs": (40, True, lambda v: ",".join(g.get("uuid") or "?" for g in v["gpus"])),
+    "GPUType": (10, True, lambda v: ",".join(sorted({g.get("type") or "?" for g in v["gpus"]}))),
+    "ReqCPUS": (8, True, lambda v: v["cpus"]),
+    "ReqMem": (10, True, lambda v: _size(v["ram"])),
+    "State": (10, True, lambda v: v["state"]),
+    "ExitCode": (8, True, exit_code),
+    "Signal": (8, True, lambda v: signal_name(v.get("signal"))),
+    "Reason": (30, True, lambda v: v.get("reason") or "None"),
+    "Timelimit": (10, True, lambda v: hms(v["time_limit"]) if v.get("time_limit") else "UNLIMITED"),
+    "TimelimitRaw": (12, True, lambda v: round(v["time_limit"] / 60) if v.get("time_limit") else "UNLIMITED"),
+    "Elapsed": (10, True, lambda v: hms(elapsed(v) or 0)),
+    "ElapsedRaw": (10, True, lambda v: round(elapsed(v) or 0)),
+    "Submit": (19, True, lambda v: stamp(v["submit_time"])),
+    "Start": (19, True, lambda v: stamp(v["start_time"])),
+    "End": (19, True, lambda v: stamp(v["end_time"])),
+    "MaxRSS": (10, True, lambda v: kib(v.get("max_rss"))),
+    "MemoryPeak": (10, True, lambda v: kib(v.get("memory_peak"))),
+    "UserCPU": (10, True, lambda v: cpu_clock(v.get("cpu_user"))),
+    "SystemCPU": (10, True, lambda v: cpu_clock(v.get("cpu_system"))),
+    "TotalCPU": (10, True, lambda v: cpu_clock(v.get("total_cpu"))),
+    "CPUTime": (10, True, lambda v: hms((elapsed(v) or 0) * v["alloc_cpus"])),
+    "CPUTimeRAW": (10, True, lambda v: round((elapsed(v) or 0) * v["alloc_cpus"])),
+    "Restarts": (8, True, lambda v: v.get("restarts", 0)),
+    "Priority": (10, True, lambda v: v.get("priority")),
+    "WorkDir": (30, True, lambda v: v.get("workdir") or ""),
+}
+_BY_LOWER = {k.lower(): k for k in FIELDS}
+
+
+def _size(n: int) -> str:
+    from mtgpu.config.units import format_size
+
+    return format_size(n)
+
+
+def parse_format(text: str) -> list[tuple[str, int]]:
+    """``-o``'s list: ``JobID,State%20`` -> ``[("JobID", 12), ("State", 20)]``.
+
+    >>> parse_format("jobid,state%20")
+    [('JobID', 12), ('State', 20)]
+    """
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, width = item.partition("%")
+        field = _BY_LOWER.get(name.lower())
+        if field is None:
+            raise ValueError(f"--format: unknown field {name[:40]!r}; `sacct --helpformat` lists them")
+        if width and not (width.isdigit() and 0 < int(width) <= 1000):
+            raise ValueError(f"--format: {item[:40]!r}: a width is a number from 1 to 1000")
+        out.append((field, int(width) if width else FIELDS[field][0]))
+    if not out:
+        raise ValueError("--format: name at least one field, such as JobID,State")
+    return out
+
+
+_REL = re.compile(r"^now(?:([+-])(\d+)(seconds|minutes|hours|days|weeks|[smhdw])?)?$")
+
+
+def parse_when(text: str, now: float) -> float:
+    """A time as sacct takes it: ``YYYY-MM-DD[THH:MM[:SS]]``, ``MM/DD[/YY]``, ``now``,
+    ``now-2days``, ``today``/``midnight``, ``yesterday``; local time.
+
+    >>> parse_when("now-1hours", 7200.0)
+    3600.0
+    """
+    t = text.strip().lower()
+    if len(t) > 40:
+        raise ValueError(f"{text[:40]!r}... is too long for a time")
+    m = _REL.match(t)
+    if m:
+        if not m.group(1):
+            return now
+        unit = (m.group(3) or "s")[0]
+        secs = int(m.group(2)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+        return now + secs if m.group(1) == "+" else now - secs
+    today = dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if t in ("today", "midnight"):
+        return today.timestamp()
+    if t == "yesterday":
+        return (today - dt.timedelta(days=1)).timestamp()
+    if t == "tomorrow":
+        return (today + dt.timedelta(days=1)).timestamp()
+    m = re.match(r"^(\d{1,2})/(\d{1,2})(?:/(\d{2}|\d{4}))?$", t)
+    if m:
+        year = int(m.group(3)) if m.group(3) else today.year
+        year += 2000 if year < 100 else 0
+        try:
+            return dt.datetime(year, int(m.group(1)), int(m.group(2))).timestamp()
+        except ValueError:
+            pass
+    else:
+        try:
+            return dt.datetime.fromisoformat(text.strip()).timestamp()
+        except ValueError:
+            pass
+    raise ValueError(
+        f"{text!r} is not a time; give YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], now[-N{{days|hours|minutes}}] or today"
+    )
+
+
+def parse_states(text: str) -> set[str]:
+    """``-s``'s list: Slurm's names or abbreviations (``F,TO,cd``)."""
+    names = set(STATE_CODES.values())
+    out = set()
+    for item in text.split(","):
+        s = item.strip().upper()
+        if not s:
+            continue
+        if s in STATE_CODES:
+            out.add(STATE_CODES[s])
+        elif s == "CANCELED":
+            out.add("CANCELLED")
+        elif s in names:
+            out.add(s)
+        else:
+            raise ValueError(
+                f"--state: unknown state {item[:30]!r}; use {', '.join(sorted(STATE_CODES))} or full names"
+            )
+    return out
+
+
+def parse_job_ids(text: str) -> list[str]:
+    ids = [i.strip() for i in text.split(",") if i.strip()]
+    for i in ids:
+        if not re.fullmatch(r"\d{1,12}(_\d{1,8})?", i):
+            raise ValueError(f"--jobs: {i[:30]!r} is not a job id (such as 12 or 12_3)")
+    return ids
+
+
+def select(
+    views: Iterable[dict[str, Any]],
+    *,
+    job_ids: list[str] | None,
+    states: set[str] | None,
+    start: float | None,
+    end: float | None,
+    now: float,
+) -> list[dict[str, Any]]:
+    """The jobs sacct shows: named by ``job_ids`` (an array's id names its tasks), in
+    ``states``, and in the window: submitted before ``end`` and not ended before
+    ``start`` (pending and running jobs have not ended)."""
+    out = []
+    for v in views:
+        if job_ids and v["job_id"] not in job_ids and (v.get("array_id") or "") not in job_ids:
+            continue
+        if states and v["state"] not in states:
+            continue
+        if end is not None and v["submit_time"] > end:
+            continue
+        if start is not None and (v.get("end_time") or now) < start:
+            continue
+        out.append(v)
+    out.sort(key=lambda v: (_id_key(v["job_id"]), v["submit_time"]))
+    return out
+
+
+def _id_key(jid: str) -> tuple[int, int]:
+    base, _, task = jid.partition("_")
+    return (int(base) if base.isdigit() else 0, int(task) if task.isdigit() else -1)
+
+
+def fixed_width(value: Any, width: int, right: bool) -> str:
+    """A cell as sacct pads it; a longer value is cut and ends with ``+``.
+
+    >>> fixed_width("averylongname", 10, True), fixed_width(12, 5, False)
+    ('averylong+', '12   ')
+    """
+    text = "" if value is None else str(value)
+    if len(text) > width:
+        text = text[: width - 1] + "+"
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def render(
+    views: list[dict[str, Any]], fields: list[tuple[str, int]], *, parsable: str = "", header: bool = True
+) -> str:
+    """sacct's text: fixed-width columns with a dashed rule, or with ``parsable``
+    (``"|"``: a trailing bar, as ``-p``; ``"2"``: none, as ``-P``) bar-separated."""
+    lines = []
+    if parsable:
+        tail = "|" if parsable == "|" else ""
+        if header:
+            lines.append("|".join(f for f, _ in fields) + tail)
+        for v in views:
+            lines.append("|".join(str(FIELDS[f][2](v)) for f, _ in fields) + tail)
+        return "\n".join(lines)
+    if header:
+        lines.append(" ".join(fixed_width(f, w, FIELDS[f][1]) for f, w in fields))
+        lines.append(" ".join("-" * w for _, w in fields))
+    for v in views:
+        lines.append(" ".join(fixed_width(FIELDS[f][2](v), w, FIELDS[f][1]) for f, w in fields))
+    return "\n".join(lines)
+
+
+def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """Slurm's ``sacct --json`` shape, for the fields MTGPU has."""
+    jobs = []
+    for v in views:
+        code, _, sig = exit_code(v).partition(":")
+        jobs.append(
+            {
+                "job_id": v["job_id"],
+                "array": {"job_id": v.get("array_id"), "task_id": v.get("array_task")},
+                "name": v["name"],
+                "user": v["user"],
+                "account": v["user"],
+                "partition": v.get("cluster") or "",
+                "state": {"current": [v["state"]], "reason": v.get("reason") or "None"},
+                "exit_code": {
+                    "status": ["SIGNALED" if int(sig) else ("SUCCESS" if int(code) == 0 else "ERROR")]
+                    if v.get("exit")
+                    else ["PENDING"],
+                    "return_code": {"set": v.get("exit") is not None, "number": int(code)},
+                    "signal": {
+                        "id": {"set": bool(int(sig)), "number": int(sig)},
+                        "name": signal_name(int(sig)),
+                    },
+                },
+                "time": {
+                    "submission": int(v["submit_time"]),
+                    "start": int(v["start_time"] or 0),
+                    "end": int(v["end_time"] or 0),
+                    "elapsed": round(elapsed(v) or 0),
+                    "limit": {
+                        "set": v.get("time_limit") is not None,
+                        "infinite": v.get("time_limit") is None,
+                        "number": round(v["time_limit"] / 60) if v.get("time_limit") else 0,
+                    },
+                    "user": {"seconds": v.get("cpu_user")},
+                    "system": {"seconds": v.get("cpu_system")},
+                    "total": {"seconds": v.get("total_cpu")},
+                },
+                "nodes": ",".join(v["nodes"]),
+                "allocation_nodes": len(v["nodes"]),
+                "tres": {
+                    "allocated": [
+                        {"type": "cpu", "count": v["alloc_cpus"]},
+                        {"type": "mem", "count": v["alloc_ram"]},
+                        {"type": "node", "count": len(v["nodes"])},
+                    ]
+                    + ([{"type": "gres", "name": "gpu", "count": v["alloc_gpus"]}] if v["alloc_gpus"] else [])
+                },
+                "gpus": v["gpus"],
+                "max_rss": v.get("max_rss"),
+                "restart_cnt": v.get("restarts", 0),
+            }
+        )
+    return {"jobs": jobs}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sacct",
+        description="Accounting records of your jobs (finished and running), as Slurm's sacct shows them.",
+        epilog=EPILOG + ",".join(FIELDS) + "\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="the daemon's configuration (default $MTGPU_CONFIG)")
+    p.add_argument("-j", "--jobs", help="only these jobs (comma-separated; an array's id: all its tasks)")
+    p.add_argument("-S", "--starttime", help="jobs not ended before this (default: midnight; none with -j)")
+    p.add_argument("-E", "--endtime", help="jobs submitted before this (default: now)")
+    p.add_argument("-s", "--state", help="only these states (CD,F,CA,TO,NF,OOM,PD,R or full names)")
+    p.add_argument("-o", "--format", help=f"fields to show (default {DEFAULT_FORMAT})")
+    p.add_argument("-p", "--parsable", action="store_true", help="fields separated by |, with a trailing |")
+    p.add_argument("-P", "--parsable2", action="store_true", help="fields separated by |, no trailing |")
+    p.add_argument("-n", "--noheader", action="store_true", help="no header lines")
+    p.add_argument("-X", "--allocations", action="store_true", help="jobs only (MTGPU jobs have no steps)")
+    p.add_argument("-a", "--allusers", action="store_true", help="every user's jobs (admins)")
+    p.add_argument("-u", "--user", "--uid", dest="user", help="this user's jobs (admins; others: yourself)")
+    p.add_argument("-e", "--helpformat", action="store_true", help="list the fields --format takes")
+    p.add_argument("--json", action="store_true", help="Slurm's JSON shape: {jobs: [...]}")
+    return with_examples(p, {})  # its examples are in EPILOG, with the fields
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.helpformat:
+        print(" ".join(FIELDS))
+        return 0
+    from mtgpu.cli.common import run_cli, tenant_client
+
+    def run() -> int:
+        import json
+
+        now = time.time()
+        try:
+            for name in ("jobs", "starttime", "endtime", "state", "format", "user"):
+                val = getattr(args, name)
+                if val is not None and len(val) > _LONGEST_ARG:
+                    raise ValueError(f"--{name} is longer than {_LONGEST_ARG} characters")
+            fields = parse_format(args.format or DEFAULT_FORMAT)
+            job_ids = parse_job_ids(args.jobs) if args.jobs else None
+            states = parse_states(args.state) if args.state else None
+            if args.starttime:
+                start: float | None = parse_when(args.starttime, now)
+            else:
+                start = None if job_ids else parse_when("midnight", now)
+            end = parse_when(args.endtime, now) if args.endtime else None
+        except ValueError as exc:
+            print(f"sacct: {exc}", file=sys.stderr)
+            return 2
+        user = args.user
+        if not args.allusers and user is None and os.getuid() != 0:
+            import pwd
+
+            user = pwd.getpwuid(os.getuid()).pw_name
+        api = tenant_client(args)
+        views = api.call("job.list", all=True, **({"user": user} if user else {}))
+        shown = select(views, job_ids=job_ids, states=states, start=start, end=end, now=now)
+        if args.json:
+            print(json.dumps(slurm_json(shown), indent=2, sort_keys=True))
+            return 0
+        mode = "2" if args.parsable2 else ("|" if args.parsable else "")
+        out = render(shown, fields, parsable=mode, header=not args.noheader)
+        if out:
+            print(out)
+        return 0
+
+    return run_cli("sacct", run)
+
+
+def show_lines(v: dict[str, Any]) -> list[str]:
+    """``mt-job show``'s accounting lines for one job view."""
+    from mtgpu.config.units import format_size
+
+    gpus = (
+        ", ".join(
+            f"{g['node']}:{g['index']}"
+            + (
+                f" ({', '.join(x for x in (g.get('type'), g.get('uuid')) if x)})"
+                if g.get("uuid") or g.get("type")
+                else ""
+            )
+            for g in v["gpus"]
+        )
+        or "-"
+    )
+    sig = v.get("signal")
+    code = v["exit_code"]
+    if code is None and not sig:
+        ended = "-"
+    else:
+        ended = (
+            f"{code or 0}:{sig or 0} (status {code or 0}"
+            + (f", signal {sig} {signal_name(sig)}" if sig else "")
+            + ")"
+        )
+    limit = hms(v["time_limit"]) if v.get("time_limit") else "UNLIMITED"
+    lines = [
+        f"alloc:     {v['alloc_cpus']} CPUs, {format_size(v['alloc_ram'])} RAM, {v['alloc_gpus']} GPUs"
+        if v["nodes"]
+        else f"request:   {v['cpus']} CPUs, {format_size(v['ram'])} RAM per member",
+        f"gpus:      {gpus}",
+        f"time:      limit {limit}, elapsed {hms(elapsed(v)) or '-'}",
+        f"exit_code: {ended}",
+    ]
+    if v.get("max_rss") is not None or v.get("total_cpu") is not None:
+        lines.append(
+            f"used:      max_rss {format_size(v['max_rss']) if v.get('max_rss') is not None else '-'}, "
+            f"memory_peak {format_size(v['memory_peak']) if v.get('memory_peak') is not None else '-'}, "
+            f"cpu user {cpu_clock(v.get('cpu_user')) or '-'} system {cpu_clock(v.get('cpu_system')) or '-'}"
+        )
+    lines.append(f"restarts:  {v.get('restarts', 0)}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,508 @@
+"""``sbatch``, ``squeue``, ``scancel``, ``sinfo``, ``scontrol`` and ``salloc``.
+
+Each is a thin front end: it parses Slurm's options, makes the same API calls as
+``mt-job`` (``sbatch`` and ``salloc`` go through ``mt-job submit`` and ``mt-job alloc``
+themselves) and prints what Slurm prints, with Slurm's exit statuses: 0 on success,
+1 on an error (an unknown job, a refused request), and 255 for a bad ``sbatch`` option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mtgpu.cli.slurm import formats
+from mtgpu.cmdline import with_examples
+
+#: The message Slurm prints for a job it does not know (or one that is not yours).
+INVALID_JOB = "Invalid job id specified"
+
+
+class SlurmParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors end with Slurm's exit status."""
+
+    def __init__(self, *a: Any, usage_status: int = 1, **kw: Any) -> None:
+        kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*a, **kw)
+        self.usage_status = usage_status
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(self.usage_status)
+
+
+def _config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="the MTGPU daemon's configuration (default $MTGPU_CONFIG)")
+
+
+def _listing_parser(prog: str, description: str) -> SlurmParser:
+    """A parser for squeue and sinfo, where ``-h`` is ``--noheader`` (help is ``--help``)."""
+    p = SlurmParser(prog=prog, description=description, add_help=False)
+    _config(p)
+    p.add_argument("--help", action="help", help="show this help and exit")
+    p.add_argument("-h", "--noheader", action="store_true", help="no header line")
+    return p
+
+
+def _run(prog: str, args: argparse.Namespace, body: Callable[[Any], int]) -> int:
+    from mtgpu.cli.common import run_cli, tenant_client
+
+    return run_cli(prog, lambda: body(tenant_client(args)))
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _print_lines(prog: str, make: Callable[[], list[str]]) -> int:
+    """Print the lines ``make`` gives; a format it cannot follow is an error (1)."""
+    try:
+        lines = make()
+    except formats.FormatError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0
+
+
+def _meta() -> dict[str, Any]:
+    import mtgpu
+
+    return {"plugin": {"name": "MTGPU"}, "Slurm": {"release": f"MTGPU {mtgpu.__version__}"}}
+
+
+# ------------------------------------------------------------------ sbatch
+
+
+def _subparser(name: str, prog: str) -> argparse.ArgumentParser:
+    """``mt-job``'s own parser for ``name`` (submit, alloc), under Slurm's name."""
+    from mtgpu.cli.job import build_parser
+
+    root = build_parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    p = sub.choices[name]
+    p.prog = prog
+    return p
+
+
+SBATCH_EXAMPLES = """\
+sbatch train.sh                        Submitted batch job 12
+sbatch --parsable --gpus=1 train.sh    12
+sbatch --wrap="nvidia-smi" --gpus=1    a one-line job without a file
+ssh gpu01 sbatch - < train.sh          the script from standard input
+"""
+
+
+def sbatch_parser() -> argparse.ArgumentParser:
+    """``mt-job submit``'s own parser under Slurm's name, with ``--wrap``."""
+    p = _subparser("submit", "sbatch")
+    p.description = (
+        "Submit a batch script to MTGPU's queue, as Slurm's sbatch does.\n\n"
+        "#SBATCH and #MTGPU lines in the script are read as mt-job submit reads them;\n"
+        "options on the command line win over them."
+    )
+    # mt-job submit refuses --wrap (a job file has to be given there); sbatch takes it
+    # (sbatch_main reads it before this parser sees the rest).
+    wrap = next((a for a in p._actions if "--wrap" in a.option_strings), None)
+    if wrap is None:
+        p.add_argument("--wrap", metavar="COMMAND", help="run COMMAND as the job (no script file)")
+    else:
+        wrap.metavar, wrap.help = "COMMAND", "run COMMAND as the job (no script file)"
+    return with_examples(p, {"": SBATCH_EXAMPLES})
+
+
+def sbatch_main(argv: list[str] | None = None) -> int:
+    """``sbatch``: ``mt-job submit`` with Slurm's banner, ``--wrap`` and exit codes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wrap: str | None = None
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--wrap" and i + 1 < len(argv):
+            wrap, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--wrap="):
+            wrap = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    p = sbatch_parser()
+    if wrap is not None:
+        rest.append("-")
+    try:
+        args = p.parse_args(rest)
+    except SystemExit as exc:
+        return 255 if exc.code == 2 else int(exc.code or 0)
+    args.banner = "Submitted batch job"
+    if wrap is not None:
+        import os
+
+        args.script_text = f"#!/bin/sh\n{wrap}\n"
+        args.script_workdir = os.getcwd()
+    from mtgpu.cli import job
+
+    return job.main_with(args, "sbatch")
+
+
+# ------------------------------------------------------------------ squeue
+
+
+SQUEUE_EXAMPLES = """\
+squeue                         your pending and running jobs
+squeue -t PD -h -o "%i %j"     pending job ids and names, no header
+squeue -j 12 --json            one job, as JSON
+squeue -r                      every array task on a line of its own
+"""
+
+
+def squeue_parser() -> argparse.ArgumentParser:
+    p = _listing_parser(
+        "squeue",
+        "Show MTGPU's queue in Slurm's format.\n\n"
+        "Tenants see their own jobs only (as Slurm with PrivateData=jobs); admins see all.",
+    )
+    p.add_argument("-o", "--format", help='output format, such as "%%.18i %%.8j %%.2t %%M"')
+    p.add_argument("-l", "--long", action="store_true", help="the long format (full state names, time limit)")
+    p.add_argument("-t", "--states", help="only jobs in these states (PD,R,CD or names); ALL for every state")
+    p.add_argument("-u", "--user", help="only this user's jobs")
+    p.add_argument("--me", action="store_true", help="only your jobs")
+    p.add_argument("-j", "--jobs", help="only these job ids (comma-separated)")
+    p.add_argument("-n", "--name", help="only jobs with these names (comma-separated)")
+    p.add_argument("-r", "--array", action="store_true", help="one line per array task")
+    p.add_argument("-a", "--all", action="store_true", help="accepted for Slurm's sake (one partition)")
+    p.add_argument("-p", "--partition", help="accepted for Slurm's sake (one partition)")
+    p.add_argument("--json", action="store_true", help="JSON, with Slurm's key names")
+    return with_examples(p, {"": SQUEUE_EXAMPLES})
+
+
+def parse_states(text: str | None) -> set[str] | None:
+    """``-t`` as a set of MTGPU states (None: pending and running); raises ValueError
+    naming a state Slurm's commands do not know."""
+    if not text:
+        return None
+    out = set()
+    for s in text.upper().split(","):
+        s = s.strip()
+        if s == "ALL":
+            return set(formats.STATE_NAMES.values())
+        if s not in formats.STATE_NAMES:
+            valid = ",".join(sorted({v for v in formats.STATE_NAMES.values()}))
+            raise ValueError(f"Invalid job state specified: {s}\nValid job states include: {valid}")
+        out.add(formats.STATE_NAMES[s])
+    return out
+
+
+def select_jobs(
+    jobs: list[dict[str, Any]],
+    states: set[str] | None,
+    ids: list[str] | None,
+    names: list[str] | None,
+    user: str | None,
+) -> list[dict[str, Any]]:
+    """The jobs ``squeue``'s filters keep (an array's id keeps its tasks)."""
+    keep = states or {"PENDING", "RUNNING"}
+    out = []
+    for j in jobs:
+        if j["state"] not in keep:
+            continue
+        if ids and j["job_id"] not in ids and (j.get("array_id") or "") not in ids:
+            continue
+        if names and j["name"] not in names:
+            continue
+        if user and j["user"] != user:
+            continue
+        out.append(j)
+    return out
+
+
+def squeue_main(argv: list[str] | None = None) -> int:
+    args = squeue_parser().parse_args(argv)
+    try:
+        states = parse_states(args.states)
+    except ValueError as exc:
+        for line in str(exc).splitlines():
+            print(f"squeue: error: {line}", file=sys.stderr)
+        return 1
+    ids = [s.strip() for s in args.jobs.split(",") if s.strip()] if args.jobs else None
+    names = args.name.split(",") if args.name else None
+
+    def body(api: Any) -> int:
+        finished = bool(ids) or bool(states and states - {"PENDING", "RUNNING"})
+        jobs = api.call("job.list", all=finished or None)
+        now = time.time()
+        who = None if args.me else args.user
+        if args.me:
+            import os
+            import pwd
+
+            who = pwd.getpwuid(os.getuid()).pw_name
+        picked = select_jobs(jobs, states, ids, names, who)
+        if ids and not picked and not any(j["job_id"] in ids or j.get("array_id") in ids for j in jobs):
+            print(f"slurm_load_jobs error: {INVALID_JOB}", file=sys.stderr)
+            return 1
+        picked = formats.sort_jobs(picked)
+        if args.json:
+            _print_json(
+                {"meta": _meta(), "errors": [], "jobs": [formats.slurm_job_json(j, now) for j in picked]}
+            )
+            return 0
+        if not args.array:
+            picked = formats.collapse_pending_arrays(picked)
+        fmt = args.format or (formats.SQUEUE_LONG if args.long else formats.SQUEUE_DEFAULT)
+        # -l starts with the time, as Slurm's does.
+        pre = [time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))] if args.long else []
+        return _print_lines("squeue", lambda: pre + formats.squeue_lines(picked, fmt, now, not args.noheader))
+
+    return _run("squeue", args, body)
+
+
+# ------------------------------------------------------------------ scancel
+
+
+SCANCEL_EXAMPLES = """\
+scancel 12               cancel job 12 (an array's id cancels every task)
+scancel 12_3             one array task
+scancel -u $USER -t PD   every pending job of yours
+scancel -n train         your jobs named train
+"""
+
+
+def scancel_parser() -> argparse.ArgumentParser:
+    p = SlurmParser(prog="scancel", description="Cancel MTGPU jobs, as Slurm's scancel does.")
+    _config(p)
+    p.add_argument(
+        "job_ids", nargs="*", metavar="JOBID", help="jobs to cancel (ID, ID_TASK or an array's ID)"
+    )
+    p.add_argument("-u", "--user", help="every job of this user (yours, unless you are an admin)")
+    p.add_argument("--me", action="store_true", help="every job of yours")
+    p.add_argument("-t", "--state", help="only jobs in these states (PD, R)")
+    p.add_argument("-n", "--name", "--jobname", dest="name", help="only jobs with this name")
+    p.add_argument("-s", "--signal", help="only KILL or TERM: a job is ended, not signalled")
+    p.add_argument("-Q", "--quiet", action="store_true", help="no error for jobs that had ended")
+    p.add_argument("-v", "--verbose", action="store_true", help="say what was cancelled")
+    return with_examples(p, {"": SCANCEL_EXAMPLES})
+
+
+def scancel_main(argv: list[str] | None = None) -> int:
+    args = scancel_parser().parse_args(argv)
+    if args.signal and args.signal.upper().removeprefix("SIG") not in ("KILL", "TERM", "9", "15"):
+        print(
+            f"scancel: error: --signal={args.signal}: MTGPU ends jobs (TERM, then KILL) but does not "
+            "send them other signals; trap TERM in the script to clean up",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        states = parse_states(args.state)
+    except ValueError as exc:
+        print(f"scancel: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if not args.job_ids and not (args.user or args.me or args.state or args.name):
+        print("scancel: error: No job identification provided", file=sys.stderr)
+        return 1
+
+    def body(api: Any) -> int:
+        ids = list(args.job_ids)
+        if not ids or args.state or args.name or args.user or args.me:
+            jobs = api.call("job.list")
+            user = args.user
+            if args.me:
+                import os
+                import pwd
+
+                user = pwd.getpwuid(os.getuid()).pw_name
+            picked = select_jobs(jobs, states, ids or None, [args.name] if args.name else None, user)
+            ids = [j["job_id"] for j in picked]
+            if not ids:
+                return 0
+        from mtgpu.errors import ApiError
+
+        try:
+            r = api.call("job.cancel", job_ids=ids)
+        except ApiError as exc:
+            if exc.code != "not_found":
+                raise
+            r = {"cancelled": [], "stopping": [], "ended": [], "not_found": ids}
+        rc = 0
+        for jid in r.get("not_found", []):
+            print(f"scancel: error: Kill job error on job id {jid}: {INVALID_JOB}", file=sys.stderr)
+            rc = 1
+        if not args.quiet:
+            for jid in r.get("ended", []):
+                print(
+                    f"scancel: error: Kill job error on job id {jid}: Job/step already completing or completed",
+                    file=sys.stderr,
+                )
+        if args.verbose:
+            for jid in [*r.get("cancelled", []), *r.get("stopping", [])]:
+                print(f"scancel: Terminating job {jid}", file=sys.stderr)
+        return rc
+
+    return _run("scancel", args, body)
+
+
+# ------------------------------------------------------------------ sinfo
+
+
+SINFO_EXAMPLES = """\
+sinfo                    members grouped by state (idle, mix, alloc, drain, down)
+sinfo -N                 one line per member
+sinfo -N -o "%N %c %m %G"  name, CPUs, memory (MB) and GPUs of each member
+"""
+
+
+def sinfo_parser() -> argparse.ArgumentParser:
+    p = _listing_parser("sinfo", "Show MTGPU's members in Slurm's format.")
+    p.add_argument("-N", "--Node", action="store_true", help="one line per member")
+    p.add_argument("-o", "--format", help='output format, such as "%%N %%t %%G"')
+    p.add_argument("-l", "--long", action="store_true", help="long state names")
+    p.add_argument("-p", "--partition", help="accepted for Slurm's sake (one partition)")
+    p.add_argument("--json", action="store_true", help="JSON")
+    return with_examples(p, {"": SINFO_EXAMPLES})
+
+
+def sinfo_main(argv: list[str] | None = None) -> int:
+    args = sinfo_parser().parse_args(argv)
+
+    def body(api: Any) -> int:
+        nodes = api.call("nodes")
+        if args.json:
+            _print_json({"meta": _meta(), "errors": [], "nodes": nodes})
+            return 0
+        fmt = args.format
+        if args.long and not fmt:
+            fmt = (
+                formats.SINFO_NODES.replace("%6t", "%10T")
+                if args.Node
+                else formats.SINFO_DEFAULT.replace("%.6t", "%.10T")
+            )
+        return _print_lines("sinfo", lambda: formats.sinfo_lines(nodes, args.Node, fmt, not args.noheader))
+
+    return _run("sinfo", args, body)
+
+
+# ------------------------------------------------------------------ scontrol
+
+
+SCONTROL_EXAMPLES = """\
+scontrol show job 12        one job (an array's id shows each task)
+scontrol show job           every job of yours
+scontrol -o show node gpu01 one member, on one line
+scontrol --json show job 12
+"""
+
+
+def scontrol_parser() -> argparse.ArgumentParser:
+    p = SlurmParser(prog="scontrol", description="Show MTGPU jobs and members as Slurm's scontrol does.")
+    _config(p)
+    p.add_argument("-o", "--oneliner", action="store_true", help="one line per record")
+    p.add_argument("--json", action="store_true", help="JSON")
+    p.add_argument("verb", help="show (the only verb MTGPU has)")
+    p.add_argument("entity", help="job or node")
+    p.add_argument("name", nargs="?", help="a job id or member name (default: all)")
+    return with_examples(p, {"": SCONTROL_EXAMPLES})
+
+
+def scontrol_main(argv: list[str] | None = None) -> int:
+    args = scontrol_parser().parse_args(argv)
+    if args.verb != "show":
+        print(
+            f"scontrol: error: `{args.verb}` is not available in MTGPU; use `show job|node`, "
+            "`mt-job cancel` or `mtgpu-admin` for an admin's changes",
+            file=sys.stderr,
+        )
+        return 1
+    entity = args.entity.lower().rstrip("s")
+    if entity not in ("job", "node"):
+        print(f"scontrol: error: invalid entity: {args.entity} (MTGPU shows job or node)", file=sys.stderr)
+        return 1
+
+    def body(api: Any) -> int:
+        from mtgpu.errors import ApiError
+
+        now = time.time()
+        if entity == "job":
+            if args.name:
+                try:
+                    j = api.call("job.show", job_id=args.name)
+                except ApiError as exc:
+                    if exc.code != "not_found":
+                        raise
+                    print(f"slurm_load_jobs error: {INVALID_JOB}", file=sys.stderr)
+                    return 1
+                views = j["tasks"] if j.get("array") else [j]
+            else:
+                views = formats.sort_jobs(api.call("job.list"))
+            if args.json:
+                _print_json(
+                    {"meta": _meta(), "errors": [], "jobs": [formats.slurm_job_json(v, now) for v in views]}
+                )
+                return 0
+            if not views:
+                print("No jobs in the system")
+            for v in views:
+                print(formats.scontrol_job(v, now, args.oneliner))
+            return 0
+        nodes = api.call("nodes")
+        if args.name:
+            nodes = [n for n in nodes if n["name"] == args.name]
+            if not nodes:
+                print(f"Node {args.name} not found", file=sys.stderr)
+                return 1
+        if args.json:
+            _print_json({"meta": _meta(), "errors": [], "nodes": nodes})
+            return 0
+        for n in nodes:
+            print(formats.scontrol_node(n, args.oneliner))
+        return 0
+
+    return _run("scontrol", args, body)
+
+
+# ------------------------------------------------------------------ salloc
+
+
+SALLOC_EXAMPLES = """\
+salloc --gpus=1 -t 2h         a shell with one GPU for two hours
+salloc --gres=gpu:1 -- python train.py
+"""
+
+
+def salloc_parser() -> argparse.ArgumentParser:
+    """``mt-job alloc``'s own parser under Slurm's name."""
+    p = _subparser("alloc", "salloc")
+    p.description = "Queue an interactive allocation and run a shell (or COMMAND) inside it."
+    return with_examples(p, {"": SALLOC_EXAMPLES})
+
+
+#: Each program of this module and the function that makes its parser.
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "sbatch": sbatch_parser,
+    "squeue": squeue_parser,
+    "scancel": scancel_parser,
+    "sinfo": sinfo_parser,
+    "scontrol": scontrol_parser,
+    "salloc": salloc_parser,
+}
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser of ``prog`` (one of :data:`PARSERS`), the one its ``*_main`` parses with."""
+    return PARSERS[prog]()
+
+
+def salloc_main(argv: list[str] | None = None) -> int:
+    """``salloc``: ``mt-job alloc`` under Slurm's name."""
+    args = salloc_parser().parse_args(argv)
+    from mtgpu.cli import job
+
+    job.alloc_args(args)
+    args.cmd = "alloc"
+    return job.main_with(args, "salloc")

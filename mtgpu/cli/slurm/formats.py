@@ -1,0 +1,444 @@
+"""Slurm's output formats, from MTGPU's job and node views (pure functions).
+
+The shapes follow Slurm 22.05's own output (``squeue``, ``sinfo``, ``scontrol show``):
+the same columns, widths, truncation and state codes, so scripts that cut or parse
+those commands' output keep working.
+
+>>> elapsed(62)
+'1:02'
+>>> collapse_indices([1, 2, 3, 5, 7, 8])
+'1-3,5,7-8'
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from mtgpu.text import natural_key
+
+#: squeue's default format (``squeue`` with no -o), as Slurm prints it.
+SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+#: ``squeue -l``.
+SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+#: sinfo's default format, and ``sinfo -N``.
+SINFO_DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
+SINFO_NODES = "%#N %.6D %#P %6t"
+#: The one partition MTGPU has: the whole cluster (shown with sinfo's default mark).
+PARTITION = "mtgpu"
+
+#: Slurm's compact state codes (``%t``).
+STATE_CODES = {
+    "PENDING": "PD",
+    "RUNNING": "R",
+    "COMPLETED": "CD",
+    "FAILED": "F",
+    "CANCELLED": "CA",
+    "TIMEOUT": "TO",
+    "NODE_FAIL": "NF",
+    "OUT_OF_MEMORY": "OOM",
+    "MIXED": "R",
+}
+#: What ``-t/--state`` accepts: Slurm's names and codes, for MTGPU's states.
+STATE_NAMES = {
+    **{k: k for k in STATE_CODES if k != "MIXED"},
+    **{v: k for k, v in STATE_CODES.items() if k != "MIXED"},
+}
+STATE_NAMES["CG"] = "RUNNING"  # completing: still running here until it has ended
+
+
+def elapsed(seconds: float | None) -> str:
+    """Slurm's duration (``%M``): ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS``.
+
+    >>> elapsed(0), elapsed(3600), elapsed(90061)
+    ('0:00', '1:00:00', '1-01:01:01')
+    """
+    s = max(0, int(seconds or 0))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m}:{s:02d}"
+
+
+def time_limit(seconds: float | None) -> str:
+    """A time limit as Slurm shows it (``UNLIMITED`` without one).
+
+    >>> time_limit(None), time_limit(7200)
+    ('UNLIMITED', '2:00:00')
+    """
+    return "UNLIMITED" if not seconds else elapsed(seconds)
+
+
+def run_time(job: dict[str, Any], now: float) -> float:
+    """How long ``job`` has run (0 until it starts; up to its end once ended)."""
+    start = job.get("start_time")
+    if not start:
+        return 0.0
+    return float((job.get("end_time") or now) - start)
+
+
+def collapse_indices(indices: Iterable[int]) -> str:
+    """Array indices as Slurm writes them: runs of consecutive ones as ``A-B``."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(indices)):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [i]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def collapse_pending_arrays(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs with each array's pending tasks shown as one row, ``13_[4-99]``, as
+    ``squeue`` shows them (running and finished tasks keep a row each). The row is
+    the first pending task's view with its ``job_id`` replaced."""
+    out: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for j in jobs:
+        if j["state"] == "PENDING" and j.get("array_id") and j.get("array_task") is not None:
+            group = groups.get(j["array_id"])
+            if group is None:
+                groups[j["array_id"]] = group = []
+                out.append({"_group": j["array_id"]})
+            group.append(j)
+        else:
+            out.append(j)
+    rows = []
+    for j in out:
+        if "_group" not in j:
+            rows.append(j)
+            continue
+        tasks = groups[j["_group"]]
+        if len(tasks) == 1:
+            rows.append(tasks[0])
+        else:
+            idx = collapse_indices(t["array_task"] for t in tasks)
+            rows.append({**tasks[0], "job_id": f"{j['_group']}_[{idx}]", "tasks_collapsed": len(tasks)})
+    return rows
+
+
+def sort_jobs(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs in squeue's order: pending first, then running, ids in natural order."""
+    rank = {"PENDING": 0, "RUNNING": 1}
+    return sorted(jobs, key=lambda j: (rank.get(j["state"], 2), natural_key(j["job_id"])))
+
+
+def where(job: dict[str, Any]) -> str:
+    """``%R``: the nodes of a running job, ``(Reason)`` of a pending one."""
+    if job["state"] == "PENDING":
+        return f"({job.get('reason') or 'None'})"
+    return ",".join(job.get("nodes") or ()) or ("(None)" if job["state"] == "RUNNING" else "")
+
+
+def _job_fields(now: float) -> dict[str, tuple[str, Callable[[dict[str, Any]], Any]]]:
+    def ts(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda j: iso_time(j.get(key))
+
+    return {
+        "i": ("JOBID", lambda j: j["job_id"]),
+        "A": ("JOBID", lambda j: j["job_id"]),
+        "F": ("ARRAY_JOB_ID", lambda j: j.get("array_id") or j["job_id"]),
+        "K": ("ARRAY_TASK_ID", lambda j: j.get("array_task") if j.get("array_task") is not None else "N/A"),
+        "P": ("PARTITION", lambda j: PARTITION),
+        "j": ("NAME", lambda j: j["name"]),
+        "u": ("USER", lambda j: j["user"]),
+        "t": ("ST", lambda j: STATE_CODES.get(j["state"], j["state"][:2])),
+        "T": ("STATE", lambda j: j["state"]),
+        "M": ("TIME", lambda j: elapsed(run_time(j, now))),
+        "l": ("TIME_LIMIT", lambda j: time_limit(j.get("time_limit"))),
+        "L": (
+            "TIME_LEFT",
+            lambda j: time_limit(
+                max(0.0, j["time_limit"] - run_time(j, now)) if j.get("time_limit") else None
+            ),
+        ),
+        "D": ("NODES", lambda j: max(1, len(j.get("nodes") or ()))),
+        "R": ("NODELIST(REASON)", where),
+        "N": ("NODELIST", lambda j: ",".join(j.get("nodes") or ())),
+        "r": ("REASON", lambda j: j.get("reason") or "None"),
+        "C": ("CPUS", lambda j: j.get("cpus", "")),
+        "m": ("MIN_MEMORY", lambda j: mem_mb(j.get("ram"))),
+        "b": ("TRES_PER_NODE", lambda j: f"gres:gpu:{len(j['gpus'])}" if j.get("gpus") else "N/A"),
+        "Q": ("PRIORITY", lambda j: j.get("priority", "")),
+        "V": ("SUBMIT_TIME", ts("submit_time")),
+        "S": ("START_TIME", ts("start_time")),
+        "e": ("END_TIME", ts("end_time")),
+        "Z": ("WORK_DIR", lambda j: j.get("workdir", "")),
+        "o": ("COMMAND", lambda j: j.get("command") or j.get("workdir", "")),
+        "%": ("%", lambda j: "%"),
+    }
+
+
+def mem_mb(ram: int | None) -> str:
+    """A memory size as Slurm writes one (``20000M``, ``32G``)."""
+    if not ram:
+        return "0"
+    mb = ram >> 20
+    return f"{mb >> 10}G" if mb and mb % 1024 == 0 else f"{mb}M"
+
+
+def iso_time(t: float | None) -> str:
+    """A time as Slurm writes one (``2026-12-02T02:29:00``), ``N/A`` without one."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "N/A"
+
+
+_SPEC = re.compile(r"%(\.)?(#)?(\d+)?([A-Za-z%])")
+
+
+class FormatError(ValueError):
+    """A ``-o/--format`` string with a field this command does not know."""
+
+
+def render(
+    rows: Sequence[dict[str, Any]],
+    fmt: str,
+    fields: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]],
+    header: bool = True,
+) -> list[str]:
+    """Lines of ``rows`` in a Slurm format string: ``%[.][#][width]X`` fields and
+    literal text between them. A width pads (``.`` right-justifies) and truncates,
+    as Slurm does; ``#`` sizes the column to its widest value."""
+    parts: list[tuple[str, bool, int | None, str]] = []  # (literal, right, width, letter)
+    pos = 0
+    for m in _SPEC.finditer(fmt):
+        if m.group(4) not in fields:
+            raise FormatError(f"unknown field %{m.group(4)} in format {fmt!r}")
+        width: int | None = int(m.group(3)) if m.group(3) else None
+        if m.group(2):
+            head, get = fields[m.group(4)]
+            width = max([len(head), *(len(str(get(r))) for r in rows)])
+        parts.append((fmt[pos : m.start()], bool(m.group(1)), width, m.group(4)))
+        pos = m.end()
+    tail = fmt[pos:]
+
+    def line(values: list[str]) -> str:
+        out = []
+        for (lit, right, width, _), v in zip(parts, values, strict=True):
+            if width is not None:
+                v = v[:width]
+                v = v.rjust(width) if right else v.ljust(width)
+            out.append(lit + v)
+        return "".join(out) + tail
+
+    lines = [line([fields[p[3]][0] for p in parts])] if header else []
+    for r in rows:
+        lines.append(line([str(fields[p[3]][1](r)) for p in parts]))
+    return lines
+
+
+def squeue_lines(jobs: Sequence[dict[str, Any]], fmt: str, now: float, header: bool = True) -> list[str]:
+    """``squeue`` output for ``jobs`` (views as ``mt-job list --json`` has them)."""
+    return render(jobs, fmt, _job_fields(now), header)
+
+
+def node_state(node: dict[str, Any]) -> str:
+    """A member's state in sinfo's words: idle, mix, alloc, drain, drng, down, unk."""
+    state = node.get("state", "unknown")
+    gpus = node.get("gpus") or []
+    busy = sum(1 for g in gpus if g.get("jobs"))
+    if state in ("drain", "draining"):
+        return "drng" if busy else "drain"
+    if state == "down":
+        return "down"
+    if state not in ("up",):
+        return "unk"
+    if not gpus:
+        return "idle"
+    return "alloc" if busy == len(gpus) else "mix" if busy else "idle"
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """Host names as Slurm's host list: ``gpu[01-03],login``.
+
+    >>> compress_hostlist(["gpu01", "gpu02", "gpu03", "login", "gpu05"])
+    'gpu[01-03,05],login'
+    """
+    by_prefix: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    order: list[tuple[str, int] | str] = []
+    for n in names:
+        m = re.fullmatch(r"(.*?)(\d+)", n)
+        if not m:
+            plain.append(n)
+            order.append(n)
+            continue
+        key = (m.group(1), len(m.group(2)))
+        if key not in by_prefix:
+            by_prefix[key] = []
+            order.append(key)
+        by_prefix[key].append(int(m.group(2)))
+    out = []
+    for k in order:
+        if isinstance(k, str):
+            out.append(k)
+            continue
+        prefix, digits = k
+        nums = sorted(set(by_prefix[k]))
+        if len(nums) == 1:
+            out.append(f"{prefix}{nums[0]:0{digits}d}")
+            continue
+        ranges = []
+        for part in collapse_indices(nums).split(","):
+            a, _, b = part.partition("-")
+            ranges.append(f"{int(a):0{digits}d}" + (f"-{int(b):0{digits}d}" if b else ""))
+        out.append(f"{prefix}[{','.join(ranges)}]")
+    return ",".join(out)
+
+
+def sinfo_lines(
+    nodes: Sequence[dict[str, Any]], node_oriented: bool, fmt: str | None, header: bool
+) -> list[str]:
+    """``sinfo`` output: one row per state (or per member with ``-N``)."""
+    if node_oriented:
+        groups = [{"names": [n["name"]], "state": node_state(n), "node": n} for n in nodes]
+    else:
+        by_state: dict[str, list[dict[str, Any]]] = {}
+        for n in nodes:
+            by_state.setdefault(node_state(n), []).append(n)
+        groups = [{"names": [n["name"] for n in ns], "state": s, "node": ns[0]} for s, ns in by_state.items()]
+        if not groups:
+            groups = [{"names": [], "state": "n/a", "node": {}}]
+    fields: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
+        "P": ("PARTITION", lambda g: PARTITION + "*"),
+        "R": ("PARTITION", lambda g: PARTITION),
+        "a": ("AVAIL", lambda g: "up"),
+        "l": ("TIMELIMIT", lambda g: "infinite"),
+        "D": ("NODES", lambda g: len(g["names"])),
+        "t": ("STATE", lambda g: g["state"]),
+        "T": ("STATE", lambda g: long_node_state(g["state"])),
+        "N": ("NODELIST", lambda g: compress_hostlist(g["names"])),
+        "n": ("HOSTNAMES", lambda g: ",".join(g["names"])),
+        "c": ("CPUS", lambda g: g["node"].get("cpus", 0)),
+        "m": ("MEMORY", lambda g: (g["node"].get("ram_total") or 0) >> 20),
+        "G": ("GRES", lambda g: gres_of(g["node"])),
+        "E": ("REASON", lambda g: g["node"].get("drain_reason") or "none"),
+        "%": ("%", lambda g: "%"),
+    }
+    default = SINFO_NODES if node_oriented else SINFO_DEFAULT
+    return render(groups, fmt or default, fields, header)
+
+
+def long_node_state(code: str) -> str:
+    """sinfo's long state name (``%T``) for a short one."""
+    return {"alloc": "allocated", "mix": "mixed", "drng": "draining", "unk": "unknown"}.get(code, code)
+
+
+def gres_of(node: dict[str, Any]) -> str:
+    """A member's GPUs as Slurm's Gres (``gpu:rtx4090:2``), ``(null)`` without any."""
+    kinds: dict[str, int] = {}
+    for g in node.get("gpus") or ():
+        kinds[str(g.get("type") or "gpu")] = kinds.get(str(g.get("type") or "gpu"), 0) + 1
+    return ",".join(f"gpu:{k}:{n}" for k, n in sorted(kinds.items())) or "(null)"
+
+
+def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
+    """``scontrol show job``'s record for one job view."""
+    ec = j.get("exit_code")
+    exit_code = f"{ec}:0" if isinstance(ec, int) and ec >= 0 else f"0:{-ec}" if isinstance(ec, int) else "0:0"
+    nodes = j.get("nodes") or []
+    groups = [
+        [f"JobId={j['job_id']}", f"JobName={j['name']}"],
+        [f"UserId={j['user']}", f"Priority={j.get('priority', '')}"],
+        [f"JobState={j['state']}", f"Reason={j.get('reason') or 'None'}"],
+        [
+            f"Requeue={1 if j.get('requeue') else 0}",
+            f"Restarts={j.get('attempt', 0)}",
+            f"ExitCode={exit_code}",
+        ],
+        [f"RunTime={_hms(run_time(j, now))}", f"TimeLimit={time_limit(j.get('time_limit'))}"],
+        [f"SubmitTime={iso_time(j.get('submit_time'))}"],
+        [f"StartTime={iso_time(j.get('start_time'))}", f"EndTime={iso_time(j.get('end_time'))}"],
+        [f"Partition={PARTITION}"],
+        [f"NodeList={compress_hostlist(nodes) if nodes else '(null)'}"],
+        [f"BatchHost={nodes[0] if nodes else '(null)'}"],
+        [
+            f"NumNodes={max(1, len(nodes))}",
+            f"NumCPUs={j.get('cpus', 1)}",
+            f"MinMemoryNode={mem_mb(j.get('ram'))}",
+        ],
+        [
+            f"TRES=cpu={j.get('cpus', 1)},node={max(1, len(nodes))}"
+            + (f",gres/gpu={len(j['gpus'])}" if j.get("gpus") else "")
+        ],
+        [f"WorkDir={j.get('workdir', '')}"],
+        [f"StdErr={j.get('stderr', '')}"],
+        [f"StdOut={j.get('stdout', '')}"],
+    ]
+    if j.get("array_id"):
+        groups.insert(1, [f"ArrayJobId={j['array_id']}", f"ArrayTaskId={j.get('array_task')}"])
+    if one_liner:
+        return " ".join(f for g in groups for f in g)
+    return (
+        "\n".join((" " if i else "") + ("  " if i else "") + " ".join(g) for i, g in enumerate(groups)) + "\n"
+    )
+
+
+def _hms(seconds: float) -> str:
+    s = max(0, int(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def scontrol_node(n: dict[str, Any], one_liner: bool = False) -> str:
+    """``scontrol show node``'s record for one member (``mt-job nodes --json``)."""
+    gpus = n.get("gpus") or []
+    busy = sum(1 for g in gpus if g.get("jobs"))
+    total = (n.get("ram_total") or 0) >> 20
+    used = (n.get("ram_used") or 0) >> 20
+    state = long_node_state(node_state(n)).upper()
+    groups = [
+        [f"NodeName={n['name']}"],
+        [f"CPUTot={n.get('cpus', 0)}"],
+        [f"Gres={gres_of(n)}", f"GresUsed=gpu:{busy}"],
+        [f"RealMemory={total}", f"FreeMem={max(0, total - used)}"],
+        [f"State={state}"],
+        [f"Partitions={PARTITION}"],
+        [f"Reason={n.get('drain_reason') or 'none'}"] if n.get("drain_reason") else [],
+    ]
+    groups = [g for g in groups if g]
+    if one_liner:
+        return " ".join(f for g in groups for f in g)
+    return "\n".join(("   " if i else "") + " ".join(g) for i, g in enumerate(groups)) + "\n"
+
+
+def slurm_job_json(j: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job view under Slurm's ``--json`` key names (the fields MTGPU has)."""
+    return {
+        "job_id": j["job_id"],
+        "array_job_id": j.get("array_id"),
+        "array_task_id": j.get("array_task"),
+        "name": j["name"],
+        "user_name": j["user"],
+        "job_state": j["state"],
+        "state_reason": j.get("reason") or "None",
+        "partition": PARTITION,
+        "nodes": ",".join(j.get("nodes") or ()),
+        "node_count": max(1, len(j.get("nodes") or ())),
+        "cpus": j.get("cpus"),
+        "memory_per_node": (j.get("ram") or 0) >> 20,
+        "gpus": len(j.get("gpus") or ()),
+        "priority": j.get("priority"),
+        "time_limit": int(j["time_limit"] // 60) if j.get("time_limit") else None,
+        "submit_time": int(j.get("submit_time") or 0),
+        "start_time": int(j.get("start_time") or 0),
+        "end_time": int(j.get("end_time") or 0),
+        "run_time": int(run_time(j, now)),
+        "exit_code": j.get("exit_code"),
+        "current_working_directory": j.get("workdir"),
+        "standard_output": j.get("stdout"),
+        "standard_error": j.get("stderr"),
+        "steps": j.get("steps", []),
+    }

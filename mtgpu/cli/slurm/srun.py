@@ -1,0 +1,343 @@
+"""``srun``: run tasks as a step of the job it is in, or as a job of its own.
+
+Inside a job (its script, or an allocation's shell: ``MTGPU_JOB_ID`` is set) it
+starts this member's share of ``--ntasks`` tasks, each with ``SLURM_PROCID``,
+``SLURM_LOCALID`` and ``SLURM_NODEID``, as one step that ``mt-job show`` lists, and
+exits with the tasks' highest exit status, as Slurm's does, so a failing step fails
+a script that ends with it or runs under ``set -e``. Every member of a ``nodes=N``
+job runs the script, so each one's ``srun`` starts its own block of the tasks.
+
+Outside a job, ``srun CMD`` is a job of one step: it is submitted, waited for, its
+output streamed, and ``srun`` exits with its exit status. ``srun --pty CMD`` is an
+interactive allocation (``mt-job alloc``) running CMD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from mtgpu.cmdline import with_examples
+
+EXAMPLES = """\
+srun -n 4 python train.py         in a job script: 4 tasks, SLURM_PROCID 0-3
+srun -l hostname                  each line labelled with its task's number
+srun --gpus=1 nvidia-smi          outside a job: a job of one step, waited for
+srun --gpus=1 --pty bash          an interactive shell with one GPU
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mtgpu.cli.slurm.commands import SlurmParser
+
+    p = SlurmParser(
+        prog="srun",
+        description="Run tasks inside a job, or as a job of one step.\n\n"
+        "Inside a job, srun exits with the highest exit status of its tasks; `mt-job show ID`\n"
+        "lists the job's steps.",
+    )
+    p.add_argument("--config", help="the MTGPU daemon's configuration (default $MTGPU_CONFIG)")
+    p.add_argument(
+        "-n", "--ntasks", type=int, metavar="N", help="how many tasks (default: the job's SLURM_NTASKS)"
+    )
+    p.add_argument(
+        "-N", "--nodes", type=int, metavar="N", help="how many of the job's members to use (default: all)"
+    )
+    p.add_argument("--ntasks-per-node", type=int, metavar="N", help="tasks on each member")
+    p.add_argument("-l", "--label", action="store_true", help="prefix each output line with its task number")
+    p.add_argument("-K", "--kill-on-bad-exit", action="store_true", help="end the other tasks when one fails")
+    p.add_argument("--pty", action="store_true", help="outside a job: an interactive allocation")
+    p.add_argument("-G", "--gpus", help="outside a job: GPUs, such as 1 or rtx4090:1")
+    p.add_argument("--gres", help="outside a job: Slurm's form, such as gpu:1")
+    p.add_argument("-c", "--cpus-per-task", dest="cpus", help="outside a job: CPUs")
+    p.add_argument("--mem", help="outside a job: memory, such as 8G (plain numbers are MB)")
+    p.add_argument("-t", "--time", help="outside a job: time limit (30m, 2h, HH:MM:SS)")
+    p.add_argument("-J", "--job-name", dest="name", help="outside a job: the job's name")
+    p.add_argument("-w", "--nodelist", dest="server", help="outside a job: the member to run on")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return with_examples(p, {"": EXAMPLES})
+
+
+def task_block(ntasks: int, nnodes: int, rank: int) -> tuple[int, int]:
+    """The first task number and the task count of member ``rank`` when ``ntasks``
+    are spread over ``nnodes`` members in blocks, as Slurm's default distribution.
+
+    >>> [task_block(5, 2, r) for r in (0, 1)]
+    [(0, 3), (3, 2)]
+    >>> task_block(1, 2, 1)
+    (1, 0)
+    """
+    per, extra = divmod(ntasks, nnodes)
+    return rank * per + min(rank, extra), per + (1 if rank < extra else 0)
+
+
+def task_env(
+    base: dict[str, str], step: int, procid: int, localid: int, ntasks: int, nnodes: int
+) -> dict[str, str]:
+    """One task's environment: the job's, with the step's and the task's numbers."""
+    env = dict(base)
+    env.update(
+        SLURM_STEP_ID=str(step),
+        SLURM_STEPID=str(step),
+        SLURM_PROCID=str(procid),
+        SLURM_LOCALID=str(localid),
+        SLURM_NTASKS=str(ntasks),
+        SLURM_NPROCS=str(ntasks),
+        SLURM_STEP_NUM_TASKS=str(ntasks),
+        SLURM_STEP_NUM_NODES=str(nnodes),
+    )
+    return env
+
+
+def _copy(stream: IO[bytes], out: Any, label: str, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        with lock:
+            out.write(label.encode() + line)
+            out.flush()
+
+
+def exit_status(codes: list[int]) -> int:
+    """srun's exit status from its tasks' return codes (negative: killed by that
+    signal): the highest exit status, a signal counting as 128 + its number.
+
+    >>> exit_status([0, 3, 1]), exit_status([0, -9]), exit_status([])
+    (3, 137, 0)
+    """
+    return max((c if c >= 0 else 128 - c for c in codes), default=0)
+
+
+def run_step(args: argparse.Namespace, api: Any | None) -> int:
+    """Run this member's tasks of a step of the job in ``$MTGPU_JOB_ID``."""
+    env = dict(os.environ)
+    job_id = env["MTGPU_JOB_ID"]
+    nnodes_job = max(1, int(env.get("MTGPU_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1))
+    rank = int(env.get("MTGPU_NODE_RANK") or 0)
+    nnodes = min(args.nodes or nnodes_job, nnodes_job)
+    if args.ntasks:
+        ntasks = args.ntasks
+    elif args.ntasks_per_node:
+        ntasks = args.ntasks_per_node * nnodes
+    else:
+        ntasks = int(env.get("SLURM_NTASKS") or nnodes)
+    if ntasks < 1 or nnodes < 1:
+        print("srun: error: --ntasks and --nodes must be at least 1", file=sys.stderr)
+        return 1
+    nnodes = min(nnodes, ntasks)
+    first, count = task_block(ntasks, nnodes, rank) if rank < nnodes else (0, 0)
+    if count == 0:
+        return 0  # this member has no share of the step
+    step = 0
+    if api is not None:
+        from mtgpu.errors import MtgpuError
+
+        try:
+            step = api.call(
+                "job.step",
+                job_id=job_id,
+                action="begin",
+                ntasks=count,
+                first_task=first,
+                command=shlex.join(args.command),
+            )["step"]
+        except MtgpuError as exc:
+            print(f"srun: warning: the step is not recorded: {exc}", file=sys.stderr)
+            api = None
+    lock = threading.Lock()
+    procs: list[subprocess.Popen[bytes]] = []
+    copiers: list[threading.Thread] = []
+    pipe = subprocess.PIPE if args.label else None
+    try:
+        for local in range(count):
+            procid = first + local
+            e = task_env(env, step, procid, local, ntasks, nnodes)
+            p = subprocess.Popen(args.command, env=e, stdout=pipe, stderr=pipe)
+            procs.append(p)
+            if args.label:
+                for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
+                    t = threading.Thread(target=_copy, args=(stream, out, f"{procid}: ", lock), daemon=True)
+                    t.start()
+                    copiers.append(t)
+    except OSError as exc:
+        print(f"srun: error: cannot run {args.command[0]}: {exc.strerror}", file=sys.stderr)
+        for p in procs:
+            p.kill()
+        procs_codes = [p.wait() for p in procs]
+        rc = 2 if isinstance(exc, FileNotFoundError) else 1
+        _end(api, job_id, step, rc)
+        return rc if not procs_codes else max(rc, exit_status(procs_codes))
+
+    def forward(signum: int, _frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    codes: list[int | None] = [None] * len(procs)
+    while any(c is None for c in codes):
+        for i, p in enumerate(procs):
+            if codes[i] is None and (c := p.poll()) is not None:
+                codes[i] = c
+                if c != 0:
+                    node = env.get("SLURMD_NODENAME") or "localhost"
+                    what = f"exit code {c}" if c > 0 else f"signal {-c}"
+                    print(f"srun: error: {node}: task {first + i}: Exited with {what}", file=sys.stderr)
+                    if args.kill_on_bad_exit:
+                        forward(signal.SIGKILL, None)
+        time.sleep(0.05)
+    for t in copiers:
+        t.join(5)
+    rc = exit_status([c for c in codes if c is not None])
+    _end(api, job_id, step, rc)
+    return rc
+
+
+def _end(api: Any | None, job_id: str, step: int, rc: int) -> None:
+    if api is None:
+        return
+    from mtgpu.errors import MtgpuError
+
+    try:
+        api.call("job.step", job_id=job_id, action="end", step=step, exit_code=rc)
+    except MtgpuError as exc:
+        print(f"srun: warning: the step's end is not recorded: {exc}", file=sys.stderr)
+
+
+def overrides_of(args: argparse.Namespace) -> dict[str, str]:
+    """The job file overrides a job of one step is submitted with.
+
+    >>> overrides_of(build_parser().parse_args(["--gres=gpu:2", "--mem", "512", "-N", "2", "true"]))
+    {'gpus': '2', 'ram': '512M', 'nodes': '2', 'name': 'true'}
+    """
+    gpus = args.gpus
+    if args.gres and not gpus:
+        kind, _, rest = args.gres.partition(":")
+        gpus = rest if kind == "gpu" and rest else args.gres
+    mem = args.mem + "M" if args.mem and args.mem.isdigit() else args.mem
+    pairs = (
+        ("gpus", gpus),
+        ("cpus", args.cpus),
+        ("ram", mem),
+        ("time", args.time),
+        ("nodes", str(args.nodes) if args.nodes else None),
+        ("server", args.server),
+        ("name", args.name or (os.path.basename(args.command[0]) if args.command else None)),
+    )
+    return {k: v for k, v in pairs if v}
+
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def run_job(args: argparse.Namespace, api: Any) -> int:
+    """A job of one step: submit, wait, stream its output, exit with its status."""
+    from mtgpu.cli.job import submit_once
+
+    step = ["srun"]
+    if args.ntasks:
+        step.append(f"--ntasks={args.ntasks}")
+    if args.ntasks_per_node:
+        step.append(f"--ntasks-per-node={args.ntasks_per_node}")
+    if args.label:
+        step.append("--label")
+    script = "#!/bin/sh\nexec " + shlex.join([*step, *args.command]) + "\n"
+    r = submit_once(api, script=script, overrides=overrides_of(args), workdir=os.getcwd())
+    for w in r.get("warnings", []):
+        print(f"srun: warning: {w}", file=sys.stderr)
+    jid = r["job_id"]
+    offsets = {"stdout": 0, "stderr": 0}
+    queued = ran = False
+    try:
+        while True:
+            j = api.call("job.show", job_id=jid)
+            if j["state"] == "PENDING" and not queued:
+                print(f"srun: job {jid} queued and waiting for resources", file=sys.stderr)
+                queued = True
+            elif queued and not ran and j["state"] != "PENDING":
+                print(f"srun: job {jid} has been allocated resources", file=sys.stderr)
+                ran = True
+            _stream(j, offsets)
+            if j["state"] in FINAL:
+                break
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        api.call("job.cancel", job_ids=[jid], reason="srun was interrupted")
+        print(f"srun: Job {jid} cancelled", file=sys.stderr)
+        return 130
+    _stream(j, offsets)
+    code = j.get("exit_code")
+    if j["state"] != "COMPLETED":
+        why = f": {j['reason']}" if j.get("reason") else ""
+        print(f"srun: error: job {jid} ended {j['state']}{why}", file=sys.stderr)
+        return code if isinstance(code, int) and code > 0 else 1
+    return code if isinstance(code, int) and code >= 0 else 0
+
+
+def _stream(j: dict[str, Any], offsets: dict[str, int]) -> None:
+    """Copy what the job's output files gained since ``offsets`` (read as the tenant)."""
+    same = j["stdout"] == j["stderr"]
+    for key, out in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+        if key == "stderr" and same:
+            continue
+        try:
+            with open(j[key], "rb") as f:
+                f.seek(offsets[key])
+                data = f.read(1 << 24)
+        except OSError:
+            continue
+        if data:
+            out.write(data)
+            out.flush()
+            offsets[key] += len(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        print("srun: fatal: No command given to execute.", file=sys.stderr)
+        return 1
+    from mtgpu.cli.common import run_cli, tenant_client
+
+    if os.environ.get("MTGPU_JOB_ID"):
+        from mtgpu.errors import MtgpuError
+
+        def inside() -> int:
+            try:
+                api = tenant_client(args)
+            except MtgpuError as exc:  # no configuration to find the daemon: run unrecorded
+                print(f"srun: warning: the step is not recorded: {exc}", file=sys.stderr)
+                api = None
+            return run_step(args, api)
+
+        return run_cli("srun", inside)
+    if args.pty:
+        from mtgpu.cli.job import alloc_args, main_with
+
+        alloc = argparse.Namespace(
+            cmd="alloc",
+            join=None,
+            window=False,
+            gpus=args.gpus,
+            gres=args.gres,
+            time=args.time,
+            cpus=args.cpus,
+            mem=args.mem,
+            vram=None,
+            server=args.server,
+            gpu_mode=None,
+            name=args.name,
+            command=args.command,
+            config=args.config,
+            json=False,
+        )
+        return main_with(alloc_args(alloc), "srun")
+    return run_cli("srun", lambda: run_job(args, tenant_client(args)))

@@ -1,0 +1,735 @@
+"""Each tenant's own network namespace: a loopback no other tenant shares.
+
+With ``TENANT_NETWORK: private`` every process a tenant starts through MTGPU (login
+shells, the tmux server and its panes, exec commands, jobs, forward helpers) runs in
+the tenant's **network namespace**, one per tenant per host, made on first use and
+kept alive by a bind mount of its ``ns/net`` file at ``RUN_DIR/tenants/UID.net`` (as
+``ip netns`` keeps its namespaces). Its ``127.0.0.1`` is the tenant's alone.
+
+The namespace reaches out through a veth pair: ``mtnUID`` on the host side and
+``eth0`` inside, a ``/30`` of ``TENANT_NETWORK_SUBNET`` between them, a default route
+to the host side, and on the host iptables rules tagged ``mtgpu-net ...``:
+
+- ``nat POSTROUTING -s TENANT -j MASQUERADE``: outbound traffic leaves with the host's
+  address, reaching what the host reaches;
+- ``filter FORWARD``: the tenant's packets to another tenant's veth are dropped, new
+  connections into the tenant's namespace from anywhere are dropped, replies pass.
+
+DNS: the tenant sees the host's ``/etc/resolv.conf``. A nameserver there on a loopback
+address (systemd-resolved's ``127.0.0.53``, a local dnsmasq) would be the tenant's own
+empty loopback, so the daemon relays it: it listens on that address and port 53
+inside the namespace (UDP and TCP; a tenant cannot bind port 53 itself) and passes
+each query to the same address in the host's namespace, bounded in size and number.
+
+Sockets inside a namespace are opened from a short-lived thread that joined it
+(``setns`` is per thread for network namespaces), never from a shared worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import hashlib
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mtgpu.schedd.netns")
+
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+#: Host-side veth names: the prefix and the uid (15 bytes at most).
+VETH_PREFIX = "mtn"
+#: Queries relayed at once per tenant and resolver, and the largest one accepted.
+DNS_MAX_PENDING = 64
+DNS_MAX_TCP = 16
+DNS_TIMEOUT = 5.0
+
+
+def veth_name(uid: int) -> str:
+    """The host side of ``uid``'s veth pair.
+
+    >>> veth_name(20001)
+    'mtn20001'
+    """
+    return f"{VETH_PREFIX}{uid}"
+
+
+def block(subnet: ipaddress.IPv4Network, slot: int) -> tuple[str, str]:
+    """The host-side and tenant-side addresses of ``slot``'s /30 of ``subnet``.
+
+    >>> block(ipaddress.IPv4Network("100.72.0.0/16"), 3)
+    ('100.72.0.13', '100.72.0.14')
+    """
+    base = int(subnet.network_address) + 4 * slot
+    return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
+
+
+def loopback_nameservers(text: str) -> list[str]:
+    """The loopback nameservers of a resolv.conf, which a tenant namespace must relay.
+
+    >>> loopback_nameservers("nameserver 127.0.0.53\\nnameserver 10.0.0.1\\nnameserver ::1\\n")
+    ['127.0.0.53', '::1']
+    """
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            try:
+                addr = ipaddress.ip_address(parts[1].split("%")[0])
+            except ValueError:
+                continue
+            if addr.is_loopback and str(addr) not in out:
+                out.append(str(addr))
+    return out
+
+
+def in_namespace(path: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` run on a new thread that joined the network namespace at ``path``; the
+    thread ends with it, so no other code ever runs in the tenant's namespace."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err), path)
+            finally:
+                os.close(fd)
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=body, name="mtgpu-netns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class TenantNetwork:
+    """The private network namespaces of this host's tenants (``TENANT_NETWORK``).
+
+    ``ns_dir`` is the root-only, unbindable directory the namespace files live in
+    (the fence's ``RUN_DIR/tenants``); ``prepare`` makes it so.
+    """
+
+    def __init__(
+        self,
+        ns_dir: str,
+        subnet: str,
+        *,
+        wanted: bool = True,
+        prepare: Callable[[], None] | None = None,
+        resolv_conf: str = "/etc/resolv.conf",
+    ) -> None:
+        self.ns_dir = ns_dir
+        self.subnet = ipaddress.IPv4Network(subnet)
+        self.wanted = wanted
+        self.prepare = prepare
+        self.resolv_conf = resolv_conf
+        self.tools = {
+            t: shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin")
+            for t in ("ip", "iptables", "unshare", "nsenter", "setpriv")
+        }
+        # Rules carry the namespace directory's digest: two daemons on one host (tests)
+        # never take each other's rules for their own.
+        self.tag = hashlib.sha256(os.path.normpath(ns_dir).encode()).hexdigest()[:10]
+        self._guard = threading.Lock()
+        self._locks: dict[int, threading.Lock] = {}
+        #: uid -> the DNS relays listening in its namespace (closed with it).
+        self._relays: dict[int, list[Any]] = {}
+        self._forwarding_was: str | None = None
+        #: Multi-member jobs with rendezvous rules here (None: not looked up yet).
+        self._jobs: set[str] | None = None
+        #: The daemon's event loop, which runs the DNS relays (set at start).
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ reporting
+
+    def unsupported(self) -> str | None:
+        """Why this host cannot give tenants private networks (None when it can)."""
+        missing = [t for t, p in self.tools.items() if not p]
+        if missing:
+            return f"{', '.join(missing)} not found (install iproute2, iptables and util-linux)"
+        if not os.path.exists("/proc/self/ns/net"):
+            return "this kernel has no network namespaces (CONFIG_NET_NS)"
+        if os.geteuid() != 0:
+            return "the daemon does not run as root"
+        return None
+
+    @property
+    def private(self) -> bool:
+        """Whether tenants get private networks here."""
+        return self.wanted and self.unsupported() is None
+
+    def describe(self) -> str:
+        """Which mode is in force and why, for the log and ``mtgpu-setup status``."""
+        if not self.wanted:
+            return "network: shared (TENANT_NETWORK: shared): tenants share the host's loopback"
+        why = self.unsupported()
+        if why:
+            return (
+                f"network: shared, although TENANT_NETWORK is private: {why}; tenants "
+                "share the host's loopback"
+            )
+        return (
+            f"network: private (TENANT_NETWORK: private): each tenant has its own "
+            f"loopback and namespace, out through veth and NAT from {self.subnet}"
+        )
+
+    # ------------------------------------------------------------ namespaces
+
+    def path(self, uid: int) -> str:
+        return os.path.join(self.ns_dir, f"{uid}.net")
+
+    def namespace(self, uid: int) -> str | None:
+        """The file of ``uid``'s network namespace, made on first use; None in shared
+        mode or when it cannot be made (logged: the tenant then shares the host's)."""
+        if not self.private:
+            return None
+        path = self.path(uid)
+        with self._guard:
+            lock = self._locks.setdefault(uid, threading.Lock())
+        with lock:
+            if os.path.ismount(path):
+                self._ensure_relays(uid, path)
+                return path
+            try:
+                if self.prepare is not None:
+                    self.prepare()
+                if not self._adopt(uid, path):
+                    self._make(uid, path)
+                self._ensure_relays(uid, path)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.error("the private network of uid %d cannot be made: %s", uid, exc)
+                self._teardown(uid, path)
+                return None
+            return path
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            argv,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd="/",
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        )
+        if check and r.returncode != 0:
+            raise OSError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-300:]}")
+        return r
+
+    def _slot(self, uid: int) -> int:
+        """A free /30 for ``uid``: the one its uid points at, or the next free one."""
+        r = self._run([str(self.tools["ip"]), "-o", "-4", "addr", "show"])
+        used = set()
+        for line in r.stdout.splitlines():
+            for word in line.split():
+                if "/" in word:
+                    try:
+                        used.add(ipaddress.IPv4Interface(word).ip)
+                    except ValueError:
+                        pass
+        count = self.subnet.num_addresses // 4
+        for i in range(count):
+            slot = (uid + i) % count
+            if slot == 0:
+                continue
+            host, tenant = block(self.subnet, slot)
+            if ipaddress.IPv4Address(host) not in used and ipaddress.IPv4Address(tenant) not in used:
+                return slot
+        raise OSError(f"TENANT_NETWORK_SUBNET {self.subnet} has no free /30 left")
+
+    def _make(self, uid: int, path: str) -> None:
+        ip, veth = str(self.tools["ip"]), veth_name(uid)
+        if self._run([ip, "link", "show", veth], check=False).returncode == 0:
+            # Left by a namespace nobody can be found in any more: make a fresh one.
+            self._run([ip, "link", "del", veth], check=False)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        self._run([str(self.tools["unshare"]), f"--net={path}", "true"])
+        host, tenant = block(self.subnet, self._slot(uid))
+        inside = [str(self.tools["nsenter"]), f"--net={path}", "--", ip]
+        self._run([ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", path])
+        self._run([ip, "addr", "add", f"{host}/30", "dev", veth])
+        self._run([ip, "link", "set", veth, "up"])
+        self._run([*inside, "link", "set", "lo", "up"])
+        self._run([*inside, "addr", "add", f"{tenant}/30", "dev", "eth0"])
+        self._run([*inside, "link", "set", "eth0", "up"])
+        self._run([*inside, "route", "add", "default", "via", host])
+        self._forwarding_on()
+        self._rules(uid, tenant, add=True)
+        log.info("uid %d: private network made (%s, %s on %s)", uid, path, tenant, veth)
+
+    def _adopt(self, uid: int, path: str) -> bool:
+        """Bind ``uid``'s namespace at ``path`` again from one of its processes (a daemon
+        restarted in a mount namespace of its own lost the binding). Only a namespace
+        whose ``eth0`` is the peer of our ``mtnUID`` counts: root made that one."""
+        ip, veth = str(self.tools["ip"]), veth_name(uid)
+        r = self._run([ip, "-o", "link", "show", veth], check=False)
+        if r.returncode != 0:
+            return False
+        ifindex = r.stdout.split(":", 1)[0].strip()
+        own = os.stat("/proc/self/ns/net").st_ino
+        own_user = os.stat("/proc/self/ns/user").st_ino
+        seen = set()
+        for pid in _uid_pids(uid):
+            try:
+                fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if (
+                    st.st_ino == own
+                    or st.st_ino in seen
+                    or os.stat(f"/proc/{pid}/ns/user").st_ino != own_user
+                ):
+                    continue
+                seen.add(st.st_ino)
+                links = subprocess.run(
+                    [
+                        str(self.tools["nsenter"]),
+                        f"--net=/proc/self/fd/{fd}",
+                        "--",
+                        ip,
+                        "-o",
+                        "link",
+                        "show",
+                        "eth0",
+                    ],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    pass_fds=(fd,),
+                    cwd="/",
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                )
+                if links.returncode != 0 or f"eth0@if{ifindex}:" not in links.stdout:
+                    continue
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+                subprocess.run(
+                    ["mount", "--bind", f"/proc/self/fd/{fd}", path],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                    pass_fds=(fd,),
+                )
+            finally:
+                os.close(fd)
+            tenant = self._tenant_address(path)
+            if tenant:
+                self._forwarding_on()
+                self._rules(uid, tenant, add=True)
+            log.info("uid %d: private network found again in process %d", uid, pid)
+            return True
+        return False
+
+    def _tenant_address(self, path: str) -> str | None:
+        r = self._run(
+            [
+                str(self.tools["nsenter"]),
+                f"--net={path}",
+                "--",
+                str(self.tools["ip"]),
+                "-o",
+                "-4",
+                "addr",
+                "show",
+                "dev",
+                "eth0",
+            ],
+            check=False,
+        )
+        for word in r.stdout.split():
+            if "/" in word:
+                try:
+                    return str(ipaddress.IPv4Interface(word).ip)
+                except ValueError:
+                    continue
+        return None
+
+    def _forwarding_on(self) -> None:
+        f = Path("/proc/sys/net/ipv4/ip_forward")
+        try:
+            if f.read_text().strip() != "1":
+                self._forwarding_was = f.read_text().strip()
+                f.write_text("1")
+                log.info("IPv4 forwarding turned on for the tenants' private networks")
+        except OSError as exc:
+            log.warning("cannot turn on IPv4 forwarding: %s", exc)
+
+    def rule_specs(self, uid: int, tenant: str) -> list[tuple[str, str, list[str]]]:
+        """``uid``'s iptables rules: (table, chain, match and target), in insert order.
+
+        >>> [r[:2] for r in TenantNetwork("/run/t", "100.72.0.0/16").rule_specs(1, "100.72.0.6")]
+        [('nat', 'POSTROUTING'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD')]
+        """
+        veth, note = veth_name(uid), ["-m", "comment", "--comment", f"mtgpu-net {self.tag} {uid}"]
+        return [
+            ("nat", "POSTROUTING", ["-s", f"{tenant}/32", "!", "-o", veth, *note, "-j", "MASQUERADE"]),
+            # Inserted at the top one by one, so they end in the reverse of this order.
+            ("filter", "FORWARD", ["-o", veth, *note, "-j", "DROP"]),
+            (
+                "filter",
+                "FORWARD",
+                ["-o", veth, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", *note, "-j", "ACCEPT"],
+            ),
+            ("filter", "FORWARD", ["-i", veth, *note, "-j", "ACCEPT"]),
+            ("filter", "FORWARD", ["-i", veth, "-o", f"{VETH_PREFIX}+", *note, "-j", "DROP"]),
+        ]
+
+    def _rules(self, uid: int, tenant: str, *, add: bool) -> None:
+        ipt = str(self.tools["iptables"])
+        for table, chain, spec in self.rule_specs(uid, tenant):
+            have = self._run([ipt, "-w", "-t", table, "-C", chain, *spec], check=False).returncode == 0
+            if add and not have:
+                self._run([ipt, "-w", "-t", table, "-I" if table == "filter" else "-A", chain, *spec])
+            elif not add:
+                while have:
+                    self._run([ipt, "-w", "-t", table, "-D", chain, *spec], check=False)
+                    have = (
+                        self._run([ipt, "-w", "-t", table, "-C", chain, *spec], check=False).returncode == 0
+                    )
+
+    def _delete_rules(self, note: str, tables: tuple[str, ...] = ("filter",)) -> None:
+        """Delete every rule whose comment is ``note`` (this daemon's tag in it)."""
+        import shlex
+
+        ipt = str(self.tools["iptables"])
+        for table in tables:
+            for line in self._run([ipt, "-w", "-t", table, "-S"], check=False).stdout.splitlines():
+                if line.startswith("-A ") and f'"{note}"' in line:
+                    self._run([ipt, "-w", "-t", table, "-D", *shlex.split(line)[1:]], check=False)
+
+    def _remove_tagged_rules(self, uid: int) -> None:
+        """Every rule of ``uid`` this daemon made, whatever address it named."""
+        self._delete_rules(f"mtgpu-net {self.tag} {uid}", ("nat", "filter"))
+
+    # ------------------------------------------------------ multi-member jobs
+
+    def job_rule_specs(
+        self, job_id: str, uid: int, addr: str, port: int, master: bool
+    ) -> list[tuple[str, list[str]]]:
+        """The rules that keep a multi-member job's rendezvous port (``addr:port``, on
+        the rank-0 member) to the job's own ranks: (chain, match and target).
+
+        The ranks run in the host's network as ``uid``. Every member of the job refuses
+        connections to the port from other users' processes in the host's network
+        (``OUTPUT`` by owner) and from every tenant's private namespace (``FORWARD``
+        from ``mtn+``); the rank-0 member also refuses them from namespaces towards
+        its own address (``INPUT`` from ``mtn+``).
+
+        >>> [c for c, _ in TenantNetwork("/run/t", "100.72.0.0/16").job_rule_specs(
+        ...     "7", 20001, "10.0.0.2", 29500, True)]
+        ['OUTPUT', 'FORWARD', 'INPUT']
+        """
+        note = ["-m", "comment", "--comment", f"mtgpu-job {self.tag} {job_id}"]
+        reject = ["-j", "REJECT", "--reject-with", "tcp-reset"]
+        tcp = ["-p", "tcp", "--dport", str(port)]
+        out = [
+            (
+                "OUTPUT",
+                ["-d", f"{addr}/32", *tcp, "-m", "owner", "!", "--uid-owner", str(uid), *note, *reject],
+            ),
+            ("FORWARD", ["-i", f"{VETH_PREFIX}+", "-d", f"{addr}/32", *tcp, *note, *reject]),
+        ]
+        if master:
+            out.append(("INPUT", ["-i", f"{VETH_PREFIX}+", *tcp, *note, *reject]))
+        return out
+
+    def open_job(self, job_id: str, uid: int, addr: str, port: int, master: bool) -> None:
+        """Put up :meth:`job_rule_specs` for a multi-member job starting here (logged,
+        not raised, if it cannot be: the job runs as it would without them)."""
+        if not self.private or not port:
+            return
+        ipt = str(self.tools["iptables"])
+        try:
+            ipaddress.IPv4Address(addr)
+        except ValueError:
+            try:
+                addr = socket.gethostbyname(addr)
+            except OSError:
+                log.warning("job %s: rendezvous address %s unknown: its port is not walled off", job_id, addr)
+                return
+        if self._jobs is not None:
+            self._jobs.add(job_id)
+        try:
+            for chain, spec in self.job_rule_specs(job_id, uid, addr, port, master):
+                if self._run([ipt, "-w", "-C", chain, *spec], check=False).returncode != 0:
+                    self._run([ipt, "-w", "-I", chain, *spec])
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("job %s: its rendezvous port cannot be walled off: %s", job_id, exc)
+            return
+        log.info("job %s: rendezvous port %s:%d open to its own ranks only", job_id, addr, port)
+
+    def close_job(self, job_id: str) -> None:
+        """Remove the rules :meth:`open_job` put up for ``job_id``."""
+        if not self.tools["iptables"]:
+            return
+        ipt = str(self.tools["iptables"])
+        if self._jobs is None:  # the first end seen: what an earlier daemon left too
+            self._jobs = {
+                line.split(f"mtgpu-job {self.tag} ", 1)[1].split('"')[0]
+                for line in self._run([ipt, "-w", "-S"], check=False).stdout.splitlines()
+                if f"mtgpu-job {self.tag} " in line
+            }
+        if job_id not in self._jobs:
+            return
+        self._jobs.discard(job_id)
+        log.info("job %s: rendezvous rules removed", job_id)
+        self._delete_rules(f"mtgpu-job {self.tag} {job_id}")
+
+    # --------------------------------------------------------------- DNS relay
+
+    def _ensure_relays(self, uid: int, path: str) -> None:
+        if uid in self._relays or self.loop is None:
+            return
+        try:
+            servers = loopback_nameservers(Path(self.resolv_conf).read_text())
+        except OSError:
+            servers = []
+        if not servers:
+            self._relays[uid] = []
+            return
+
+        def open_sockets() -> list[tuple[str, socket.socket, socket.socket]]:
+            out = []
+            for addr in servers:
+                fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+                try:
+                    u = socket.socket(fam, socket.SOCK_DGRAM)
+                    u.bind((addr, 53))
+                    t = socket.socket(fam, socket.SOCK_STREAM)
+                    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    t.bind((addr, 53))
+                    t.listen(16)
+                except OSError as exc:
+                    log.warning("uid %d: DNS relay on %s cannot listen: %s", uid, addr, exc)
+                    continue
+                for s in (u, t):
+                    s.setblocking(False)
+                out.append((addr, u, t))
+            return out
+
+        socks = in_namespace(path, open_sockets)
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:  # never block the loop on itself: the relays start a moment later
+            held: list[Any] = []
+            self._relays[uid] = held
+            task = self.loop.create_task(_start_relays(socks))
+            task.add_done_callback(lambda t: held.extend(t.result()) if not t.exception() else None)
+        else:
+            fut = asyncio.run_coroutine_threadsafe(_start_relays(socks), self.loop)
+            self._relays[uid] = fut.result(30)
+        log.info("uid %d: DNS relayed from its namespace to %s", uid, ", ".join(servers))
+
+    def _close_relays(self, uid: int) -> None:
+        relays = self._relays.pop(uid, [])
+        loop = self.loop
+        for r in relays:
+            if loop is not None and loop.is_running():
+                loop.call_soon_threadsafe(r.close)
+            else:
+                r.close()
+
+    # ----------------------------------------------------------------- removal
+
+    def _teardown(self, uid: int, path: str) -> None:
+        self._close_relays(uid)
+        if self.tools["ip"]:
+            self._run([str(self.tools["ip"]), "link", "del", veth_name(uid)], check=False)
+        if self.tools["iptables"]:
+            self._remove_tagged_rules(uid)
+        release_file(path)
+
+    def remove(self, uid: int) -> None:
+        """Remove ``uid``'s namespace, veth pair, rules and relays (its processes are
+        gone already: the fence ended them)."""
+        with self._guard:
+            lock = self._locks.setdefault(uid, threading.Lock())
+        with lock:
+            self._teardown(uid, self.path(uid))
+
+    def known(self) -> list[int]:
+        """The uids whose namespace file lies in ``ns_dir`` now."""
+        try:
+            names = os.listdir(self.ns_dir)
+        except OSError:
+            return []
+        return sorted(int(n[:-4]) for n in names if n.endswith(".net") and n[:-4].isdigit())
+
+    def close(self) -> None:
+        """At daemon stop: remove the namespaces no process lives in any more (a tenant's
+        running tmux and jobs keep theirs, so a restart cuts no one off), and stop
+        every relay (the next daemon opens them again)."""
+        for uid in self.known():
+            path = self.path(uid)
+            try:
+                ino = os.stat(path).st_ino
+            except OSError:
+                continue
+            if not _processes_in(ino):
+                self.remove(uid)
+            else:
+                self._close_relays(uid)
+        for uid in list(self._relays):
+            self._close_relays(uid)
+        if self._forwarding_was is not None and not self.known():
+            try:
+                Path("/proc/sys/net/ipv4/ip_forward").write_text(self._forwarding_was)
+            except OSError:
+                pass
+
+
+def release_file(path: str) -> None:
+    """Unbind a namespace file kept at ``path`` and remove it (the namespace goes with
+    its last process)."""
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", path], check=False, capture_output=True, timeout=30)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _uid_pids(uid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    out.append(int(name))
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def _processes_in(ino: int) -> bool:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}/ns/net").st_ino == ino:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+# ------------------------------------------------------------------ DNS relays
+
+
+class _UdpRelay(asyncio.DatagramProtocol):
+    """Passes each query that reaches the namespace's resolver address to the host's."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.transport: asyncio.DatagramTransport | None = None
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if len(self.pending) >= DNS_MAX_PENDING or len(data) < 12:
+            return  # too many in flight, or not a DNS message: dropped, as a busy server does
+        task = asyncio.ensure_future(self._ask(data, addr))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _ask(self, data: bytes, addr: Any) -> None:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+
+        class Reply(asyncio.DatagramProtocol):
+            def datagram_received(self, d: bytes, a: Any) -> None:
+                if not answer.done():
+                    answer.set_result(d)
+
+        try:
+            tr, _ = await loop.create_datagram_endpoint(Reply, remote_addr=(self.upstream, 53))
+        except OSError:
+            return
+        try:
+            tr.sendto(data)
+            reply = await asyncio.wait_for(answer, DNS_TIMEOUT)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.sendto(reply, addr)
+        except (TimeoutError, OSError):
+            pass
+        finally:
+            tr.close()
+
+
+class _Relay:
+    """One resolver address relayed: its UDP endpoint and TCP server."""
+
+    def __init__(self, udp: asyncio.BaseTransport, tcp: asyncio.AbstractServer) -> None:
+        self.udp, self.tcp = udp, tcp
+
+    def close(self) -> None:
+        self.udp.close()
+        self.tcp.close()
+
+
+async def _start_relays(socks: list[tuple[str, socket.socket, socket.socket]]) -> list[_Relay]:
+    loop = asyncio.get_running_loop()
+    out = []
+    for addr, u, t in socks:
+        udp, _ = await loop.create_datagram_endpoint(functools.partial(_UdpRelay, addr), sock=u)
+        busy = [0]
+
+        async def handle(
+            reader: asyncio.StreamReader,
+            writer: asyncio.StreamWriter,
+            upstream: str = addr,
+            busy: list[int] = busy,
+        ) -> None:
+            if busy[0] >= DNS_MAX_TCP:
+                writer.close()
+                return
+            busy[0] += 1
+            try:
+                ur, uw = await asyncio.wait_for(asyncio.open_connection(upstream, 53), DNS_TIMEOUT)
+            except (OSError, TimeoutError):
+                busy[0] -= 1
+                writer.close()
+                return
+
+            async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+                try:
+                    while True:
+                        chunk = await asyncio.wait_for(r.read(65536), 30)
+                        if not chunk:
+                            break
+                        w.write(chunk)
+                        await w.drain()
+                except (OSError, TimeoutError):
+                    pass
+                finally:
+                    w.close()
+
+            try:
+                await asyncio.gather(pipe(reader, uw), pipe(ur, writer))
+            finally:
+                busy[0] -= 1
+
+        tcp = await asyncio.start_server(handle, sock=t)
+        out.append(_Relay(udp, tcp))
+    return out

@@ -1,0 +1,202 @@
+"""Bounds on what one user or one source address may hold open on the SSH server.
+
+- :class:`Penalties`: failed logins refuse a (source address, user name) pair for a
+  while (``SSH_PENALTY_FAILURES``, ``SSH_PENALTY_SECONDS``). Keyed on both, so one
+  tenant's failures from ``127.0.0.1`` lock out that name from there, not every
+  local user.
+- :class:`ConnectionLimits`: counts of connections per source address
+  (``SSH_MAX_CONNECTIONS_PER_SOURCE``), authenticated connections per user
+  (``SSH_MAX_CONNECTIONS_PER_USER``), session channels per user
+  (``SSH_MAX_SESSIONS_PER_USER``) and forwarded channels and listeners per user
+  (``SSH_MAX_FORWARDS_PER_USER``). A request past a limit is refused with a message
+  naming the limit, and every count a connection holds is given back when it closes.
+
+Cluster members (peer connections) are counted per source only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import asyncssh
+
+log = logging.getLogger("mtgpu.sshd")
+
+#: Option (lower-case key) and what it counts, for each kind of count.
+LIMITS = {
+    "source": ("ssh_max_connections_per_source", "connections from {who}"),
+    "user": ("ssh_max_connections_per_user", "connections of {who}"),
+    "session": ("ssh_max_sessions_per_user", "sessions (shells, commands, sftp) of {who}"),
+    "forward": ("ssh_max_forwards_per_user", "forwarded connections and listeners of {who}"),
+    # Connections past SSH_MAX_CONNECTIONS_PER_SOURCE kept until they can be told why
+    # (after the key exchange); past these few, they are dropped at once.
+    "refusing": ("", "refused connections from {who}"),
+}
+#: Refused connections per source that are told why (the "refusing" count).
+EXPLAINED_PER_SOURCE = 4
+#: Distinct (source, user) pairs remembered; beyond this the oldest are forgotten.
+MAX_PENALTY_KEYS = 100_000
+
+
+class Penalties:
+    """Refuse a user from a source address for a while after repeated failures.
+
+    >>> now = [0.0]
+    >>> p = Penalties(2, 60, clock=lambda: now[0])
+    >>> p.failed("127.0.0.1", "ann"); p.failed("127.0.0.1", "ann")
+    >>> p.penalized("127.0.0.1", "ann") > 0, p.penalized("127.0.0.1", "bob")
+    (True, 0.0)
+    >>> now[0] = 61.0
+    >>> p.penalized("127.0.0.1", "ann")
+    0.0
+    """
+
+    def __init__(self, failures: int, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.failures = failures
+        self.seconds = seconds
+        self.clock = clock
+        self._count: dict[tuple[str, str], int] = {}
+        self._until: dict[tuple[str, str], float] = {}
+
+    def penalized(self, addr: str, user: str) -> float:
+        """Seconds left of the penalty of ``user`` from ``addr`` (0 if none)."""
+        key = (addr, user)
+        until = self._until.get(key)
+        if until is None:
+            return 0.0
+        left = until - self.clock()
+        if left <= 0:
+            del self._until[key]
+            return 0.0
+        return left
+
+    def failed(self, addr: str, user: str) -> None:
+        key = (addr, user)
+        n = self._count.get(key, 0) + 1
+        if n >= self.failures:
+            self._until[key] = self.clock() + self.seconds
+            self._count.pop(key, None)
+            _trim(self._until)
+            log.warning(
+                "penalizing %s for logins as %r for %.0fs after %d failed logins (SSH_PENALTY_FAILURES)",
+                addr,
+                user,
+                self.seconds,
+                n,
+            )
+        else:
+            self._count[key] = n
+            _trim(self._count)
+
+    def succeeded(self, addr: str, user: str) -> None:
+        self._count.pop((addr, user), None)
+
+
+def _trim(d: dict[Any, Any]) -> None:
+    if len(d) > MAX_PENALTY_KEYS:
+        for k in list(d)[: MAX_PENALTY_KEYS // 10]:
+            del d[k]
+
+
+class LimitReached(Exception):
+    """A count is at its limit; the message names the limit and what to do."""
+
+
+class ConnectionLimits:
+    """The counts of one SSH server, shared by all its connections."""
+
+    def __init__(self, options: Callable[[], Any], server: str = "") -> None:
+        self.options = options  # the daemon's current options (a SIGHUP may change them)
+        self.server = server
+        self.counts: dict[str, Counter[str]] = {kind: Counter() for kind in LIMITS}
+        #: Live authenticated connections per user name (to end a removed user's).
+        self.live: dict[str, set[Any]] = {}
+
+    def limit(self, kind: str) -> int:
+        if kind == "refusing":
+            return EXPLAINED_PER_SOURCE
+        return int(getattr(self.options(), LIMITS[kind][0]))
+
+    def take(self, kind: str, who: str) -> None:
+        """Count one more ``kind`` for ``who``, or raise LimitReached."""
+        limit = self.limit(kind)
+        have = self.counts[kind][who]
+        if have >= limit:
+            what = LIMITS[kind][1].format(who=who)
+            key = LIMITS[kind][0].upper()
+            raise LimitReached(
+                f"too many {what} on {self.server or 'this host'}: {key} is {limit}; close some and retry"
+            )
+        self.counts[kind][who] = have + 1
+
+    def give(self, kind: str, who: str, n: int = 1) -> None:
+        c = self.counts[kind]
+        left = c[who] - n
+        if left > 0:
+            c[who] = left
+        else:
+            c.pop(who, None)
+
+    def started(self, user: str, server: Any) -> None:
+        """``server`` (an MtgpuSSHServer) is a logged-in connection of ``user``."""
+        self.live.setdefault(user, set()).add(server)
+
+    def ended(self, user: str, server: Any) -> None:
+        live = self.live.get(user)
+        if live is not None:
+            live.discard(server)
+            if not live:
+                del self.live[user]
+
+    def close_user(self, user: str, reason: str) -> int:
+        """Disconnect every live connection of ``user``; how many there were. The code
+        says the user name is no longer valid (clients report it as an error, where
+        "by application" reads as a normal end)."""
+        conns = list(self.live.get(user, ()))
+        for c in conns:
+            if c.conn is not None:
+                c.conn.disconnect(asyncssh.DISC_ILLEGAL_USER_NAME, reason)
+        return len(conns)
+
+
+class Held:
+    """What one connection holds in a :class:`ConnectionLimits`, given back at its end."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.held: Counter[tuple[str, str]] = Counter()
+
+    def take(self, kind: str, who: str) -> None:
+        self.limits.take(kind, who)
+        self.held[(kind, who)] += 1
+
+    def give(self, kind: str, who: str) -> None:
+        if self.held[(kind, who)] > 0:
+            self.held[(kind, who)] -= 1
+            self.limits.give(kind, who)
+
+    def release_on_close(self, kind: str, who: str, session: Any) -> Any:
+        """``session`` (an asyncssh session object) gives back one ``kind`` when its
+        channel closes."""
+        original = session.connection_lost
+        done = False
+
+        def connection_lost(exc: Exception | None) -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.give(kind, who)
+            original(exc)
+
+        session.connection_lost = connection_lost
+        return session
+
+    def release_all(self) -> None:
+        for (kind, who), n in self.held.items():
+            if n > 0:
+                self.limits.give(kind, who, n)
+        self.held.clear()

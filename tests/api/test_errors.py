@@ -1,0 +1,176 @@
+"""One error tree: a malformed request is the caller's ``bad_request``, naming the
+problem; any other failure in a handler is the server's ``internal`` error, logged
+once with its traceback under an id the answer names; retryability is a code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+from mtgpu_testing import Host
+from security_testing import Tenant, api_socket, call, lines
+
+from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, ApiError, JobError, StateError, ValidationError
+
+TENANT = Caller("tina", 20001, False, "socket")
+INTERNAL = re.compile(
+    r"^internal error \(id ([0-9a-f]{8})\): the administrator can find it in "
+    r"the server log$"
+)
+
+
+def _dispatcher() -> Dispatcher:
+    d = Dispatcher()
+
+    def buggy(caller: Caller, args: dict) -> dict:
+        return {}["no such key"]  # a server bug: a KeyError nobody meant
+
+    def typo(caller: Caller, args: dict) -> int:
+        return len(None)  # type: ignore[arg-type] - a TypeError in the server's own code
+
+    def strict(caller: Caller, args: dict) -> int:
+        return arg(args, "n", int)
+
+    async def state(caller: Caller, args: dict) -> None:
+        raise StateError("no scheduler is elected yet; retry shortly", "no_leader")
+
+    def job(caller: Caller, args: dict) -> None:
+        raise JobError("line 2: gpus=x is not a GPU request")
+
+    for name, fn in (("buggy", buggy), ("typo", typo), ("strict", strict), ("state", state), ("job", job)):
+        d.register(name, fn)
+    return d
+
+
+def _ask(d: Dispatcher, op: str, **args: object) -> dict:
+    return asyncio.run(d.handle(TENANT, {"op": op, "args": args, "id": 9}))
+
+
+@pytest.mark.parametrize("op", ["buggy", "typo"])
+def test_a_handler_bug_is_internal_with_an_id_logged_once_with_its_trace(op, caplog):
+    d = _dispatcher()
+    with caplog.at_level(logging.ERROR, logger="mtgpu.api"):
+        answer = _ask(d, op)
+    assert answer["code"] == "internal" and answer["ok"] is False and answer["id"] == 9, answer
+    assert answer["retryable"] is False
+    m = INTERNAL.match(answer["error"])
+    assert m, answer["error"]
+    incident = m.group(1)
+    logged = [r for r in caplog.records if incident in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    assert logged[0].exc_info is not None  # the traceback, for the admin
+    text = caplog.text
+    assert text.count("Traceback") == 1 and text.count(incident) == 1, text
+    assert ("KeyError" if op == "buggy" else "TypeError") in text
+    # Another bug gets another id.
+    assert INTERNAL.match(_ask(d, op)["error"]).group(1) != incident
+
+
+def test_only_validation_errors_are_bad_requests(caplog):
+    d = _dispatcher()
+    with caplog.at_level(logging.WARNING, logger="mtgpu.api"):
+        missing, wrong = _ask(d, "strict"), _ask(d, "strict", n="three")
+    assert missing["code"] == wrong["code"] == "bad_request"
+    assert missing["error"] == "missing argument 'n'" and wrong["error"] == "argument 'n' must be int"
+    assert "Traceback" not in caplog.text  # the caller's mistake is not a server fault
+    job = _ask(d, "job")
+    assert job["code"] == "error" and job["error"].startswith("line 2:"), job
+    assert isinstance(ValidationError("x"), ValueError)  # the value parsers raise it
+
+
+def test_retryability_is_a_code_on_the_wire():
+    d = _dispatcher()
+    answer = _ask(d, "state")
+    assert answer["code"] == "no_leader" and answer["retryable"] is True, answer
+    assert ApiError.from_answer(answer).retryable
+    # The answer's own word wins over the code list (a new retryable refusal fits).
+    assert ApiError.from_answer(
+        {"ok": False, "error": "a minority", "code": "minority", "retryable": True}
+    ).retryable
+    assert not ApiError.from_answer(
+        {"ok": False, "error": "x", "code": "no_leader", "retryable": False}
+    ).retryable
+    assert not ApiError.from_answer({"ok": False, "error": "retry later", "code": "error"}).retryable
+    assert not RETRYABLE_CODES & RESEND_CODES
+    assert not _ask(d, "strict")["retryable"]
+
+
+def test_the_python_client_retries_by_code_not_by_message(monkeypatch):
+    from mtgpu.api import client as client_mod
+    from mtgpu.cli import job as job_cli
+
+    monkeypatch.setattr(client_mod.time, "sleep", lambda s: None)
+    monkeypatch.setattr(job_cli.time, "sleep", lambda s: None)
+    answers = [
+        ApiError("no scheduler is elected right now", "no_leader"),
+        ApiError("lost in a hand-off", "leader_changed"),
+        "done",
+    ]
+
+    def fn():
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert job_cli._retrying(fn) == "done"
+    # A refusal whose message says "retry" but whose code is not retryable is shown at once.
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise ApiError("too many submissions; wait 1s and retry", "rate_limited")
+
+    with pytest.raises(ApiError):
+        job_cli._retrying(refused)
+    assert calls == [1]
+
+
+# ------------------------------------------------------------ a hostile tenant
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    h = Host({"SIMULATED_CPUS": 1})
+    h.start()
+    try:
+        key = h.add_user("mal")
+        assert h.ssh("mal", key, "true").returncode == 0
+        pw = h.passwd("mal")
+        yield h, Tenant("mal", int(pw[2]), key, pw[5])
+    finally:
+        h.cleanup()
+
+
+#: (operation, arguments, words the refusal must contain)
+MALFORMED = [
+    ("job.show", {}, "'job_id'"),
+    ("job.show", {"job_id": ["1"]}, "'job_id' must be str"),
+    ("job.show", {"job_id": {"$ne": 1}}, "'job_id'"),
+    ("job.list", {"all": "yes please"}, "'all' must be bool"),
+    ("job.submit", {"script": 7}, "'script' must be str"),
+    ("job.submit", {"script": "#!/bin/sh\ntrue\n", "overrides": ["gpus=1"]}, "'overrides'"),
+    ("job.submit", {"script": "#!/bin/sh\ntrue\n", "token": 12}, "'token'"),
+    ("job.cancel", {"job_ids": "1"}, "'job_ids'"),
+    ("workspace.create", {"name": "w", "image": "x", "ram": [1]}, "'ram'"),
+    ("workspace.create", {"name": "w", "image": "x", "ram": "12 bananas"}, "ram"),
+    ("workspace.create", {"name": "w", "image": "x", "ports": [0]}, "port 0"),
+    ("workspace.create", {"name": "w", "image": "x", "wait": "forever"}, "'wait'"),
+]
+
+
+def test_a_hostile_tenants_malformed_requests_are_bad_requests_naming_the_problem(hostile):
+    h, mal = hostile
+    with api_socket(h.run_dir, mal.uid) as s:
+        answers = [(op, want, call(s, op, args)) for op, args, want in MALFORMED]
+        (raw,) = lines(s, [{"op": "job.show", "args": [1, 2]}])  # args not an object
+    for op, want, a in answers:
+        assert not a["ok"] and a["code"] == "bad_request", (op, a)
+        assert want in a["error"] and len(a["error"]) < 300, (op, want, a)
+        assert a["retryable"] is False
+    assert raw["code"] == "bad_request" and '"args"' in raw["error"], raw
+    log = h.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log, log[-3000:]

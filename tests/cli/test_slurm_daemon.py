@@ -1,0 +1,188 @@
+"""Slurm's commands against a real daemon over real SSH: each command's main path and
+exit codes, srun steps inside a job, and a hostile tenant."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from mtgpu_testing import wait_for
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def host():
+    from mtgpu_testing import Host
+
+    h = Host({"SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}], "SIMULATED_CPUS": 8})
+    h.start()
+    keys = {"sam": h.add_user("sam"), "eve": h.add_user("eve")}
+    yield h, keys
+    h.cleanup()
+
+
+def run(host, user, *argv, input=None):
+    h, keys = host
+    r = h.ssh(user, keys[user], shlex.join(argv), input=input)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+def show(host, user, jid):
+    rc, out, err = run(host, user, "mt-job", "show", jid, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def wait_end(host, user, jid, timeout=60):
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+    return wait_for(
+        lambda: (j := show(host, user, jid))["state"] in final and j, timeout, f"job {jid} to end"
+    )
+
+
+def sbatch(host, user, script, *opts):
+    rc, out, err = run(host, user, "sbatch", "--parsable", *opts, "-", input=script.encode())
+    assert rc == 0, err
+    return out.strip()
+
+
+def test_sbatch_prints_slurms_line_and_parsable_the_id_and_refuses_a_bad_option(host) -> None:
+    rc, out, err = run(host, "sam", "sbatch", "-", input=b"#!/bin/sh\n#SBATCH -J hello\necho hi\n")
+    assert rc == 0, err
+    assert out.startswith("Submitted batch job ")
+    jid = out.split()[-1]
+    j = wait_end(host, "sam", jid)
+    assert j["name"] == "hello" and j["state"] == "COMPLETED"
+    rc, out, err = run(host, "sam", "sbatch", "--parsable", "--wrap", "echo wrapped-$SLURM_JOB_ID")
+    wrapped = out.strip()
+    assert rc == 0 and wrapped.isdigit(), err
+    j = wait_end(host, "sam", wrapped)
+    assert j["state"] == "COMPLETED"
+    rc, out, err = run(host, "sam", "mt-job", "logs", wrapped)
+    assert out.strip() == f"wrapped-{wrapped}"
+    rc, out, err = run(host, "sam", "sbatch", "--bogus-option", "x.sh")
+    assert rc == 255 and "--bogus-option" in err
+
+
+def test_srun_in_a_job_runs_ntasks_with_distinct_ranks_as_a_listed_step(host) -> None:
+    script = (
+        "#!/bin/bash\n#MTGPU cpus=2 ram=64M\n"
+        "srun -n 3 sh -c 'echo task=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID step=$SLURM_STEP_ID'\n"
+        "srun -l echo labelled\n"
+    )
+    jid = sbatch(host, "sam", script)
+    j = wait_end(host, "sam", jid)
+    assert j["state"] == "COMPLETED", j
+    rc, out, err = run(host, "sam", "mt-job", "logs", jid)
+    tasks = sorted(line for line in out.splitlines() if line.startswith("task="))
+    assert tasks == [f"task={i} local={i} node=0 step=0" for i in range(3)]
+    assert "0: labelled" in out.splitlines()
+    steps = j["steps"]
+    assert [(s["step_id"], s["ntasks"], s["state"], s["exit_code"]) for s in steps] == [
+        (f"{jid}.0", 3, "COMPLETED", 0),
+        (f"{jid}.1", 1, "COMPLETED", 0),
+    ]
+    rc, out, err = run(host, "sam", "mt-job", "show", jid)
+    assert f"{jid}.0" in out and "COMPLETED" in out
+
+
+def test_a_failing_step_fails_the_job_with_its_exit_code(host) -> None:
+    jid = sbatch(host, "sam", "#!/bin/bash\n#MTGPU ram=64M\nsrun sh -c 'exit 3'\n")
+    j = wait_end(host, "sam", jid)
+    assert j["state"] == "FAILED" and j["exit_code"] == 3, j
+    assert j["steps"][0]["state"] == "FAILED" and j["steps"][0]["exit_code"] == 3
+    # Handled by the script (`|| true`): the job goes on and completes.
+    jid = sbatch(host, "sam", "#!/bin/bash\n#MTGPU ram=64M\nsrun false || echo handled\n")
+    assert wait_end(host, "sam", jid)["state"] == "COMPLETED"
+
+
+def test_srun_outside_a_job_is_a_blocking_job_with_its_output_and_exit_code(host) -> None:
+    rc, out, err = run(
+        host, "sam", "srun", "--mem=64", "sh", "-c", "echo out-$SLURM_PROCID; echo err >&2; exit 4"
+    )
+    assert rc == 4, err
+    assert "out-0" in out and "err" in err
+
+
+def test_squeue_scontrol_scancel_main_paths_and_exit_codes(host) -> None:
+    jid = sbatch(host, "sam", "#!/bin/bash\n#SBATCH -J sleeper\n#MTGPU ram=64M\nsleep 300\n")
+    wait_for(lambda: show(host, "sam", jid)["state"] == "RUNNING", 60, "the job to run")
+    rc, out, err = run(host, "sam", "squeue")
+    assert rc == 0, err
+    assert out.splitlines()[0].split() == "JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)".split()
+    row = next(line.split() for line in out.splitlines()[1:] if line.split()[0] == jid)
+    assert row[2:5] == ["sleeper", "sam", "R"] and row[-1] == "testhost"
+    rc, out, _ = run(host, "sam", "squeue", "-h", "-t", "R", "-o", "%i %T %j")
+    assert f"{jid} RUNNING sleeper" in out.splitlines()
+    rc, out, err = run(host, "sam", "squeue", "-t", "BOGUS")
+    assert rc == 1 and "Invalid job state specified: BOGUS" in err
+    rc, out, err = run(host, "sam", "squeue", "-j", "999999")
+    assert rc == 1 and "Invalid job id specified" in err
+    rc, out, err = run(host, "sam", "squeue", "--json")
+    assert [j["job_state"] for j in json.loads(out)["jobs"] if j["job_id"] == jid] == ["RUNNING"]
+    rc, out, err = run(host, "sam", "scontrol", "show", "job", jid)
+    assert rc == 0 and out.startswith(f"JobId={jid} JobName=sleeper") and "JobState=RUNNING" in out
+    rc, out, err = run(host, "sam", "scontrol", "show", "job", "999999")
+    assert rc == 1 and "Invalid job id specified" in err
+    rc, out, err = run(host, "sam", "scontrol", "show", "node")
+    assert rc == 0 and out.startswith("NodeName=testhost") and "Gres=gpu:rtx4090:2" in out
+    rc, out, err = run(host, "sam", "sinfo", "-h", "-N", "-o", "%N %G")
+    assert out.split() == ["testhost", "gpu:rtx4090:2"]
+    rc, out, err = run(host, "sam", "scancel", jid)
+    assert rc == 0, err
+    assert wait_end(host, "sam", jid)["state"] == "CANCELLED"
+    rc, out, err = run(host, "sam", "scancel", "999999")
+    assert rc == 1 and "Invalid job id specified" in err
+
+
+def test_mt_job_list_state_format_elapsed_and_collapsed_pending_array(host) -> None:
+    script = "#!/bin/bash\n#MTGPU ram=64M array=0-11%1\nsleep 300\n"
+    jid = sbatch(host, "sam", script)
+    wait_for(lambda: show(host, "sam", f"{jid}_0")["state"] == "RUNNING", 60, "task 0 to run")
+    rc, out, err = run(host, "sam", "mt-job", "list", "--state", "PD", "--format", "%i %t")
+    assert rc == 0, err
+    assert out.splitlines() == ["JOBID ST", f"{jid}_[1-11] PD"]
+    rc, out, err = run(host, "sam", "mt-job", "list")
+    assert "TIME" in out.splitlines()[0] and f"{jid}_[1-11]" in out
+    rc, out, err = run(host, "sam", "mt-job", "list", "--json")
+    ids = [j["job_id"] for j in json.loads(out) if j.get("array_id") == jid]
+    assert ids == [f"{jid}_{i}" for i in range(12)]  # natural order: _2 before _10
+    rc, out, err = run(host, "sam", "mt-job", "list", "--state", "nope")
+    assert rc == 2 and "nope" in err.lower()
+    run(host, "sam", "scancel", jid)
+
+
+def test_a_hostile_tenant_cannot_see_cancel_or_inspect_anothers_job(host) -> None:
+    jid = sbatch(host, "sam", "#!/bin/bash\n#SBATCH -J secret-plan\n#MTGPU ram=64M\nsleep 300\n")
+    wait_for(lambda: show(host, "sam", jid)["state"] == "RUNNING", 60, "the job to run")
+    rc, out, err = run(host, "eve", "scancel", jid)
+    assert rc == 1 and "Invalid job id specified" in err and "secret" not in out + err
+    rc, out, err = run(host, "eve", "scancel", "-u", "sam")
+    rc, out, err = run(host, "eve", "scontrol", "show", "job", jid)
+    assert rc == 1 and "secret" not in out + err
+    rc, out, err = run(host, "eve", "squeue", "-u", "sam")
+    assert rc == 0 and "secret" not in out and jid not in out.split()
+    rc, out, err = run(host, "eve", "squeue", "--json")
+    assert json.loads(out)["jobs"] == []
+    # A step of another tenant's job cannot be recorded.
+    rc, out, err = run(host, "eve", "env", f"MTGPU_JOB_ID={jid}", "MTGPU_NNODES=1", "srun", "true")
+    assert rc == 0 and "not recorded" in err
+    j = show(host, "sam", jid)
+    assert j["state"] == "RUNNING" and j["steps"] == []
+    run(host, "sam", "scancel", jid)
+
+
+def test_salloc_and_srun_pty_run_a_command_inside_an_allocation(host) -> None:
+    rc, out, err = run(
+        host, "sam", "salloc", "--mem=64M", "-t", "5", "--", "sh", "-c", "echo in-$SLURM_JOB_ID"
+    )
+    assert rc == 0, err
+    assert "granted job allocation" in err and out.strip().startswith("in-")
+    jid = out.strip().removeprefix("in-")
+    assert show(host, "sam", jid)["name"] == "interactive"
+    rc, out, err = run(host, "sam", "srun", "--pty", "--mem=64M", "sh", "-c", "exit 5")
+    assert rc == 5 and "granted job allocation" in err
+    rc, out, err = run(host, "sam", "srun")
+    assert rc == 1 and "No command given" in err

@@ -1,0 +1,182 @@
+"""Slurm's output formats, in-process, against lines recorded from Slurm 22.05.8's own
+``squeue``, ``sinfo`` and ``scontrol`` (single-node cluster, benchmarks/slurm/setup.sh).
+MTGPU's one partition is ``mtgpu`` where that Slurm's was ``main``."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from mtgpu.cli.slurm import formats
+from mtgpu.cli.slurm.commands import parse_states, select_jobs
+from mtgpu.cli.slurm.srun import exit_status, overrides_of, task_block
+from mtgpu.text import natural_key
+
+NOW = 1_800_000_000.0
+
+# Recorded: `squeue` with jobs 2 (running 2 s), 3_0 (running), 3_[1-5] (pending).
+SLURM_SQUEUE = """\
+             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)
+           3_[1-5]      main      arr     root PD       0:00      1 (Resources)
+                 2      main longname     root  R       0:02      1 vm
+               3_0      main      arr     root  R       0:02      1 vm"""
+SLURM_SQUEUE_LONG_HEADER = (
+    "             JOBID PARTITION     NAME     USER    STATE       TIME TIME_LIMI  NODES NODELIST(REASON)"
+)
+SLURM_SINFO = """\
+PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST
+main*        up   infinite      1   idle vm"""
+
+
+def view(jid, state, name="arr", user="root", **kw):
+    base = {
+        "job_id": jid,
+        "name": name,
+        "user": user,
+        "state": state,
+        "nodes": ["vm"] if state == "RUNNING" else [],
+        "reason": "Resources" if state == "PENDING" else "",
+        "submit_time": NOW - 10,
+        "start_time": NOW - 2 if state == "RUNNING" else None,
+        "end_time": None,
+        "array_id": None,
+        "array_task": None,
+        "gpus": [],
+        "cpus": 1,
+        "ram": 1 << 30,
+        "time_limit": None,
+    }
+    if "_" in jid:
+        base["array_id"], base["array_task"] = jid.split("_")[0], int(jid.split("_")[1])
+    return {**base, **kw}
+
+
+def slurm_shape(text: str) -> str:
+    return text.replace("      main ", "     mtgpu ").replace("main*    ", "mtgpu*   ")
+
+
+def test_squeue_default_matches_slurms_columns_and_collapses_pending_array_tasks() -> None:
+    jobs = [view(f"3_{i}", "PENDING") for i in range(5, 0, -1)]
+    jobs += [view("2", "RUNNING", name="longname_training_job"), view("3_0", "RUNNING")]
+    rows = formats.collapse_pending_arrays(formats.sort_jobs(jobs))
+    lines = formats.squeue_lines(rows, formats.SQUEUE_DEFAULT, NOW)
+    assert "\n".join(lines) == slurm_shape(SLURM_SQUEUE)
+
+
+def test_squeue_long_header_truncates_to_the_width_as_slurm_does() -> None:
+    assert formats.squeue_lines([], formats.SQUEUE_LONG, NOW)[0] == slurm_shape(SLURM_SQUEUE_LONG_HEADER)
+
+
+def test_squeue_custom_format_without_widths_and_no_header() -> None:
+    jobs = [view("4", "PENDING", name="held"), view("2", "RUNNING", name="longname_training_job")]
+    # Recorded: `squeue -h -o "%i %t %j"` prints values unpadded and untruncated.
+    assert formats.squeue_lines(formats.sort_jobs(jobs), "%i %t %j", NOW, header=False) == [
+        "4 PD held",
+        "2 R longname_training_job",
+    ]
+    with pytest.raises(formats.FormatError, match="%y"):
+        formats.squeue_lines(jobs, "%i %y", NOW)
+
+
+def test_collapsed_ranges_and_a_single_pending_task_keeps_its_id() -> None:
+    jobs = [view(f"13_{i}", "PENDING") for i in (4, 5, 6, 9, 11, 12)] + [view("14_2", "PENDING")]
+    ids = [r["job_id"] for r in formats.collapse_pending_arrays(jobs)]
+    assert ids == ["13_[4-6,9,11-12]", "14_2"]
+
+
+def test_job_ids_sort_naturally() -> None:
+    ids = ["113_10", "113_2", "113_1", "9", "114"]
+    assert sorted(ids, key=natural_key) == ["9", "113_1", "113_2", "113_10", "114"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0:00"), (2, "0:02"), (61, "1:01"), (3600, "1:00:00"), (86400 + 3661, "1-01:01:01")],
+)
+def test_elapsed_in_slurms_time_format(seconds: int, text: str) -> None:
+    assert formats.elapsed(seconds) == text
+
+
+def test_sinfo_default_matches_slurm() -> None:
+    nodes = [{"name": "vm", "state": "up", "gpus": [], "cpus": 2, "ram_total": 20000 << 20}]
+    assert "\n".join(formats.sinfo_lines(nodes, False, None, True)) == slurm_shape(SLURM_SINFO)
+
+
+def test_sinfo_groups_states_and_compresses_host_lists() -> None:
+    gpu = {"index": 0, "type": "rtx4090", "jobs": []}
+    busy = {"index": 0, "type": "rtx4090", "jobs": ["7"]}
+    nodes = [
+        {"name": "gpu01", "state": "up", "gpus": [gpu]},
+        {"name": "gpu02", "state": "up", "gpus": [gpu]},
+        {"name": "gpu03", "state": "up", "gpus": [busy]},
+        {"name": "gpu04", "state": "drain", "gpus": [gpu]},
+    ]
+    lines = formats.sinfo_lines(nodes, False, "%t %D %N", False)
+    assert lines == ["idle 2 gpu[01-02]", "alloc 1 gpu03", "drain 1 gpu04"]
+    assert formats.sinfo_lines(nodes, True, "%N %G", False)[0] == "gpu01 gpu:rtx4090:1"
+
+
+def test_scontrol_show_job_is_slurms_key_value_record() -> None:
+    j = view("12", "RUNNING", name="train", exit_code=None, workdir="/w", stdout="/w/o", stderr="/w/o")
+    text = formats.scontrol_job(j, NOW)
+    lines = text.splitlines()
+    # Recorded: "JobId=1 JobName=hostname", then lines indented by three spaces.
+    assert lines[0] == "JobId=12 JobName=train"
+    assert all(line.startswith("   ") and not line.startswith("    ") for line in lines[1:])
+    assert "   JobState=RUNNING Reason=None" in lines
+    assert "RunTime=00:00:02 TimeLimit=UNLIMITED" in text and "NodeList=vm" in text
+    assert "\n" not in formats.scontrol_job(j, NOW, one_liner=True)
+    failed = formats.scontrol_job({**j, "state": "FAILED", "exit_code": 3}, NOW)
+    assert "ExitCode=3:0" in failed
+
+
+def test_states_accept_slurms_codes_and_names_and_name_a_bad_one() -> None:
+    assert parse_states("PD,r") == {"PENDING", "RUNNING"}
+    assert parse_states("completed") == {"COMPLETED"}
+    with pytest.raises(ValueError, match="Invalid job state specified: BOGUS"):
+        parse_states("BOGUS")
+
+
+def test_select_jobs_by_array_id_state_and_name() -> None:
+    jobs = [view("3_1", "PENDING"), view("3_0", "RUNNING"), view("4", "RUNNING", name="x")]
+    assert [j["job_id"] for j in select_jobs(jobs, None, ["3"], None, None)] == ["3_1", "3_0"]
+    assert [j["job_id"] for j in select_jobs(jobs, {"RUNNING"}, None, ["x"], None)] == ["4"]
+
+
+def test_srun_spreads_tasks_in_blocks_and_exits_with_the_worst() -> None:
+    assert [task_block(5, 2, r) for r in (0, 1)] == [(0, 3), (3, 2)]
+    assert [task_block(3, 1, 0)] == [(0, 3)]
+    assert task_block(1, 2, 1) == (1, 0)
+    assert exit_status([0, 3, 1]) == 3 and exit_status([0, -9]) == 137 and exit_status([]) == 0
+
+
+def test_srun_outside_a_job_turns_its_options_into_job_overrides() -> None:
+    from mtgpu.cli.slurm.srun import build_parser
+
+    args: argparse.Namespace = build_parser().parse_args(
+        ["--gres=gpu:2", "--mem", "512", "-t", "5", "python", "x"]
+    )
+    assert overrides_of(args) == {"gpus": "2", "ram": "512M", "time": "5", "name": "python"}
+
+
+def test_slurm_parsers_keep_slurms_options_and_mt_jobs_own() -> None:
+    """The parsers ``--help``, completion and manual pages are made from are the ones
+    the commands parse with: squeue's and sinfo's ``-h`` is ``--noheader``, sbatch and
+    salloc take every option of ``mt-job submit`` and ``mt-job alloc``, and a bad
+    sbatch option still exits 255."""
+    from mtgpu.cli.job import OVERRIDES
+    from mtgpu.cli.job import build_parser as mt_job_parser
+    from mtgpu.cli.slurm.commands import build_parser, sbatch_main
+    from mtgpu.cmdline import options, walk
+
+    for prog in ("squeue", "sinfo"):
+        p = build_parser(prog)
+        assert p.parse_args(["-h"]).noheader is True
+        assert {"--help", "--noheader", "--version"} <= set(options(p))
+    sbatch = build_parser("sbatch")
+    assert vars(sbatch.parse_args(["--gpus=1", "--parsable", "x.sh"]))["sbatch_gpus"] == "1"
+    assert {f"--{k}" for k in OVERRIDES} <= {s for a in sbatch._actions for s in a.option_strings}
+    mt_alloc = next(p for path, p in walk(mt_job_parser()) if path == ("alloc",))
+    assert set(options(mt_alloc)) | {"--version"} == set(options(build_parser("salloc")))
+    assert sbatch_main(["--no-such-option", "x.sh"]) == 255

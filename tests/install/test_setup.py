@@ -1,0 +1,228 @@
+"""mtgpu-setup: a real install into a temporary prefix, twice, then status and uninstall."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mtgpu_testing import REPO, free_port
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+SETUP = str(REPO / "bin" / "mtgpu-setup")
+
+
+def _setup(args, tmp, check=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
+    env["MTGPU_PYTHON"] = "/usr/bin/python3"  # a fresh host has nothing but the system Python
+    argv = [
+        SETUP,
+        *args,
+        "--prefix",
+        str(tmp / "opt"),
+        "--bin-dir",
+        str(tmp / "bin"),
+        "--unit-dir",
+        str(tmp / "units"),
+        "--config",
+        str(tmp / "etc" / "mtgpu.yaml"),
+    ]
+    if args[0] == "install":
+        argv += ["--skip-os-packages", "--log-file", str(tmp / "mtgpu.log")]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def _status(tmp):
+    return subprocess.run(
+        [str(tmp / "bin" / "mtgpu-setup"), "status", "--config", str(tmp / "etc" / "mtgpu.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def tmp(tmp_path_factory):
+    d = Path(tmp_path_factory.mktemp("setup"))
+    d.chmod(0o755)
+    for p in d.parents:
+        if p == Path("/tmp"):
+            break
+        p.chmod(p.stat().st_mode | 0o005)
+    yield d
+    _setup(["uninstall", "--purge"], d, check=False)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_install_is_idempotent_status_and_uninstall_keep_state(tmp):
+    """Also: installing leaves OpenSSH's configuration alone and never listens on 22."""
+    sshd_cfg = Path("/etc/ssh/sshd_config")
+    sshd_before = sshd_cfg.read_bytes() if sshd_cfg.exists() else None
+    port = free_port()
+    cfg = tmp / "etc" / "mtgpu.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "SSH_LISTEN": f"127.0.0.1:{port}",
+                "STATE_DIR": str(tmp / "state"),
+                "RUN_DIR": str(tmp / "run"),
+                "TENANT_HOME_ROOT": str(tmp / "homes"),
+                "SERVER_NAME": "setuptest",
+            }
+        )
+    )
+    before_cfg = cfg.read_text()
+    first = _setup(["install", "--yes"], tmp)
+    assert "keeping the existing" in first.stdout
+    venv_python = tmp / "opt" / "venv" / "bin" / "python"
+    # Built from the system Python, never from an interpreter under /root.
+    home = subprocess.run(
+        [str(venv_python), "-c", "import sys; print(sys.base_prefix)"], capture_output=True, text=True
+    ).stdout.strip()
+    assert not home.startswith("/root")
+    assert os.stat(tmp / "opt" / "venv").st_mode & 0o005 == 0o005
+    for name in ("mtgpu-server", "mtgpu-admin", "mtgpu-setup"):
+        assert (tmp / "bin" / name).resolve() == (tmp / "opt" / "venv" / "bin" / name).resolve()
+    # Completion and manual pages, made from the parsers, linked beside BIN_DIR.
+    shell_files = [
+        tmp / "share" / "bash-completion" / "completions" / "mt-job",
+        tmp / "share" / "zsh" / "site-functions" / "_mtgpu-admin",
+        tmp / "share" / "man" / "man1" / "mt-job.1",
+        tmp / "share" / "man" / "man8" / "mtgpu-setup.8",
+    ]
+    for path in shell_files:
+        assert path.is_symlink() and path.resolve().is_relative_to(tmp / "opt"), path
+    assert "complete -F _mtgpu_mt_job mt-job" in shell_files[0].read_text()
+    profile = tmp / "etc" / "profile.d" / "mtgpu-completion.sh"
+    assert str(shell_files[0]) in profile.read_text()
+    # Without systemd the daemon writes and rotates its own log.
+    assert "--log-file" in Path(f"/proc/{int((tmp / 'run' / 'mtgpu.pid').read_text())}/cmdline").read_text()
+    key = tmp / "state" / "ssh_host_ed25519_key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    unit = (tmp / "units" / "mtgpu.service").read_text()
+    assert "KillMode=process" in unit
+    pid1 = int((tmp / "run" / "mtgpu.pid").read_text())
+    assert (sshd_cfg.read_bytes() if sshd_cfg.exists() else None) == sshd_before
+    listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
+    ours = [line for line in listening.splitlines() if f"pid={pid1}," in line]
+    assert ours and all(f":{port} " in line for line in ours)
+
+    snapshot = {
+        p: hashlib.sha256(p.read_bytes()).hexdigest() for p in [cfg, key, tmp / "units" / "mtgpu.service"]
+    }
+    second = _setup(["install", "--yes"], tmp)
+    assert "already runs" in second.stdout
+    assert int((tmp / "run" / "mtgpu.pid").read_text()) == pid1
+    assert snapshot == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in snapshot}
+    assert cfg.read_text() == before_cfg
+
+    st = _status(tmp)
+    assert st.returncode == 0, st.stderr
+    assert f"running (pid {pid1})" in st.stdout
+    assert "version:    mtgpu 0.1.0" in st.stdout
+    assert f"127.0.0.1:{port}" in st.stdout
+    fp = subprocess.run(
+        ["ssh-keygen", "-lf", str(key) + ".pub"], capture_output=True, text=True
+    ).stdout.split()[1]
+    assert fp in st.stdout
+
+    out = _setup(["uninstall"], tmp)
+    assert "stopped mtgpu-server" in out.stdout
+    assert not (tmp / "opt").exists() and not (tmp / "bin" / "mtgpu-admin").exists()
+    assert not any(p.is_symlink() for p in shell_files) and not profile.exists()
+    assert key.exists() and cfg.exists()
+    _setup(["install", "--yes"], tmp)
+    st = _status(tmp)
+    assert fp in st.stdout  # the host key survived the reinstall
+
+    _setup(["uninstall", "--purge"], tmp)
+    assert not key.exists() and not cfg.exists()
+
+
+def test_install_writes_documented_default_config(tmp):
+    r = _setup(["install", "--yes", "--no-start"], tmp)
+    assert "wrote" in r.stdout
+    written = (tmp / "etc" / "mtgpu.yaml").read_text()
+    assert written == (REPO / "etc" / "mtgpu.yaml").read_text()
+    # Uninstall without --purge keeps the configuration.
+    _setup(["uninstall"], tmp)
+    assert (tmp / "etc" / "mtgpu.yaml").exists()
+
+
+def test_install_refuses_without_yes(tmp):
+    r = _setup(["install"], tmp, check=False)
+    assert r.returncode == 1 and "--yes" in r.stdout
+
+
+def test_unit_passes_systemd_analyze_verify(tmp):
+    fake = tmp / "prefix"
+    (fake / "venv" / "bin").mkdir(parents=True)
+    (fake / "venv" / "bin" / "mtgpu-server").symlink_to(sys.executable)
+    text = (
+        (REPO / "etc" / "mtgpu.service")
+        .read_text()
+        .replace("@PREFIX@", str(fake))
+        .replace("@CONFIG@", str(tmp / "mtgpu.yaml"))
+    )
+    unit = tmp / "mtgpu.service"
+    unit.write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+    # The verifier does see mistakes: the same unit with a bad KillMode is reported.
+    unit.write_text(text.replace("KillMode=process", "KillMode=sometimes"))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert "kill mode" in r.stderr.lower()
+
+
+def test_missing_os_packages_are_listed_and_nothing_is_installed(tmp):
+    """A host (a stand-in root with none of the commands) where no package can be installed."""
+    root = tmp / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
+    env.update(MTGPU_PYTHON="/usr/bin/python3", MTGPU_HOST_ROOT=str(root))
+    r = subprocess.run(
+        [
+            SETUP,
+            "install",
+            "--yes",
+            "--prefix",
+            str(tmp / "opt"),
+            "--bin-dir",
+            str(tmp / "bin"),
+            "--unit-dir",
+            str(tmp / "units"),
+            "--config",
+            str(tmp / "etc" / "mtgpu.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines() if line.startswith("    ")}
+    assert rows == {
+        "tmux": "required",
+        "openssh-sftp-server": "required",
+        "util-linux": "required",
+        "passwd": "required",
+        "uidmap": "optional",
+        "iproute2": "optional",
+        "iptables": "optional",
+        "gcc": "optional",
+    }
+    assert "without it: terminals" in r.stdout and "without it: the C fast paths" in r.stdout
+    assert "MTGPU cannot work without tmux, openssh-sftp-server, util-linux, passwd" in r.stdout
+    assert "--skip-os-packages" in r.stdout and "Nothing was changed" in r.stdout
+    assert not (tmp / "opt").exists() and not (tmp / "etc" / "mtgpu.yaml").exists()
