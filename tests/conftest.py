@@ -66,6 +66,22 @@ def shared_host() -> Iterator[Host]:
     h.cleanup()
 
 
+_FAILED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keeps the node id of each failed test (its setup, call or teardown) for
+    tests/run.sh, which runs those again alone (MTGPU_TEST_FAILED names the file)."""
+    if report.failed and report.nodeid not in _FAILED:
+        _FAILED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("MTGPU_TEST_FAILED")
+    if path:
+        Path(path).write_text("".join(f"{n}\n" for n in _FAILED))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
     """The figures of the security, fuzz and fault tests that ran (docs/SECURITY.md)."""
     from figures import FIGURES

@@ -57,12 +57,12 @@ SIDE="tests/cluster tests/install/test_setup.py tests/install/test_bundle.py tes
 OUT=$(mktemp -d /tmp/mtgpu-tests-XXXXXX)
 report() { [ -n "${MTGPU_TEST_REPORT:-}" ] && echo "--junitxml=$MTGPU_TEST_REPORT/$1.xml"; true; }
 ignore=$(for t in $SIDE; do echo "--ignore=$t"; done)
-MTGPU_TEST_SHARE=1/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider $(report side) \
-    --basetemp="$OUT/side-tmp" $SIDE > "$OUT/side.log" 2>&1 &
+MTGPU_TEST_SHARE=1/2 MTGPU_TEST_FAILED="$OUT/side.failed" "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider $(report side) --basetemp="$OUT/side-tmp" $SIDE > "$OUT/side.log" 2>&1 &
 side=$!
 set +e
-MTGPU_TEST_SHARE=0/2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider $(report rest) \
-    --basetemp="$OUT/rest-tmp" $ignore
+MTGPU_TEST_SHARE=0/2 MTGPU_TEST_FAILED="$OUT/rest.failed" "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider $(report rest) --basetemp="$OUT/rest-tmp" $ignore
 rest=$?
 wait $side
 sided=$?
@@ -70,5 +70,25 @@ set -e
 echo
 echo "== $SIDE (run beside the rest) =="
 cat "$OUT/side.log"
+# A test that failed with the two lanes competing for the CPUs runs once more, alone,
+# with its lane's share; the run passes only if each passes then, and the summary
+# names every test that needed it. Only for failed tests (pytest's status 1), and at
+# most eight: a collection error, an interrupted lane or many failures stand as they are.
+again() {  # LANE STATUS
+    local failed="$OUT/$1.failed" share
+    [ "$1" = side ] && share=1/2 || share=0/2
+    [ "$2" -eq 1 ] && [ -s "$failed" ] && [ "$(wc -l < "$failed")" -le 8 ] || return "$2"
+    echo
+    echo "== run again alone, after failing beside the other lane: $(tr '\n' ' ' < "$failed")=="
+    mapfile -t ids < "$failed"
+    MTGPU_TEST_SHARE=$share "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+        --basetemp="$OUT/$1-again-tmp" "${ids[@]}"
+}
+set +e
+again rest $rest
+rest=$?
+again side $sided
+sided=$?
+set -e
 rm -rf "$OUT"
 [ $rest -eq 0 ] && [ $sided -eq 0 ]
