@@ -52,9 +52,10 @@ from mtgpu.cluster.starts import StartBatcher, StartUnanswered
 from mtgpu.cmdline import with_examples
 from mtgpu.config import Options, load, show
 from mtgpu.config.options import plan_reload
-from mtgpu.errors import ApiError, ConfigError, MtgpuError, ValidationError
+from mtgpu.errors import ApiError, CommandError, ConfigError, MtgpuError, ValidationError
 from mtgpu.gateway.session import Gateway, container_store_env, ungranted_message
 from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.proc import arun
 from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
@@ -290,23 +291,24 @@ class Daemon:
             return False
         path = os.path.join(acct.home, ".ssh", "authorized_keys")
         try:
-            proc = await asyncio.create_subprocess_exec(
-                "cat",
-                "--",
-                path,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
+            # As the account, so its own permissions decide; a file that never ends
+            # (a FIFO) is given up after 10 s and its reader killed.
+            read = await arun(
+                ["cat", "--", path],
                 user=acct.uid,
                 group=acct.gid,
                 extra_groups=list(acct.groups),
                 env={"PATH": "/usr/bin:/bin"},
                 cwd="/",
+                timeout=10,
+                check=False,
+                stderr=False,
             )
-            data, _ = await asyncio.wait_for(proc.communicate(), 10)
-        except (TimeoutError, OSError):
+        except CommandError:
             return False
-        if proc.returncode != 0:
+        if read.returncode != 0:
             return False
+        data = read.stdout
         want = key_id(key_line)
         for line in data.decode(errors="replace").splitlines():
             line = line.strip()
@@ -875,19 +877,18 @@ class Daemon:
         target = os.path.join(user.home, default_output_dir(cluster)[2:].replace("%j", j["job_id"]))
 
         async def as_tenant(*argv: str) -> bytes:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
+            done = await arun(
+                argv,
                 user=user.uid,
                 group=user.gid,
                 extra_groups=[],
                 env={"PATH": "/usr/bin:/bin"},
                 cwd="/",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
+                timeout=600,
+                check=False,
+                stderr=False,
             )
-            out, _ = await proc.communicate()
-            return out
+            return done.stdout
 
         try:
             if not cluster:
@@ -899,7 +900,7 @@ class Daemon:
                     log.info("kept %s: written after job %s ended (another cluster's?)", target, j["job_id"])
                     return
             await as_tenant("rm", "-rf", "--one-file-system", "--", target)
-        except OSError:
+        except (OSError, CommandError):
             log.warning("could not remove the logs of job %s", j["job_id"])
 
     def _register_host_ops(self) -> None:

@@ -162,3 +162,54 @@ def test_no_shortcut(importer: str, target: str, why: str) -> None:
         f"{a}:{line} imports {b}" for a, b, line in imports() if _within(a, importer) and _within(b, target)
     ]
     assert not wrong, f"{importer} must not import {target}: {why}\n" + "\n".join(wrong)
+
+
+#: What starts a process, outside mtgpu/proc.py. ``os.execve`` is not here: it
+#: replaces the process that calls it (a session's forced command becoming the shell).
+STARTERS = {
+    "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},
+    "os": {"system", "popen", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp"},
+    "asyncio": {"create_subprocess_exec", "create_subprocess_shell"},
+}
+
+
+def _bypasses(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in STARTERS:
+            found += [(node.lineno, a.name) for a in node.names if a.name in STARTERS[node.module]]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if isinstance(f.value, ast.Name) and f.attr in STARTERS.get(f.value.id, ()):
+                found.append((node.lineno, f"{f.value.id}.{f.attr}"))
+    return sorted(found)
+
+
+def test_every_process_starts_through_the_process_helper() -> None:
+    """Each command MTGPU runs is logged, takes an argv list and maps a missing program
+    or a timeout to one error (mtgpu/proc.py); a call that bypasses it fails here."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path != PACKAGE / "proc.py":
+            rel = path.relative_to(PACKAGE.parent)
+            wrong += [
+                f"{rel}:{line} {what}" for line, what in _bypasses(ast.parse(path.read_text(), str(path)))
+            ]
+    assert not wrong, "processes started around mtgpu.proc:\n" + "\n".join(wrong)
+
+
+def test_the_process_check_sees_each_form_of_a_bypass() -> None:
+    src = (
+        "import subprocess, os, asyncio\n"
+        "from subprocess import Popen\n"
+        "subprocess.run(['x'])\n"
+        "os.system('x')\n"
+        "asyncio.create_subprocess_exec('x')\n"
+        "p: subprocess.Popen[bytes]\n"  # a type, not a start
+    )
+    assert _bypasses(ast.parse(src)) == [
+        (2, "Popen"),
+        (3, "subprocess.run"),
+        (4, "os.system"),
+        (5, "asyncio.create_subprocess_exec"),
+    ]

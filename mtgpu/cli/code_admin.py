@@ -42,6 +42,7 @@ import yaml
 from mtgpu.cli.common import add_common, base_parser, emit, run_cli, table
 from mtgpu.cmdline import with_examples
 from mtgpu.errors import ApiError, MtgpuError, ValidationError
+from mtgpu.proc import spawn
 
 SSH_CONNECT_TIMEOUT = 10
 
@@ -175,7 +176,7 @@ class ClusterLink:
             return self._proc
         failures = []
         for address in self.members:
-            proc = subprocess.Popen(
+            proc = spawn(
                 self._argv(address), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             self._proc, self.member = proc, address

@@ -488,10 +488,10 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
         if not os.environ.get("TMUX"):
             print("mt-job: --window needs a tmux terminal; running the shell here instead", file=sys.stderr)
         else:
-            import subprocess
+            from mtgpu.proc import call
 
             cmd = [sys.argv[0] if os.path.isabs(sys.argv[0]) else "mt-job", "alloc", "--join", jid]
-            subprocess.run(["tmux", "new-window", "-n", f"job-{jid}", "--", *cmd], check=False)
+            call(["tmux", "new-window", "-n", f"job-{jid}", "--", *cmd])
             return 0
     return _run_in(args, api, jid)
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
-import subprocess
 import sys
 from typing import Any
 
 from mtgpu.cli.common import add_common, emit, run_cli, table, tenant_client
 from mtgpu.cmdline import with_examples
+from mtgpu.proc import call
 
 PROG = "mt-python"
 
@@ -78,7 +78,7 @@ def cmd_venv(args: argparse.Namespace) -> int:
     without_pip = args.without_pip or not interp["pip"]
     if without_pip:
         argv.append("--without-pip")
-    rc = subprocess.call([*argv, target], stdout=sys.stderr if getattr(args, "json", False) else None)
+    rc = call([*argv, target], stdout=sys.stderr if getattr(args, "json", False) else None)
     if rc != 0:
         raise SystemExit(f"{PROG}: `{' '.join([*argv, target])}` failed (exit status {rc})")
     result = {

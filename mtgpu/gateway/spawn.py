@@ -25,6 +25,7 @@ import asyncssh
 
 from mtgpu.accounts.provision import Account
 from mtgpu.fsafe import Pinned
+from mtgpu.proc import aspawn
 
 log = logging.getLogger("mtgpu.gateway")
 
@@ -114,8 +115,8 @@ async def spawn_as(
     workdir = cwd or account.home
     if not os.path.isdir(workdir):
         workdir = "/"
-    return await asyncio.create_subprocess_exec(
-        *argv,
+    return await aspawn(
+        argv,
         stdin=stdin,
         stdout=stdout,
         stderr=stderr,
@@ -335,16 +336,18 @@ async def connect_as(
                 ]
             else:
                 kwargs = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
-        proc = await asyncio.create_subprocess_exec(
-            *prefix,
-            sys.executable,
-            "-I",
-            "-c",
-            _CONNECT,
-            "listen" if listen else "connect",
-            host,
-            str(port),
-            str(theirs.fileno()),
+        proc = await aspawn(
+            [
+                *prefix,
+                sys.executable,
+                "-I",
+                "-c",
+                _CONNECT,
+                "listen" if listen else "connect",
+                host,
+                str(port),
+                str(theirs.fileno()),
+            ],
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

@@ -20,13 +20,15 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from mtgpu.errors import CommandError
+from mtgpu.proc import run
 
 MANIFEST = "BUNDLE.json"
 #: What goes into the bundle from the source tree (tests/ and benchmarks/ do not).
@@ -77,7 +79,7 @@ def read_manifest(root: Path) -> dict | None:
 def _pip(py: str, args: list[str], say: Callable[[str], None]) -> None:
     argv = [py, "-m", "pip", *args]
     say("pip " + " ".join(args))
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = run(argv, check=False, timeout=None)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-2500:]
         raise BundleError(f"pip failed ({proc.returncode}):\n{tail}")
@@ -95,7 +97,7 @@ def build(
 ) -> Path:
     """Write the bundle of the source at ``root`` into ``output``; return its path."""
     py = sys.executable
-    if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+    if run([py, "-m", "pip", "--version"], check=False).returncode != 0:
         raise BundleError(
             f"{py} has no pip: install python3-pip, or name a Python that has it "
             "(MTGPU_PYTHON=/path/to/python bin/mtgpu-setup bundle ...)"
@@ -206,7 +208,7 @@ def _can_build_here(py: str) -> bool:
         "except ImportError:\n    w = False\n"
         "sys.exit(0 if v >= (64, 0) and (w or v >= (70, 1)) else 1)\n"
     )
-    return subprocess.run([py, "-c", probe], capture_output=True).returncode == 0
+    return run([py, "-c", probe], check=False).returncode == 0
 
 
 def _machine_of(platform_tag: str) -> str:
@@ -219,11 +221,13 @@ def _machine_of(platform_tag: str) -> str:
 
 def check_target(manifest: dict, python: str) -> None:
     """Refuse, before anything changes, a bundle built for another Python or machine."""
-    probe = subprocess.run(
-        [python, "-c", "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.machine())"],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        probe = run(
+            [python, "-c", "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.machine())"],
+            check=False,
+        )
+    except CommandError as exc:
+        raise BundleError(f"cannot run {python}: {exc}") from exc
     if probe.returncode != 0:
         raise BundleError(f"cannot run {python}: {probe.stderr.strip()}")
     have_py, have_machine = probe.stdout.split()

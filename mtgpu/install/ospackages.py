@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from mtgpu.proc import run
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def missing(config: Path, *, python: str, venv_check: str) -> list[OsPackage]:
     root = host_root()
     wanted = [p for p in OS_PACKAGES if p.command != "podman" or containers_enabled(config)]
     out = [p for p in wanted if not have(p.command, root)]
-    if subprocess.run([python, "-c", venv_check], capture_output=True).returncode != 0:
+    if run([python, "-c", venv_check], check=False).returncode != 0:
         out.append(VENV)
     return out
 
@@ -102,10 +103,10 @@ def ensure(
     say(f"installing OS packages: {', '.join(pkgs)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     argv = ["apt-get", "install", "-y", "-q", *pkgs]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    proc = run(argv, env=env, check=False, timeout=None)
     if proc.returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        run(["apt-get", "update", "-q"], env=env, check=False, timeout=None)
+        proc = run(argv, env=env, check=False, timeout=None)
     last = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
     why = f"apt-get could not install them (no package mirror answered: {last[-1] if last else 'no output'})"
     return missing(config, python=python, venv_check=venv_check), why

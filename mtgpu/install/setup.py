@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtgpu.cmdline import VERSION, with_examples
+from mtgpu.errors import CommandError
 from mtgpu.install import ospackages
 from mtgpu.install.bundle import BundleError, check_target, read_manifest, source_version, version_key
 from mtgpu.install.ospackages import host_root
-from mtgpu.proc import ROOT_CHILD_ENV
+from mtgpu.proc import ROOT_CHILD_ENV, call, run, spawn
 from mtgpu.scripts import SLURM_COMMANDS, linked_scripts
 
 if TYPE_CHECKING:  # the first stage runs on a bare system Python, without PyYAML
@@ -66,8 +67,11 @@ class SetupFailed(Exception):
     pass
 
 
-def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = run(argv, env=env, check=False, timeout=None)  # pip and compilers take their time
+    except CommandError as exc:
+        raise SetupFailed(str(exc)) from exc
     if proc.returncode != 0:
         raise SetupFailed(
             f"`{' '.join(argv)}` failed ({proc.returncode}):\n{(proc.stderr or proc.stdout).strip()[-2000:]}"
@@ -256,7 +260,7 @@ def build_venv(
         if fresh:
             say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
             _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
-        elif subprocess.run([str(py), "-c", "import pip"], capture_output=True).returncode != 0:
+        elif run([str(py), "-c", "import pip"], check=False).returncode != 0:
             _run([str(py), "-m", "ensurepip"])  # a bundle's venv has no pip of its own
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if wheelhouse:
@@ -333,7 +337,7 @@ def stage_one(args: argparse.Namespace) -> int:
     argv += ["--log-file", args.log_file]
     argv += ["--share-dir", str(share_dir(args)), "--profile-dir", str(profile_dir(args))]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return subprocess.call(argv, env=env)
+    return call(argv, env=env)
 
 
 # ---------------------------------------------------------------- stage two
@@ -655,7 +659,7 @@ def start_background(server: Path, config: Path, options: Options, log_file: str
     log = open_log(log_file)
     python = sys.executable
     try:
-        proc = subprocess.Popen(
+        proc = spawn(
             # The daemon rotates the file itself (LOG_MAX_SIZE, LOG_KEEP); until its
             # logging is set up, what it prints goes to the same file.
             [python, "-I", str(server), "--config", str(config.resolve()), "--log-file", log_file],
@@ -913,7 +917,7 @@ def uninstall(args: argparse.Namespace) -> int:
         pass
     unit = Path(args.unit_dir) / "mtgpu.service"
     if systemd_running() and unit.exists():
-        subprocess.run(["systemctl", "disable", "--now", "mtgpu.service"], capture_output=True)
+        run(["systemctl", "disable", "--now", "mtgpu.service"], check=False)
     run_dir = options.run_dir if options else "/run/mtgpu"
     pid = running_pid(run_dir)
     if pid:
@@ -924,7 +928,7 @@ def uninstall(args: argparse.Namespace) -> int:
     if unit.exists():
         unit.unlink()
         if systemd_running():
-            subprocess.run(["systemctl", "daemon-reload"], capture_output=True)
+            run(["systemctl", "daemon-reload"], check=False)
     for name in linked_scripts():
         link = Path(args.bin_dir) / name
         if link.is_symlink() and str(Path(args.prefix)) in os.readlink(link):
@@ -959,7 +963,7 @@ def unpublish(run_dir: str, prefix: Path) -> None:
     except ImportError:  # stage one's system Python: the virtualenv has the libraries
         py = prefix / "venv" / "bin" / "python"
         if py.exists():
-            subprocess.call([str(py), "-m", "mtgpu.install.setup", "unpublish", "--run-dir", run_dir])
+            call([str(py), "-m", "mtgpu.install.setup", "unpublish", "--run-dir", run_dir])
         return
     undone = Publisher(run_dir).undo_all()
     if undone:

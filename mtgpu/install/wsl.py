@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mtgpu.proc import run
 
 WSL_CONF = "etc/wsl.conf"
 BACKUP_SUFFIX = ".mtgpu-orig"
@@ -165,13 +166,11 @@ def _remount_locked(d: Drive) -> str | None:
     opts = ["uid=" + m.group(1) for m in [re.search(r"uid=(\d+)", d.options)] if m]
     opts += ["gid=" + m.group(1) for m in [re.search(r"gid=(\d+)", d.options)] if m]
     letter = d.device.rstrip("\\/")
-    r = subprocess.run(["umount", d.mount_point], capture_output=True, text=True)
+    r = run(["umount", d.mount_point], check=False)
     if r.returncode != 0:
         return (r.stderr or r.stdout).strip() or "umount failed"
-    r = subprocess.run(
-        ["mount", "-t", "drvfs", "-o", locked_options(",".join(opts)), letter, d.mount_point],
-        capture_output=True,
-        text=True,
+    r = run(
+        ["mount", "-t", "drvfs", "-o", locked_options(",".join(opts)), letter, d.mount_point], check=False
     )
     return None if r.returncode == 0 else ((r.stderr or r.stdout).strip() or "mount failed")
 

@@ -37,13 +37,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mtgpu.errors import CommandError
+from mtgpu.proc import run
 from mtgpu.schedd import cgroups
 from mtgpu.schedd.cgroups import CgroupSystem
 from mtgpu.schedd.netns import TenantNetwork, release_file
@@ -371,7 +372,7 @@ class TenantFence:
                 if found:
                     return found
                 self._make_namespace(uid, path)
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, CommandError) as exc:
                 log.error("private /tmp of uid %d cannot be made: %s", uid, exc)
                 return None
             return path
@@ -384,12 +385,8 @@ class TenantFence:
         # A namespace file can only be bound onto a mount that does not propagate;
         # unbindable also keeps the files out of recursive binds of RUN_DIR.
         if not os.path.ismount(self.ns_dir):
-            subprocess.run(
-                ["mount", "--bind", self.ns_dir, self.ns_dir], check=True, capture_output=True, timeout=30
-            )
-        subprocess.run(
-            ["mount", "--make-unbindable", self.ns_dir], check=True, capture_output=True, timeout=30
-        )
+            run(["mount", "--bind", self.ns_dir, self.ns_dir], check=True, timeout=30)
+        run(["mount", "--make-unbindable", self.ns_dir], check=True, timeout=30)
         self._ns_ready = True
 
     def _stage(self) -> str:
@@ -427,11 +424,9 @@ class TenantFence:
         cpus = sorted(os.sched_getaffinity(0)) if taskset else []
         for cpu in [None, *cpus]:
             pin = [] if cpu is None else [str(taskset), "-c", str(cpu)]
-            r = subprocess.run(
+            r = run(
                 [*pin, *argv],
                 check=False,
-                capture_output=True,
-                text=True,
                 timeout=60,
                 cwd="/",
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -440,7 +435,7 @@ class TenantFence:
                 break
         if r.returncode != 0:
             if os.path.ismount(path):
-                subprocess.run(["umount", path], check=False, capture_output=True, timeout=30)
+                run(["umount", path], check=False, timeout=30)
             raise OSError(f"{' '.join(argv[:4])}... exited {r.returncode}: {r.stderr.strip()[-400:]}")
         log.info("uid %d: private /tmp, /var/tmp and /dev/shm made (%s)", uid, path)
 
@@ -479,14 +474,13 @@ class TenantFence:
             try:
                 self._prepare_dir()
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-                subprocess.run(
+                run(
                     ["mount", "--bind", f"/proc/self/fd/{fd}", path],
                     check=True,
-                    capture_output=True,
                     timeout=30,
                     pass_fds=(fd,),
                 )
-            except (OSError, subprocess.SubprocessError):
+            except (OSError, CommandError):
                 # The kernel binds a namespace's file only into a namespace older than
                 # it (a daemon restarted in a namespace of its own is newer than its
                 # tenants'): hold the descriptor instead, reached as /proc/PID/fd/N.

@@ -36,11 +36,14 @@ import logging
 import os
 import shutil
 import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
+
+from mtgpu.errors import CommandError
+from mtgpu.proc import run
 
 log = logging.getLogger("mtgpu.schedd.netns")
 
@@ -212,22 +215,23 @@ class TenantNetwork:
                 if not self._adopt(uid, path):
                     self._make(uid, path)
                 self._ensure_relays(uid, path)
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, CommandError) as exc:
                 log.error("the private network of uid %d cannot be made: %s", uid, exc)
                 self._teardown(uid, path)
                 return None
             return path
 
-    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            argv,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            cwd="/",
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
-        )
+    def _run(self, argv: list[str], check: bool = True) -> CompletedProcess[str]:
+        try:
+            r = run(
+                argv,
+                check=False,
+                timeout=30,
+                cwd="/",
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+            )
+        except CommandError as exc:  # could not start, or timed out
+            raise OSError(str(exc)) from exc
         if check and r.returncode != 0:
             raise OSError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()[-300:]}")
         return r
@@ -299,7 +303,7 @@ class TenantNetwork:
                 ):
                     continue
                 seen.add(st.st_ino)
-                links = subprocess.run(
+                links = run(
                     [
                         str(self.tools["nsenter"]),
                         f"--net=/proc/self/fd/{fd}",
@@ -311,8 +315,6 @@ class TenantNetwork:
                         "eth0",
                     ],
                     check=False,
-                    capture_output=True,
-                    text=True,
                     timeout=30,
                     pass_fds=(fd,),
                     cwd="/",
@@ -321,10 +323,9 @@ class TenantNetwork:
                 if links.returncode != 0 or f"eth0@if{ifindex}:" not in links.stdout:
                     continue
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-                subprocess.run(
+                run(
                     ["mount", "--bind", f"/proc/self/fd/{fd}", path],
                     check=True,
-                    capture_output=True,
                     timeout=30,
                     pass_fds=(fd,),
                 )
@@ -471,7 +472,7 @@ class TenantNetwork:
             for chain, spec in self.job_rule_specs(job_id, uid, addr, port, master):
                 if self._run([ipt, "-w", "-C", chain, *spec], check=False).returncode != 0:
                     self._run([ipt, "-w", "-I", chain, *spec])
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, CommandError) as exc:
             log.warning("job %s: its rendezvous port cannot be walled off: %s", job_id, exc)
             return
         log.info("job %s: rendezvous port %s:%d open to its own ranks only", job_id, addr, port)
@@ -602,7 +603,10 @@ def release_file(path: str) -> None:
     """Unbind a namespace file kept at ``path`` and remove it (the namespace goes with
     its last process)."""
     if os.path.ismount(path):
-        subprocess.run(["umount", "-l", path], check=False, capture_output=True, timeout=30)
+        try:
+            run(["umount", "-l", path], check=False, timeout=30)
+        except CommandError as exc:
+            log.warning("unbinding %s: %s", path, exc)
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -41,6 +41,7 @@ from typing import Any
 from mtgpu.cluster.lease import now as lease_now
 from mtgpu.cluster.lease import read_lease
 from mtgpu.fsafe import signal_members
+from mtgpu.proc import posix_spawn
 from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
 from mtgpu.schedd.jobenv import JobLaunch, build_env, container_command, container_env, job_argv, output_paths
 from mtgpu.schedd.runner import (
@@ -409,8 +410,8 @@ class Supervisor:
                     *([f"--mount={self.mount_ns}"] if self.mount_ns else []),
                     *([f"--net={self.net_ns}"] if self.net_ns else []),
                 ]
-                return os.posix_spawn(nsenter, [nsenter, *ns, "--", *argv], {}, setsigdef=_SPAWN_SIGDEF)
-            return os.posix_spawn(jobinit, argv, {}, setsigdef=_SPAWN_SIGDEF)
+                return posix_spawn(nsenter, [nsenter, *ns, "--", *argv], {}, setsigdef=_SPAWN_SIGDEF)
+            return posix_spawn(jobinit, argv, {}, setsigdef=_SPAWN_SIGDEF)
         finally:
             os.close(script)
             os.close(env_fd)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from typing import Any, Literal
 import urwid
 
 from mtgpu.errors import MtgpuError
+from mtgpu.proc import call
 from mtgpu.text import printable
 from mtgpu.tui.fleet import UP, Fleet, ServerState
 from mtgpu.tui.main import mig_under_cards
@@ -635,7 +635,7 @@ class App:
         assert self.loop is not None
         self.loop.screen.stop()
         try:
-            rc = subprocess.call(argv)
+            rc = call(argv)
         except OSError as exc:
             self.say(f"`{' '.join(argv)}` could not start: {exc}", error=True)
             return

@@ -35,13 +35,13 @@ import json
 import logging
 import os
 import re
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mtgpu.proc import aspawn, run
 from mtgpu.schedd.jobenv import JobLaunch
 from mtgpu.workspaces.podman import SYSTEM_PATH
 from mtgpu.workspaces.policy import canonical_image, check_image, tenant_mounts
@@ -312,14 +312,13 @@ class JobContainers:
         if os.geteuid() == 0:
             kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
         with open(path, "rb") as f:
-            p = subprocess.run(
+            p = run(
                 [self.podman, "load", "--quiet"],
                 stdin=f,
-                capture_output=True,
-                text=True,
                 env=tenant_env(t),
                 cwd="/",
                 timeout=1800,
+                check=False,
                 **kw,
             )
         if p.returncode != 0:
@@ -419,14 +418,11 @@ class JobContainers:
         if os.geteuid() == 0:
             kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
         log.info("streaming image %s of %s to %s", image_id[:12], user, peer)
-        p = await asyncio.create_subprocess_exec(
-            self.podman,
-            "save",
-            "--quiet",
-            image_id,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        p = await aspawn(
+            [self.podman, "save", "--quiet", image_id],
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env=tenant_env(t),
             cwd="/",
             **kw,

@@ -32,13 +32,14 @@ import os
 import pwd
 import shutil
 import signal
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mtgpu.errors import CommandError
 from mtgpu.fsafe import signal_pid
+from mtgpu.proc import run
 
 log = logging.getLogger(__name__)
 
@@ -216,12 +217,10 @@ class LocalStores:
                 if os.geteuid() == 0
                 else {}
             )
-            r = subprocess.run(
+            r = run(
                 [podman, "info", "--format", "{{.Store.GraphDriverName}}"],
                 env=env,
                 cwd="/",
-                capture_output=True,
-                text=True,
                 timeout=60,
                 check=False,
                 **kw,
@@ -234,11 +233,11 @@ class LocalStores:
                 self.root,
                 (r.stderr.strip().splitlines() or ["no output"])[-1],
             )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, CommandError) as exc:
             log.warning("probing podman's storage driver under %s: %s; using vfs", self.root, exc)
         finally:
             _stop_pause_process(f"{probe}/run", nobody.pw_uid)
-            subprocess.run(["rm", "-rf", "--one-file-system", "--", probe], check=False)
+            run(["rm", "-rf", "--one-file-system", "--", probe], check=False, timeout=None)
         return "vfs"
 
     def ensure(self, uid: int, gid: int) -> str:
@@ -262,7 +261,7 @@ class LocalStores:
         """Drop a removed tenant's store (files of the tenant's sub-UIDs too)."""
         d = self.dir_of(uid)
         if os.path.lexists(d):
-            subprocess.run(["rm", "-rf", "--one-file-system", "--", d], check=False)
+            run(["rm", "-rf", "--one-file-system", "--", d], check=False, timeout=None)
 
     def env(self) -> dict[str, str]:
         return {"CONTAINERS_STORAGE_CONF": self.conf}

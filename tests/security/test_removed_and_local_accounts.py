@@ -211,3 +211,20 @@ def test_another_tenants_submission_token_is_a_new_submission(make_host):
     with api_socket(host.run_dir, uids["ann"]) as s:  # ann's own retry still is one
         again = call(s, "job.submit", {"script": SLEEPER, "token": "shared-token"})["result"]
     assert again["job_id"] == ann["job_id"] and again["duplicate"]
+
+
+def test_an_authorized_keys_that_never_ends_costs_one_refused_login(make_host):
+    """A local account makes its ~/.ssh/authorized_keys a FIFO that no one writes:
+    the daemon's reader (run as that account) is given up after 10 s and killed, the
+    login refused, and the next account's login is not held up by it."""
+    host = make_host()
+    olga, mal = _local_account(host, "olga"), _local_account(host, "mal")
+    keys = host.dir / "localhome" / "mal" / ".ssh" / "authorized_keys"
+    keys.unlink()
+    os.mkfifo(keys, 0o600)
+    os.chown(keys, mal, mal)
+    r = host.ssh("mal", host.key("mal"), "true")
+    assert r.returncode == 255
+    tally("attacks_refused")
+    wait_for(lambda: not _procs_of(mal), 15, "the reader of mal's FIFO to be killed")
+    assert _logs_in(host, "olga") and _api_ok(host, olga)

@@ -25,6 +25,7 @@ import time
 from typing import IO, Any
 
 from mtgpu.cmdline import with_examples
+from mtgpu.proc import spawn
 
 EXAMPLES = """\
 srun -n 4 python train.py         in a job script: 4 tasks, SLURM_PROCID 0-3
@@ -157,7 +158,7 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
         for local in range(count):
             procid = first + local
             e = task_env(env, step, procid, local, ntasks, nnodes)
-            p = subprocess.Popen(args.command, env=e, stdout=pipe, stderr=pipe)
+            p = spawn(args.command, env=e, stdout=pipe, stderr=pipe)
             procs.append(p)
             if args.label:
                 for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
