@@ -82,6 +82,8 @@ test("a job: submitted, running on a GPU, its output followed, a waiting one's r
     const line = serverTree(f).find((n) => n.id === "gpu")?.children?.find((c) => c.label === "Jobs")?.children?.find((c) => c.job === waits.job_id);
     assert.match(line?.description ?? "", /^PENDING #\d+ \(Resources/);
     assert.equal(line?.contextValue, "job-active");
+    // Cancelled now, so that nothing ends while the usage is compared below.
+    await f.cancelJob(st, waits.job_id);
     let out = "";
     const follower = follow(jobOutputArgv(st.target, sshOptions(), both.job_id), (t) => (out += t));
     try {
@@ -91,7 +93,7 @@ test("a job: submitted, running on a GPU, its output followed, a waiting one's r
     }
     const r = await f.cancelJob(st, both.job_id);
     assert.ok([...r.cancelled, ...r.stopping].includes(both.job_id));
-    await until(async () => (await f.refresh(st, false), job(both.job_id)?.state === "CANCELLED"), "CANCELLED", 60000);
+    await until(async () => (await f.refresh(st, false), job(both.job_id)?.state === "CANCELLED" && job(waits.job_id)?.state === "CANCELLED"), "both CANCELLED", 60000);
     // Its GPU time is in the user's usage this month: the same numbers as `mt-job usage` there.
     await f.readUsage(st);
     assert.ok(st.usage, st.usageError);
