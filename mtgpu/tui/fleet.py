@@ -31,7 +31,7 @@ from mtgpu.tui.sources import (
     save_server_list,
     ssh_config_hosts,
 )
-from mtgpu.tui.view import FINAL, GpuHistory
+from mtgpu.tui.view import FINAL, GpuHistory, month_usage, usage_refused
 
 log = logging.getLogger("remotegpu")
 
@@ -60,6 +60,10 @@ class ServerState:
     updated: float | None = None
     hidden: bool = False  # a ~/.ssh/config host that did not answer as MTGPU
     notice: str | None = None  # the server's warning for this user (retention, disk limit)
+    #: The user's own usage this month there (:func:`~mtgpu.tui.view.month_usage`);
+    #: None with ``usage_error`` saying why when the server did not give it.
+    usage: dict[str, Any] | None = None
+    usage_error: str | None = None
     #: Recent usage of each GPU, by (node, index), for the sparklines.
     history: dict[tuple[str, Any], GpuHistory] = field(default_factory=dict)
 
@@ -116,6 +120,8 @@ class ServerState:
                 for g in n.get("gpus", [])
             ],
             "workspaces": self.workspaces,
+            "usage": self.usage,
+            "usage_error": self.usage_error,
             "updated": self.updated,
         }
 
@@ -209,7 +215,10 @@ class Fleet:
                 backoff = 2.0
                 count = 0
                 while self._alive(st):
-                    await self._refresh(st, workspaces=count % self.workspace_every == 0)
+                    slow = count % self.workspace_every == 0
+                    await self._refresh(st, workspaces=slow)
+                    if slow:  # it changes only as jobs end
+                        await self.read_usage(st)
                     count += 1
                     ev = self._wake[st.name]
                     try:
@@ -319,6 +328,29 @@ class Fleet:
         st.notice = link.notice or st.notice
         self.on_change()
 
+    async def read_usage(self, st: ServerState) -> None:
+        """The user's own usage this month, as ``mt-job usage`` reads it (one
+        ``job.usage`` call, by GPU type). A server that refuses it (an older MTGPU), gives
+        an answer of another shape or does not answer in time keeps working: its usage
+        is shown as not available, and why."""
+        link = self.links[st.name]
+        why: str | None = None
+        try:
+            st.usage = month_usage(await link.call("job.usage", by=["gpu_type"]))
+        except ApiError as exc:
+            why = usage_refused(exc.code, str(exc))
+        except ValueError as exc:
+            why = f"its answer is not a usage summary: {exc}"
+        except ServerUnreachable as exc:
+            if not link.up:
+                raise
+            why = str(exc)  # this call alone timed out
+        if why is not None:
+            st.usage = None
+            log.info("job.usage on %s: %s", st.name, why)
+        st.usage_error = why
+        self.on_change()
+
     async def once(self) -> list[ServerState]:
         """Connect to every server, read everything once, and close (for subcommands)."""
         try:
@@ -334,6 +366,7 @@ class Fleet:
         try:
             await self._connect(st)
             await self._refresh(st)
+            await self.read_usage(st)
         except ServerUnreachable as exc:
             self._unreachable(st, str(exc), host_key=exc.host_key)
         except ApiError as exc:

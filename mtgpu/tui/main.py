@@ -15,9 +15,10 @@ from typing import Any
 
 from mtgpu.cmdline import with_examples
 from mtgpu.errors import MtgpuError
+from mtgpu.text import printable
 from mtgpu.tui.fleet import Fleet, ServerState
 from mtgpu.tui.sources import load_server_list, servers_file
-from mtgpu.tui.view import FINAL, duration, elapsed, gib, left_text
+from mtgpu.tui.view import FINAL, duration, elapsed, gib, left_text, usage_text
 
 
 def mig_under_cards(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -74,6 +75,13 @@ def cmd_servers(args: argparse.Namespace) -> int:
         ram = f"{gib(n.get('ram_used'))}/{gib(n.get('ram_total'))}" if n else "-"
         rows.append([s.name, s.status, s.cluster_id or "standalone", gpu_summary(n), n.get("cpus", "-"), ram])
     print(_table(rows, ["SERVER", "STATUS", "CLUSTER", "GPUS", "CPUS", "RAM"]))
+    # Your own usage this month on each server that answered (a cluster's members
+    # each give the cluster's sums).
+    used = [s for s in states if s.status == "up" and (s.usage is not None or s.usage_error is not None)]
+    if used:
+        print()
+        for s in used:
+            print(printable(f"{s.name}: {usage_text(s.usage, s.usage_error)}"))
     for s in states:
         if s.status == "up" and s.notice:
             print(f"remotegpu-cli: {s.name}: warning: {s.notice}", file=sys.stderr)

@@ -40,6 +40,7 @@ from mtgpu.tui.view import (
     job_columns,
     job_details,
     sparkline,
+    usage_text,
 )
 
 #: (name, foreground, background, mono): the mono column is used under NO_COLOR.
@@ -247,6 +248,13 @@ class App:
         if st.notice:
             rows.append(
                 Row(("error", f"   warning: {st.notice}"), "server", ("notice", st.name), st, wrap="space")
+            )
+        if st.usage is not None or st.usage_error is not None:
+            # The user's own usage this month: a line to read, not one to act on (the
+            # cursor passes it by, as it does headings).
+            used = f"   {usage_text(st.usage, st.usage_error)}"
+            rows.append(
+                urwid.Text(safe_markup(used if st.usage is not None else ("dim", used)), wrap="space")
             )
         lay = gpu_layout(self.width)
         for g in mig_under_cards(n.get("gpus", [])):
@@ -744,6 +752,11 @@ class App:
         ]
         if st.notice:
             pairs.append(("warning", st.notice))
+        if st.usage is not None or st.usage_error is not None:
+            pairs.append(("your usage", usage_text(st.usage, st.usage_error)))
+        if st.usage is not None:
+            u = st.usage
+            pairs.append(("period", f"{u['start']} to {u['end']} (UTC days)"))
         for g in mig_under_cards(n.get("gpus", [])):
             hist = st.history.get((str(n.get("name")), g.get("index")))
             jobs = ",".join(str(x) for x in g.get("jobs", [])) or "none"

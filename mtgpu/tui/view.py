@@ -416,3 +416,99 @@ def job_details(job: dict[str, Any], server: str, now: float) -> list[tuple[str,
     for w in job.get("warnings") or []:
         rows.append(("warning", str(w)))
     return rows
+
+
+# ------------------------------------------------------------ this month's usage
+
+
+def month_usage(answer: Any) -> dict[str, Any]:
+    """The tenant's own usage from a ``job.usage`` answer grouped ``by`` gpu_type (the
+    call ``mt-job usage`` makes; the daemon's default period is this month, UTC):
+    ``{"month", "start", "end", "jobs", "gpu_hours": {type: hours}, "cpu_hours"}``.
+    ValueError names what is wrong with an answer of another shape.
+
+    >>> u = month_usage({"start": "2026-12-01", "end": "2026-12-31", "total": {"jobs": 3,
+    ...     "cpu_hours": 6.0}, "rows": [{"gpu_type": "rtx4090", "gpu_hours": 1.5},
+    ...     {"gpu_type": "", "gpu_hours": 0.0}]})
+    >>> u["month"], u["jobs"], u["gpu_hours"], u["cpu_hours"]
+    ('2026-12', 3, {'rtx4090': 1.5}, 6.0)
+    """
+    if not isinstance(answer, dict):
+        raise ValueError("not an object")
+    total, rows = answer.get("total"), answer.get("rows")
+    start, end = answer.get("start"), answer.get("end")
+    if not isinstance(total, dict) or not isinstance(rows, list):
+        raise ValueError("no total or rows")
+    if not isinstance(start, str) or not isinstance(end, str):
+        raise ValueError("no period")
+
+    def number(v: Any, what: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e12:
+            raise ValueError(f"{what} is not a number of hours")
+        return float(v)
+
+    gpu: dict[str, float] = {}
+    for r in rows[:64]:
+        if not isinstance(r, dict) or not isinstance(r.get("gpu_type"), str):
+            raise ValueError("a row has no GPU type")
+        if r["gpu_type"]:  # "": CPU-only jobs, in the CPU-hours
+            gpu[r["gpu_type"][:40]] = number(r.get("gpu_hours"), "gpu_hours")
+    jobs = total.get("jobs")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise ValueError("jobs is not a count")
+    return {
+        "month": start[:7] if start[:7] == end[:7] else f"{start[:10]}..{end[:10]}",
+        "start": start[:10],
+        "end": end[:10],
+        "jobs": jobs,
+        "gpu_hours": gpu,
+        "cpu_hours": number(total.get("cpu_hours"), "cpu_hours"),
+    }
+
+
+def hours(h: float) -> str:
+    """Hours with two decimals, fewer when large; a little above none is ``<0.01``.
+
+    >>> [hours(x) for x in (0, 0.001, 1.5, 250.4)]
+    ['0', '<0.01', '1.50', '250']
+    """
+    if h <= 0:
+        return "0"
+    if h < 0.005:
+        return "<0.01"
+    return f"{h:.0f}" if h >= 100 else f"{h:.2f}"
+
+
+def usage_text(usage: dict[str, Any] | None, error: str | None = None) -> str:
+    """A server's line of the tenant's own usage this month, or why it is not shown.
+
+    >>> usage_text({"month": "2026-12", "jobs": 3, "gpu_hours": {"rtx4090": 1.5},
+    ...     "cpu_hours": 6.0})
+    'usage 2026-12: 3 jobs  GPU-hours rtx4090 1.50  CPU-hours 6.00'
+    >>> usage_text({"month": "2026-12", "jobs": 0, "gpu_hours": {}, "cpu_hours": 0})
+    'usage 2026-12: 0 jobs  GPU-hours 0  CPU-hours 0'
+    >>> usage_text(None, "an older MTGPU")
+    'usage: not available (an older MTGPU)'
+    """
+    if usage is None:
+        return f"usage: not available ({error or 'not read yet'})"
+    gpu = ", ".join(f"{t} {hours(h)}" for t, h in sorted(usage["gpu_hours"].items())) or "0"
+    n = usage["jobs"]
+    return (
+        f"usage {usage['month']}: {n} job{'' if n == 1 else 's'}  GPU-hours {gpu}  "
+        f"CPU-hours {hours(usage['cpu_hours'])}"
+    )
+
+
+def usage_refused(code: str, message: str) -> str:
+    """Why a server did not give its usage, from its refusal: an older MTGPU does not
+    know the operation, and says so with every operation it knows (too long to show).
+
+    >>> usage_refused("unknown_op", "unknown operation 'job.usage'; known: ...")
+    'this server runs an MTGPU older than usage reporting'
+    >>> usage_refused("internal", "internal error (id 7f3a)")
+    'internal error (id 7f3a)'
+    """
+    if code == "unknown_op":
+        return "this server runs an MTGPU older than usage reporting"
+    return message if len(message) <= 160 else message[:159] + "\u2026"

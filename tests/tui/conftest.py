@@ -16,10 +16,32 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workspaces"))
 
-from mtgpu_testing import free_port, shared_uid_range  # noqa: E402
+from mtgpu_testing import authorize_for_openssh, free_port, shared_uid_range, start_openssh  # noqa: E402
 from workspace_testing import IMAGE, WorkspaceHost, podman_ready, start_workspace_host, stop_workspace_host  # noqa: E402
 
 TEMPLATES = {"busybox": {"image": IMAGE, "cpus": 1, "ram": "256M"}}
+
+#: An MTGPU server older than usage reporting, as its ``mtgpu-api`` subsystem answers:
+#: who the user is, its node and jobs; every other operation is unknown there.
+OLDER = r"""
+import json, os, pwd, sys
+user = pwd.getpwuid(os.getuid()).pw_name
+known = {
+    "whoami": {"name": user, "server": "oldhost", "uid": os.getuid(), "admin": False},
+    "nodes": [{"name": "oldhost", "state": "up", "cpus": 2, "ram_total": 1 << 30, "ram_used": 0, "gpus": []}],
+    "job.list": [],
+}
+for line in sys.stdin:
+    req = json.loads(line)
+    op = req.get("op")
+    if op in known:
+        out = {"id": req.get("id"), "ok": True, "result": known[op]}
+    else:
+        why = f"unknown operation {op!r}; known: {', '.join(known)}"
+        out = {"id": req.get("id"), "ok": False, "code": "unknown_op", "error": why, "retryable": False}
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+"""
 
 
 @dataclass
@@ -95,3 +117,38 @@ def at_home(laptop: Laptop, monkeypatch: pytest.MonkeyPatch) -> Laptop:
             monkeypatch.delenv(k)
     monkeypatch.setenv("HOME", str(laptop.home))
     return laptop
+
+
+@dataclass
+class OlderServer:
+    """OpenSSH's sshd serving :data:`OLDER` as ``mtgpu-api``, trusted by the laptop."""
+
+    port: int
+    #: An ssh config whose Host ``older`` is it (for the VS Code extension's tests).
+    ssh_config: Path
+
+
+@pytest.fixture(scope="package")
+def older(laptop: Laptop) -> Iterator[OlderServer]:
+    wh = laptop.host
+    script = wh.host.dir / "older_api.py"
+    script.write_text(OLDER)
+    script.chmod(0o644)
+    authorize_for_openssh(wh.host, wh.user, wh.key)
+    proc, port = start_openssh(wh.host, f"Subsystem mtgpu-api /usr/bin/python3 -I {script}")
+    scan = subprocess.run(
+        ["ssh-keyscan", "-p", str(port), "127.0.0.1"], capture_output=True, text=True, timeout=30
+    ).stdout
+    known = laptop.home / ".ssh" / "known_hosts"
+    with known.open("a") as f:
+        f.write(scan)
+    cfg = laptop.home / "older_ssh_config"
+    cfg.write_text(
+        f"Host older\n  HostName 127.0.0.1\n  Port {port}\n  User {wh.user}\n  IdentityFile {wh.key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n  LogLevel ERROR\n"
+    )
+    try:
+        yield OlderServer(port, cfg)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -143,6 +143,9 @@ def test_remotegpu_replays_the_protocol_fixture(at_home, tmp_path, monkeypatch) 
             await f._submit(st, params["script"])
         elif name == "cancel":
             await f.cancel_job(st, params["job"])
+        elif name == "usage":
+            await f.read_usage(st)
+            assert st.usage is not None, st.usage_error
         elif name == "create_workspace":
             await f.create_workspace(st, params["name"], params["source"])
         elif name.endswith("_workspace"):

@@ -24,9 +24,12 @@ from mtgpu.tui.view import (
     job_columns,
     job_details,
     left_text,
+    month_usage,
     reason_width,
     remaining,
     sparkline,
+    usage_refused,
+    usage_text,
 )
 
 NOW = 1_800_000_000.0
@@ -249,6 +252,80 @@ def test_job_details_hold_everything_in_full() -> None:
     assert d["time left"] == "47m55s (limit 1h00m)" and d["elapsed"] == "12m05s"
 
 
+# ------------------------------------------------------------ this month's usage
+
+#: A `job.usage` answer by gpu_type, as the daemon gives it (mtgpu/api/jobs.py).
+USAGE = {
+    "cluster": "lab",
+    "start": "2026-12-01",
+    "end": "2026-12-31",
+    "by": ["gpu_type"],
+    "rows": [
+        {"gpu_type": "", "jobs": 2, "gpu_hours": 0.0, "cpu_hours": 1.0},
+        {"gpu_type": "rtx4090", "jobs": 3, "gpu_hours": 12.5, "cpu_hours": 4.0},
+        {"gpu_type": "a100", "jobs": 1, "gpu_hours": 0.001, "cpu_hours": 0.5},
+    ],
+    "total": {"jobs": 6, "gpu_hours": 12.501, "cpu_hours": 5.5},
+    "cut_months": [],
+}
+
+
+def test_the_months_usage_is_read_from_the_job_usage_answer() -> None:
+    u = month_usage(USAGE)
+    assert u == {
+        "month": "2026-12",
+        "start": "2026-12-01",
+        "end": "2026-12-31",
+        "jobs": 6,
+        "gpu_hours": {"a100": 0.001, "rtx4090": 12.5},  # CPU-only jobs have no GPU type
+        "cpu_hours": 5.5,
+    }
+    assert usage_text(u) == "usage 2026-12: 6 jobs  GPU-hours a100 <0.01, rtx4090 12.50  CPU-hours 5.50"
+    one = month_usage({**USAGE, "rows": [], "total": {"jobs": 1, "cpu_hours": 0.0}})
+    assert usage_text(one) == "usage 2026-12: 1 job  GPU-hours 0  CPU-hours 0"
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ([], "not an object"),
+        ({**USAGE, "total": None}, "no total or rows"),
+        ({**USAGE, "start": 7}, "no period"),
+        ({**USAGE, "rows": [{"gpu_hours": 1}]}, "a row has no GPU type"),
+        ({**USAGE, "rows": [{"gpu_type": "x", "gpu_hours": "1e400"}]}, "gpu_hours is not a number"),
+        ({**USAGE, "rows": [{"gpu_type": "x", "gpu_hours": -1}]}, "gpu_hours is not a number"),
+        ({**USAGE, "total": {"jobs": True, "cpu_hours": 0}}, "jobs is not a count"),
+        ({**USAGE, "total": {"jobs": 1, "cpu_hours": float("nan")}}, "cpu_hours is not a number"),
+    ],
+)
+def test_an_answer_of_another_shape_is_refused_naming_what_is_wrong(answer: object, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        month_usage(answer)
+
+
+def test_the_server_line_shows_the_usage_or_why_it_is_not_available() -> None:
+    a = app(80)
+    st = a.fleet.states["gpu01"]
+    out = lines(a, 80)
+    assert not [x for x in out if "usage" in x]  # not read yet: no line at all
+    st.usage = month_usage(USAGE)
+    out = lines(a, 80)
+    i = out.index("   usage 2026-12: 6 jobs  GPU-hours a100 <0.01, rtx4090 12.50  CPU-hours 5.50")
+    assert out[i - 1].startswith("\u25cf gpu01") and out[i + 1].startswith("   GPU0")
+    details = dict(a.server_details(st))
+    assert details["your usage"].startswith("usage 2026-12: 6 jobs")
+    assert details["period"] == "2026-12-01 to 2026-12-31 (UTC days)"
+    st.usage, st.usage_error = (
+        None,
+        usage_refused("unknown_op", "unknown operation 'job.usage'; known: " + "x, " * 99),
+    )
+    out = lines(a, 80)
+    assert "   usage: not available (this server runs an MTGPU older than usage reporting)" in " ".join(out)
+    assert any(x.startswith("   GPU0") for x in out) and any(x.lstrip().startswith("3 ") for x in out)
+    assert dict(a.server_details(st))["your usage"].startswith("usage: not available")
+    assert usage_refused("internal", "E" * 500) == "E" * 159 + "\u2026"
+
+
 # ------------------------------------------------------------- hostile
 
 
@@ -267,3 +344,15 @@ def test_a_tenants_job_name_and_reason_cannot_write_to_the_terminal() -> None:
     out += "\n".join(lines(a, 80)) + str(a.header.text)
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[31mred" in out
+
+
+def test_a_servers_usage_texts_cannot_write_to_the_terminal() -> None:
+    """A GPU type or a refusal's message comes from the server: drawn as visible text."""
+    a = app(80)
+    st = a.fleet.states["gpu01"]
+    st.usage = month_usage({**USAGE, "rows": [{"gpu_type": "\x1b[2Jevil", "gpu_hours": 1.0}]})
+    out = "\n".join(lines(a, 80))
+    st.usage, st.usage_error = None, usage_refused("internal", "\x1b]0;owned\x07")
+    out += "\n".join(lines(a, 80))
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2Jevil 1.00" in out and "not available (\\x1b]0;owned\\x07)" in out

@@ -92,11 +92,12 @@ def hostile(laptop) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("name", NODE_TESTS)
-def test_node(name: str, built: Path, hostile: Path, laptop) -> None:
+def test_node(name: str, built: Path, hostile: Path, older, laptop) -> None:
     """clients/vscode/test/NAME.test.ts under `node --test`, every test run, none skipped."""
     env = laptop.env(
         MTGPU_TEST_SSH_CONFIG=str(laptop.home / ".ssh" / "config"),
         MTGPU_TEST_HOSTILE_CONFIG=str(hostile),
+        MTGPU_TEST_OLDER_CONFIG=str(older.ssh_config),
         MTGPU_TEST_FIXTURE=str(REPO / "clients" / "protocol" / "api.jsonl"),
         MTGPU_TEST_USER=laptop.host.user,
         MTGPU_TEST_SERVER="testhost",

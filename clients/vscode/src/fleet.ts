@@ -66,6 +66,18 @@ export interface Template {
   gpus?: unknown;
 }
 
+/** The user's own usage this month on a server, as `mt-job usage` reads it. */
+export interface MonthUsage {
+  /** `2026-12` (or `START..END` for a period the server gave across months). */
+  month: string;
+  start: string;
+  end: string;
+  jobs: number;
+  /** GPU-hours by GPU type (CPU-only jobs have none). */
+  gpuHours: Record<string, number>;
+  cpuHours: number;
+}
+
 export interface ServerState {
   target: Target;
   status: Status;
@@ -83,6 +95,9 @@ export interface ServerState {
   /** A ~/.ssh/config host that did not answer as MTGPU. */
   hidden: boolean;
   notice?: string;
+  /** The user's own usage this month there; absent, with `usageError` saying why, when the server did not give it. */
+  usage?: MonthUsage;
+  usageError?: string;
 }
 
 /** This server's own entry of the `nodes` listing. */
@@ -117,6 +132,47 @@ function asObject(v: unknown, what: string): Record<string, unknown> {
 }
 
 const str = (v: unknown): string | undefined => (typeof v === "string" ? v : undefined);
+
+/**
+ * The usage from a `job.usage` answer grouped by gpu_type (the daemon's default
+ * period is this month, UTC), as remotegpu-cli's month_usage (mtgpu/tui/view.py)
+ * reads it. Throws an Error naming what is wrong with an answer of another shape.
+ */
+export function monthUsage(answer: unknown): MonthUsage {
+  if (typeof answer !== "object" || answer === null || Array.isArray(answer)) throw new Error("not an object");
+  const a = answer as Record<string, unknown>;
+  const total = a.total as Record<string, unknown> | undefined;
+  if (typeof total !== "object" || total === null || Array.isArray(total) || !Array.isArray(a.rows)) throw new Error("no total or rows");
+  const start = str(a.start);
+  const end = str(a.end);
+  if (start === undefined || end === undefined) throw new Error("no period");
+  const hours = (v: unknown, what: string): number => {
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v >= 1e12) throw new Error(`${what} is not a number of hours`);
+    return v;
+  };
+  const gpuHours: Record<string, number> = {};
+  for (const r of (a.rows as unknown[]).slice(0, 64)) {
+    const row = r as Record<string, unknown> | null;
+    if (typeof row !== "object" || row === null || typeof row.gpu_type !== "string") throw new Error("a row has no GPU type");
+    if (row.gpu_type) gpuHours[row.gpu_type.slice(0, 40)] = hours(row.gpu_hours, "gpu_hours"); // "": CPU-only jobs
+  }
+  const jobs = total.jobs;
+  if (typeof jobs !== "number" || !Number.isInteger(jobs) || jobs < 0) throw new Error("jobs is not a count");
+  return {
+    month: start.slice(0, 7) === end.slice(0, 7) ? start.slice(0, 7) : `${start.slice(0, 10)}..${end.slice(0, 10)}`,
+    start: start.slice(0, 10),
+    end: end.slice(0, 10),
+    jobs,
+    gpuHours,
+    cpuHours: hours(total.cpu_hours, "cpu_hours"),
+  };
+}
+
+/** Why a server did not give its usage, from its refusal (an older MTGPU lists every operation it knows: too long to show). */
+export function usageRefused(e: ApiError): string {
+  if (e.code === "unknown_op") return "this server runs an MTGPU older than usage reporting";
+  return e.message.length <= 160 ? e.message : e.message.slice(0, 159) + "…";
+}
 
 export class Fleet {
   readonly states = new Map<string, ServerState>();
@@ -201,6 +257,7 @@ export class Fleet {
         backoff = 2000;
         for (let count = 0; this.alive(st); count++) {
           await this.refresh(st, count % every === 0);
+          if (count % every === 0) await this.readUsage(st); // it changes only as jobs end
           if (await this.sleep(st, this.options.intervalMs)) count = -1; // an action asked: workspaces too
         }
       } catch (e) {
@@ -314,6 +371,27 @@ export class Fleet {
     this.onChange();
   }
 
+  /**
+   * The user's own usage this month, as `mt-job usage` reads it (one `job.usage`
+   * call, by GPU type). A server that refuses it (an older MTGPU), gives an answer of
+   * another shape or does not answer in time keeps working: its usage is shown as
+   * not available, and why.
+   */
+  async readUsage(st: ServerState): Promise<void> {
+    const c = this.conn(st);
+    let why: string | undefined;
+    try {
+      st.usage = monthUsage(await this.send(c, requests.usage()));
+    } catch (e) {
+      if (e instanceof ApiError) why = usageRefused(e);
+      else if (e instanceof ServerUnreachable) throw e;
+      else why = `its answer is not a usage summary: ${(e as Error).message}`;
+    }
+    if (why !== undefined) st.usage = undefined;
+    st.usageError = why;
+    this.onChange();
+  }
+
   /** Connect to every server, read everything once, and close. */
   async once(): Promise<ServerState[]> {
     const seen = new Set<string>();
@@ -326,6 +404,7 @@ export class Fleet {
           try {
             await this.connect(st);
             await this.refresh(st);
+            await this.readUsage(st);
           } catch (e) {
             this.unreachable(st, e instanceof ApiError ? `refused: ${e.message}` : (e as Error).message);
           }

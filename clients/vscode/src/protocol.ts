@@ -289,6 +289,8 @@ export const requests = {
   jobs: (): Request => ({ op: "job.list", args: { all: true } }),
   workspaces: (): Request => ({ op: "workspace.list", args: {} }),
   templates: (): Request => ({ op: "workspace.templates", args: {} }),
+  /** The user's own usage this month (the daemon's default period), by GPU type: what `mt-job usage` asks. */
+  usage: (): Request => ({ op: "job.usage", args: { by: ["gpu_type"] } }),
   submit: (script: string, token: string): Request => ({ op: "job.submit", args: { script, token } }),
   show: (jobId: string): Request => ({ op: "job.show", args: { job_id: jobId } }),
   cancel: (jobId: string): Request => ({ op: "job.cancel", args: { job_ids: [jobId] } }),

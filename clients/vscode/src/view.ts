@@ -5,7 +5,7 @@
  * server cannot draw control characters or reorder the panel.
  */
 
-import { FINAL_STATES, group, ownNode, type Fleet, type Gpu, type Job, type ServerState, type Workspace } from "./fleet";
+import { FINAL_STATES, group, ownNode, type Fleet, type Gpu, type Job, type MonthUsage, type ServerState, type Workspace } from "./fleet";
 
 export interface TreeNode {
   id: string;
@@ -90,6 +90,44 @@ function workspaceNode(st: ServerState, w: Workspace): TreeNode {
   };
 }
 
+/** Hours with two decimals, fewer when large; a little above none is `<0.01` (as remotegpu-cli). */
+export function hours(h: number): string {
+  if (!(h > 0)) return "0";
+  if (h < 0.005) return "<0.01";
+  return h >= 100 ? h.toFixed(0) : h.toFixed(2);
+}
+
+/** GPU-hours by type, `a100 0.20, rtx4090 1.50`, or `0`. */
+function gpuHoursText(u: MonthUsage): string {
+  return Object.keys(u.gpuHours).sort().map((t) => `${printable(t, 40)} ${hours(u.gpuHours[t])}`).join(", ") || "0";
+}
+
+/** The user's own usage this month on a server, or why it is not shown: remotegpu-cli's usage line. */
+export function usageText(u: MonthUsage | undefined, error?: string): string {
+  if (!u) return `usage: not available (${printable(error ?? "not read yet", 200)})`;
+  const gpu = gpuHoursText(u);
+  return `usage ${printable(u.month, 30)}: ${u.jobs} job${u.jobs === 1 ? "" : "s"}  GPU-hours ${gpu}  CPU-hours ${hours(u.cpuHours)}`;
+}
+
+function usageNode(st: ServerState): TreeNode {
+  const name = st.target.name;
+  const u = st.usage;
+  if (!u) {
+    const why = usageText(undefined, st.usageError);
+    return { id: `${name}/usage`, label: "Usage this month", description: why.replace(/^usage: /, ""), tooltip: why, contextValue: "usage-none", icon: "graph", server: name };
+  }
+  const gpu = gpuHoursText(u);
+  return {
+    id: `${name}/usage`,
+    label: "Usage this month",
+    description: `${u.jobs} job${u.jobs === 1 ? "" : "s"} · GPU-h ${gpu} · CPU-h ${hours(u.cpuHours)}`,
+    tooltip: `Your own usage on ${printable(st.server ?? name, 80)} from ${printable(u.start, 10)} to ${printable(u.end, 10)} (UTC days): ${usageText(u)}`,
+    contextValue: "usage",
+    icon: "graph",
+    server: name,
+  };
+}
+
 /** The line beside a server's name. */
 export function serverDescription(st: ServerState): string {
   if (st.status === "unreachable") return `unreachable: ${printable(st.reason, 160)}`;
@@ -137,6 +175,7 @@ export function serverTree(fleet: Fleet): TreeNode[] {
     const jobs = (jobsBy.get(name) ?? []).map((j) => jobNode(st, j));
     const active = (jobsBy.get(name) ?? []).filter((j) => !FINAL_STATES.has(j.state)).length;
     children.push({ id: `${name}/jobs`, label: "Jobs", description: `${active} active`, contextValue: "jobs", icon: "list-ordered", children: jobs, server: name });
+    if (st.usage || st.usageError !== undefined) children.push(usageNode(st));
     node.children = children;
     return node;
   });
@@ -158,8 +197,9 @@ export function statusSummary(fleet: Fleet): { text: string; tooltip: string } {
   const running = jobs.filter((j) => j.state === "RUNNING").length;
   const pending = jobs.filter((j) => j.state === "PENDING").length;
   const down = shown.filter((s) => s.status === "unreachable").map((s) => `${s.target.name}: ${printable(s.reason, 160)}`);
+  const usage = up.filter((s) => s.usage || s.usageError !== undefined).map((s) => `${s.target.name}: ${usageText(s.usage, s.usageError)}`);
   return {
     text: `$(server) ${up.length}/${shown.length} · GPUs ${busy}/${gpus} busy · jobs ${running} running, ${pending} pending`,
-    tooltip: ["MTGPU servers", ...down].join("\n"),
+    tooltip: ["MTGPU servers", ...down, ...usage].join("\n"),
   };
 }

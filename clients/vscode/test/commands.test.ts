@@ -1,10 +1,10 @@
 import { strict as assert } from "node:assert";
 import { test } from "node:test";
 import { attachedContainerUri, checkWorkspaceName, errorMessage, jobOutputArgv, remoteSshAuthority, remoteSshUri, shellQuote, sourceChoices, terminalCommand } from "../src/commands";
-import { Fleet, type ServerState } from "../src/fleet";
-import { apiArgv, reasonFromSsh, requests, ServerUnreachable } from "../src/protocol";
+import { Fleet, monthUsage, usageRefused, type ServerState } from "../src/fleet";
+import { ApiError, apiArgv, reasonFromSsh, requests, ServerUnreachable } from "../src/protocol";
 import type { Target } from "../src/sources";
-import { jobDescription, printable, serverTree, statusSummary } from "../src/view";
+import { hours, jobDescription, printable, serverTree, statusSummary, usageText } from "../src/view";
 
 const G = 2 ** 30;
 const ssh = { sshPath: "ssh", timeoutMs: 10000 };
@@ -106,4 +106,64 @@ test("the tree and the status bar: GPUs, workspaces, jobs with pending reasons, 
   assert.match(s.tooltip, /lab: no answer within 10 s/);
   assert.equal(jobDescription({ job_id: "1", state: "PENDING", reason: "None", position: null }), "PENDING");
   assert.equal(printable("a\u202eb\nc"), "a b c");
+});
+
+/** A `job.usage` answer by gpu_type, as the daemon gives it (tests/tui/test_view.py has the same). */
+const USAGE = {
+  cluster: "lab",
+  start: "2026-12-01",
+  end: "2026-12-31",
+  by: ["gpu_type"],
+  rows: [
+    { gpu_type: "", jobs: 2, gpu_hours: 0, cpu_hours: 1 },
+    { gpu_type: "rtx4090", jobs: 3, gpu_hours: 12.5, cpu_hours: 4 },
+    { gpu_type: "a100", jobs: 1, gpu_hours: 0.001, cpu_hours: 0.5 },
+  ],
+  total: { jobs: 6, gpu_hours: 12.501, cpu_hours: 5.5 },
+  cut_months: [],
+};
+
+test("this month's usage: read from job.usage as remotegpu-cli reads it, in the tree and the status bar", () => {
+  assert.deepEqual(requests.usage(), { op: "job.usage", args: { by: ["gpu_type"] } });
+  const u = monthUsage(USAGE);
+  assert.deepEqual(u, { month: "2026-12", start: "2026-12-01", end: "2026-12-31", jobs: 6, gpuHours: { rtx4090: 12.5, a100: 0.001 }, cpuHours: 5.5 });
+  // The same line as remotegpu-cli's (mtgpu/tui/view.py usage_text).
+  assert.equal(usageText(u), "usage 2026-12: 6 jobs  GPU-hours a100 <0.01, rtx4090 12.50  CPU-hours 5.50");
+  assert.equal(usageText(monthUsage({ ...USAGE, rows: [], total: { jobs: 1, cpu_hours: 0 } })), "usage 2026-12: 1 job  GPU-hours 0  CPU-hours 0");
+  assert.deepEqual([0, 0.001, 1.5, 250.4].map(hours), ["0", "<0.01", "1.50", "250"]);
+  const f = new Fleet([alias, listed], { ssh, intervalMs: 1000 });
+  const up = { status: "up" as const, user: "lena", server: "testhost", nodes: [{ name: "testhost", gpus: [] }] };
+  state(f, "gpu", { ...up, usage: u });
+  state(f, "lab", { ...up, server: "lab", usageError: usageRefused(new ApiError("unknown operation 'job.usage'; known: " + "x, ".repeat(99), "unknown_op", false)) });
+  const [gpu, lab] = serverTree(f);
+  const usage = gpu.children?.at(-1);
+  assert.deepEqual([usage?.label, usage?.description, usage?.contextValue], ["Usage this month", "6 jobs · GPU-h a100 <0.01, rtx4090 12.50 · CPU-h 5.50", "usage"]);
+  assert.match(usage?.tooltip ?? "", /from 2026-12-01 to 2026-12-31 \(UTC days\)/);
+  const none = lab.children?.at(-1);
+  assert.deepEqual([none?.label, none?.description], ["Usage this month", "not available (this server runs an MTGPU older than usage reporting)"]);
+  assert.deepEqual(gpu.children?.map((c) => c.label), ["GPUs", "Jobs", "Usage this month"]);
+  const s = statusSummary(f);
+  assert.match(s.tooltip, /gpu: usage 2026-12: 6 jobs/);
+  assert.match(s.tooltip, /lab: usage: not available \(this server runs an MTGPU older/);
+  // Not read yet: no line at all.
+  state(f, "gpu", { usage: undefined });
+  assert.equal(serverTree(f)[0].children?.some((c) => c.label === "Usage this month"), false);
+  assert.equal(usageRefused(new ApiError("E".repeat(500), "internal", false)), "E".repeat(159) + "…");
+});
+
+test("a usage answer of another shape is refused naming what is wrong; a server's texts stay printable", () => {
+  const bad: [unknown, RegExp][] = [
+    [[], /not an object/],
+    [{ ...USAGE, total: null }, /no total or rows/],
+    [{ ...USAGE, start: 7 }, /no period/],
+    [{ ...USAGE, rows: [{ gpu_hours: 1 }] }, /a row has no GPU type/],
+    [{ ...USAGE, rows: [{ gpu_type: "x", gpu_hours: "1" }] }, /gpu_hours is not a number/],
+    [{ ...USAGE, rows: [{ gpu_type: "x", gpu_hours: -1 }] }, /gpu_hours is not a number/],
+    [{ ...USAGE, total: { jobs: true, cpu_hours: 0 } }, /jobs is not a count/],
+    [{ ...USAGE, total: { jobs: 1.5, cpu_hours: 0 } }, /jobs is not a count/],
+  ];
+  for (const [answer, why] of bad) assert.throws(() => monthUsage(answer), why);
+  const evil = monthUsage({ ...USAGE, rows: [{ gpu_type: "\u001b[2Jevil\u202e", gpu_hours: 1 }] });
+  assert.equal(usageText(evil), "usage 2026-12: 6 jobs  GPU-hours  [2Jevil  1.00  CPU-hours 5.50");
+  assert.equal(usageText(undefined, "\u001b]0;owned\u0007"), "usage: not available ( ]0;owned )");
 });

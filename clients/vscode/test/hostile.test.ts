@@ -73,3 +73,18 @@ test("in the tree the hostile server is unreachable, with the reason", needsServ
   assert.equal(f.state("evil").status, "unreachable");
   assert.equal(serverTree(f)[0].description, "unreachable: the server sent a line longer than 8 MiB; is it an MTGPU server?");
 });
+
+test("a server older than usage reporting: usage not available, and why; the rest as ever", needsServer, async () => {
+  const f = new Fleet([{ name: "older", host: "older", source: "list" }], { ssh: sshOptions(20000, real?.olderConfig), intervalMs: 1000 });
+  await f.once();
+  const st = f.state("older");
+  assert.deepEqual([st.status, st.server, st.usage], ["up", "oldhost", undefined], st.reason);
+  assert.equal(st.usageError, "this server runs an MTGPU older than usage reporting");
+  const [node] = serverTree(f);
+  assert.equal(node.description, "no GPUs · RAM 0.0/1.0 GiB");
+  assert.deepEqual(node.children?.map((c) => [c.label, c.description]), [
+    ["GPUs", "0"],
+    ["Jobs", "0 active"],
+    ["Usage this month", "not available (this server runs an MTGPU older than usage reporting)"],
+  ]);
+});

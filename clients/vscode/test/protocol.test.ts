@@ -56,6 +56,10 @@ test("the extension replays the protocol fixture against a real server", needsSe
       templates: () => fleet.templates(st),
       submit: () => fleet.submitJob(st, p.script),
       cancel: () => fleet.cancelJob(st, p.job),
+      usage: async () => {
+        await fleet.readUsage(st);
+        assert.ok(st.usage, st.usageError);
+      },
       create_workspace: () => fleet.createWorkspace(st, p.name, p.source),
       stop_workspace: () => ws("stop"),
       start_workspace: () => ws("start"),

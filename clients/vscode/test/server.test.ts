@@ -9,7 +9,7 @@ import { strict as assert } from "node:assert";
 import { execFileSync, spawnSync } from "node:child_process";
 import { test } from "node:test";
 import { errorMessage, follow, jobOutputArgv, remoteSshUri, terminalCommand } from "../src/commands";
-import { Fleet } from "../src/fleet";
+import { Fleet, monthUsage } from "../src/fleet";
 import { discover, loadServerList, sshConfigHosts } from "../src/sources";
 import { serverTree, statusSummary } from "../src/view";
 import { needsServer, real, sshOptions, until } from "./support";
@@ -42,6 +42,9 @@ test("one pass finds the server, its GPUs and the dead one, from the laptop's ow
   assert.match(g.description ?? "", /^\d\/2 GPUs busy · CPU \d+% · RAM [\d.]+\/[\d.]+ GiB$/);
   assert.equal(d.description, "unreachable: no answer within 3 s");
   assert.match(statusSummary(f).text, /^\$\(server\) 1\/2 · GPUs \d\/2 busy/);
+  // The user's own usage this month, read in the same pass.
+  assert.equal(gpu.usageError, undefined);
+  assert.match(g.children?.at(-1)?.description ?? "", /^\d+ jobs? · GPU-h .+ · CPU-h [\d.<]+$/);
   // Remote - SSH opens the home the server gave.
   assert.match(gpu.home ?? "", new RegExp(`^/.+/${real!.user}$`));
   assert.equal(remoteSshUri(gpu.target, gpu.home, gpu.user), `vscode-remote://ssh-remote+gpu${gpu.home}`);
@@ -79,6 +82,8 @@ test("a job: submitted, running on a GPU, its output followed, a waiting one's r
     const line = serverTree(f).find((n) => n.id === "gpu")?.children?.find((c) => c.label === "Jobs")?.children?.find((c) => c.job === waits.job_id);
     assert.match(line?.description ?? "", /^PENDING #\d+ \(Resources/);
     assert.equal(line?.contextValue, "job-active");
+    // Cancelled now, so that nothing ends while the usage is compared below.
+    await f.cancelJob(st, waits.job_id);
     let out = "";
     const follower = follow(jobOutputArgv(st.target, sshOptions(), both.job_id), (t) => (out += t));
     try {
@@ -88,7 +93,13 @@ test("a job: submitted, running on a GPU, its output followed, a waiting one's r
     }
     const r = await f.cancelJob(st, both.job_id);
     assert.ok([...r.cancelled, ...r.stopping].includes(both.job_id));
-    await until(async () => (await f.refresh(st, false), job(both.job_id)?.state === "CANCELLED"), "CANCELLED", 60000);
+    await until(async () => (await f.refresh(st, false), job(both.job_id)?.state === "CANCELLED" && job(waits.job_id)?.state === "CANCELLED"), "both CANCELLED", 60000);
+    // Its GPU time is in the user's usage this month: the same numbers as `mt-job usage` there.
+    await f.readUsage(st);
+    assert.ok(st.usage, st.usageError);
+    assert.ok((st.usage.gpuHours.rtx4090 ?? 0) > 0 && st.usage.jobs >= 1, JSON.stringify(st.usage));
+    const there = execFileSync("ssh", ["-F", real!.sshConfig, "-o", "BatchMode=yes", "gpu", "mt-job", "usage", "--by", "gpu_type", "--json"], { encoding: "utf-8" });
+    assert.deepEqual(st.usage, monthUsage(JSON.parse(there)));
   } finally {
     await f.cancelJob(st, waits.job_id).catch(() => undefined);
     await f.cancelJob(st, both.job_id).catch(() => undefined);

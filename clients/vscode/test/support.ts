@@ -16,6 +16,8 @@ export interface RealServer {
   server: string;
   /** An ssh config whose Host `evil` answers the mtgpu-api subsystem with garbage. */
   hostileConfig: string;
+  /** An ssh config whose Host `older` is an MTGPU older than usage reporting (tests/tui/conftest.py). */
+  olderConfig: string;
   fixture: string;
 }
 
@@ -25,6 +27,7 @@ export const real: RealServer | undefined = process.env.MTGPU_TEST_SSH_CONFIG
       user: process.env.MTGPU_TEST_USER ?? "lena",
       server: process.env.MTGPU_TEST_SERVER ?? "testhost",
       hostileConfig: process.env.MTGPU_TEST_HOSTILE_CONFIG ?? "",
+      olderConfig: process.env.MTGPU_TEST_OLDER_CONFIG ?? "",
       fixture: process.env.MTGPU_TEST_FIXTURE ?? path.resolve(__dirname, "../../../protocol/api.jsonl"),
     }
   : undefined;
