@@ -206,10 +206,10 @@ def substitute(pattern: str, launch: JobLaunch) -> str:
 
     ``%j`` job id, ``%J`` the same (the batch script is no step, so Slurm adds no
     ``.STEP``), ``%A`` array master id (the job id outside arrays), ``%a`` array
-    index (``4294967294``, as Slurm writes, outside arrays), ``%x`` job name, ``%u``
-    user, ``%N`` node name, ``%n`` node rank, ``%t`` task rank (the script is the
-    member's one task: its node rank), ``%s`` the step (``batch``), ``%%`` a percent
-    sign. As in Slurm, a width between ``%`` and the letter (``%4a``, at most 10)
+    index (``4294967294``, as Slurm writes, outside arrays), ``%b`` that index modulo
+    10, ``%x`` job name, ``%u`` user, ``%N`` node name, ``%n`` node rank, ``%t`` task
+    rank (the script is the member's one task: its node rank), ``%s`` the step
+    (``batch``), ``%%`` a percent sign. As in Slurm, a width between ``%`` and the letter (``%4a``, at most 10)
     zero-pads a number. A leading ``~/`` is the tenant's home. Unknown ``%`` letters
     are kept as written.
 
@@ -225,6 +225,7 @@ def substitute(pattern: str, launch: JobLaunch) -> str:
         "J": launch.job_id,
         "A": launch.array_job_id or launch.job_id,
         "a": str(launch.array_task_id) if launch.array_task_id is not None else "4294967294",
+        "b": str((launch.array_task_id if launch.array_task_id is not None else 4294967294) % 10),
         "x": launch.name,
         "u": launch.user.name,
         "N": launch.node_name,

@@ -69,8 +69,8 @@ DIRECTIVES: dict[str, str] = {
     "name": "a job name",
     "priority": f"a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (default {DEFAULT_PRIORITY})",
     "time": "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or 30m/2h/1d",
-    "output": "a file path; %j, %J, %A, %a, %x, %u, %N, %n, %t and %s are expanded",
-    "error": "a file path; %j, %J, %A, %a, %x, %u, %N, %n, %t and %s are expanded",
+    "output": "a file path; %j, %J, %A, %a, %b, %x, %u, %N, %n, %t and %s are expanded",
+    "error": "a file path; %j, %J, %A, %a, %b, %x, %u, %N, %n, %t and %s are expanded",
     "workdir": "a directory path",
     "requeue": "yes or no",
 }

@@ -51,6 +51,7 @@ def L(**kw: object) -> JobLaunch:
         ("%x_%J_%t.log", L(name="llmc", node_rank=1, nnodes=2), "llmc_42_1.log"),
         ("%s-%5j", L(), "batch-00042"),
         ("%3a-%2x-%12j", L(name="t", array_task_id=7), "007-t-0000000042"),
+        ("%b", L(job_id="42_17", array_job_id="42", array_task_id=17), "7"),  # modulo 10
         ("%4j", L(job_id="42_3"), "42_3"),  # not a number: as it is
     ],
 )
