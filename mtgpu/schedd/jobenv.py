@@ -204,27 +204,46 @@ def array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int] | None:
 def substitute(pattern: str, launch: JobLaunch) -> str:
     """Expand Slurm's filename patterns in ``pattern``.
 
-    ``%j`` job id, ``%A`` array master id (the job id outside arrays), ``%a`` array
-    index (``4294967294``, as Slurm writes, outside arrays), ``%x`` job name, ``%u``
-    user, ``%N`` node name, ``%n`` node rank, ``%%`` a percent sign. A leading
-    ``~/`` is the tenant's home. Unknown ``%`` letters are kept as written.
+    ``%j`` job id, ``%J`` the same (the batch script is no step, so Slurm adds no
+    ``.STEP``), ``%A`` array master id (the job id outside arrays), ``%a`` array
+    index (``4294967294``, as Slurm writes, outside arrays), ``%b`` that index modulo
+    10, ``%x`` job name, ``%u`` user, ``%N`` node name, ``%n`` node rank, ``%t`` task
+    rank (the script is the member's one task: its node rank), ``%s`` the step
+    (``batch``), ``%%`` a percent sign. As in Slurm, a width between ``%`` and the letter (``%4a``, at most 10)
+    zero-pads a number. A leading ``~/`` is the tenant's home. Unknown ``%`` letters
+    are kept as written.
 
     >>> u = JobUser("ann", 2000, 2000, "/home/ann")
     >>> substitute("~/out/%x-%A_%a.log", JobLaunch("7_3", u, "", "/", name="train",
     ...            array_task_id=3, array_job_id="7"))
     '/home/ann/out/train-7_3.log'
+    >>> substitute("%x_%J_%t_%s-%3a.log", JobLaunch("12", u, "", "/", name="t", array_task_id=5))
+    't_12_0_batch-005.log'
     """
     values = {
         "j": launch.job_id,
+        "J": launch.job_id,
         "A": launch.array_job_id or launch.job_id,
         "a": str(launch.array_task_id) if launch.array_task_id is not None else "4294967294",
+        "b": str((launch.array_task_id if launch.array_task_id is not None else 4294967294) % 10),
         "x": launch.name,
         "u": launch.user.name,
         "N": launch.node_name,
         "n": str(launch.node_rank),
-        "%": "%",
+        "t": str(launch.node_rank),
+        "s": "batch",
     }
-    out = re.sub(r"%([A-Za-z%])", lambda m: values.get(m.group(1), m.group(0)), pattern)
+
+    def fill(m: re.Match[str]) -> str:
+        width, letter = m.group(1), m.group(2)
+        if letter == "%":
+            return "%" if not width else m.group(0)
+        value = values.get(letter)
+        if value is None:
+            return m.group(0)
+        return value.zfill(min(int(width), 10)) if width and value.isdigit() else value
+
+    out = re.sub(r"%([0-9]*)([A-Za-z%])", fill, pattern)
     if out == "~" or out.startswith("~/"):
         out = launch.user.home.rstrip("/") + out[1:]
     return out

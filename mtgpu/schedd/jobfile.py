@@ -69,8 +69,8 @@ DIRECTIVES: dict[str, str] = {
     "name": "a job name",
     "priority": f"a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (default {DEFAULT_PRIORITY})",
     "time": "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or 30m/2h/1d",
-    "output": "a file path; %j, %A, %a, %x, %u and %N are expanded",
-    "error": "a file path; %j, %A, %a, %x, %u and %N are expanded",
+    "output": "a file path; %j, %J, %A, %a, %b, %x, %u, %N, %n, %t and %s are expanded",
+    "error": "a file path; %j, %J, %A, %a, %b, %x, %u, %N, %n, %t and %s are expanded",
     "workdir": "a directory path",
     "requeue": "yes or no",
 }
@@ -499,14 +499,22 @@ def _directive_lines(text: str) -> list[tuple[int, str, str]]:
 
 
 def _split(rest: str, where: str) -> list[str]:
+    """A directive line's words, split as sbatch splits them: quotes group, a
+    backslash escapes, and an unquoted ``#`` starts a comment that runs to the end of
+    the line, whatever it holds (``--gres=gpu:8  # can't be more``).
+
+    >>> _split(" -o /x/%j.out  # can't use variables here", "line 2")
+    ['-o', '/x/%j.out']
+    >>> _split(' -J "a # b" --mem=4G#comment', "line 2")
+    ['-J', 'a # b', '--mem=4G']
+    """
+    lexer = shlex.shlex(rest, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
     try:
-        tokens = shlex.split(rest)
+        return list(lexer)
     except ValueError as exc:
         raise JobError(f"{where}: {exc}; close the quote") from exc
-    for i, tok in enumerate(tokens):
-        if tok.startswith("#"):  # a trailing comment
-            return tokens[:i]
-    return tokens
 
 
 def _read_mtgpu(lineno: int, rest: str, raw: dict[str, _Raw]) -> None:

@@ -228,6 +228,22 @@ BY_LONG: dict[str, Option] = {o.long: o for o in OPTIONS}
 SHORT: dict[str, str] = {f"-{o.short}": o.long for o in OPTIONS if o.short}
 
 
+def resolve(opt: str) -> str:
+    """``opt``'s long name: itself if known, else the one long option it abbreviates.
+    sbatch reads ``#SBATCH`` lines with getopt_long, which takes any unambiguous
+    prefix of a long option (``--err`` is ``--error``); an exact name always wins
+    (``--gpus``, not ``--gpus-per-node``). An unknown or ambiguous prefix is kept as
+    written, so that :func:`suggest` names the problem.
+
+    >>> resolve("--err"), resolve("--gpus"), resolve("--cpus")
+    ('--error', '--gpus', '--cpus')
+    """
+    if opt in BY_LONG or not opt.startswith("--") or len(opt) < 3:
+        return opt
+    matches = [long for long in BY_LONG if long.startswith(opt)]
+    return matches[0] if len(matches) == 1 else opt
+
+
 def suggest(opt: str) -> str:
     """The reason an unknown option is refused, with the closest known one.
 
@@ -235,7 +251,13 @@ def suggest(opt: str) -> str:
     'unknown option, did you mean --gres?'
     >>> suggest("--zzzzzz")
     'unknown option; `mt-job submit --help` lists the options'
+    >>> suggest("--cpus")
+    'ambiguous option: it abbreviates --cpus-per-task, --cpus-per-gpu; write one in full'
     """
+    if opt.startswith("--") and len(opt) >= 3:
+        matches = [long for long in BY_LONG if long.startswith(opt)]
+        if len(matches) > 1:
+            return f"ambiguous option: it abbreviates {', '.join(matches[:4])}; write one in full"
     close = difflib.get_close_matches(opt, list(BY_LONG), n=1, cutoff=0.75)
     return (
         f"unknown option, did you mean {close[0]}?"
@@ -248,10 +270,11 @@ def tokens(words: list[str]) -> list[tuple[str, str | None, str]]:
     """Split sbatch arguments into (long option, value, as written).
 
     ``-J x``, ``-Jx``, ``--job-name=x`` and ``--job-name x`` are the same; a word that
-    is no option has an empty long name; an unknown option keeps the name written.
+    is no option has an empty long name; an unknown option keeps the name written; an
+    unambiguous prefix of a long option is that option, as in sbatch (:func:`resolve`).
 
-    >>> tokens(["-Jx", "--mem", "4G", "--requeue", "-c", "2"])
-    [('--job-name', 'x', '-Jx'), ('--mem', '4G', '--mem 4G'), ('--requeue', None, '--requeue'), ('--cpus-per-task', '2', '-c 2')]
+    >>> tokens(["-Jx", "--mem", "4G", "--requeue", "-c", "2", "--err", "e.log"])
+    [('--job-name', 'x', '-Jx'), ('--mem', '4G', '--mem 4G'), ('--requeue', None, '--requeue'), ('--cpus-per-task', '2', '-c 2'), ('--error', 'e.log', '--err e.log')]
     """
     out: list[tuple[str, str | None, str]] = []
     i = 0
@@ -263,6 +286,7 @@ def tokens(words: list[str]) -> list[tuple[str, str | None, str]]:
             continue
         if tok.startswith("--"):
             opt, eq, attached = tok.partition("=")
+            opt = resolve(opt)
         else:
             opt, attached = SHORT.get(tok[:2], tok[:2]), tok[2:].removeprefix("=")
             eq = "=" if attached else ""

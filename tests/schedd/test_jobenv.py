@@ -46,6 +46,13 @@ def L(**kw: object) -> JobLaunch:
         ("~/o/%j", L(), "/home/ann/o/42"),
         ("~", L(), "/home/ann"),
         ("a~/%j", L(), "a~/42"),  # only a leading ~/ is the home
+        # As Slurm fills them for a batch script: %J has no step, %t is the task (the
+        # member's one), %s the batch step; a width zero-pads a number, at most 10.
+        ("%x_%J_%t.log", L(name="llmc", node_rank=1, nnodes=2), "llmc_42_1.log"),
+        ("%s-%5j", L(), "batch-00042"),
+        ("%3a-%2x-%12j", L(name="t", array_task_id=7), "007-t-0000000042"),
+        ("%b", L(job_id="42_17", array_job_id="42", array_task_id=17), "7"),  # modulo 10
+        ("%4j", L(job_id="42_3"), "42_3"),  # not a number: as it is
     ],
 )
 def test_substitute(pattern: str, launch: JobLaunch, expected: str) -> None:

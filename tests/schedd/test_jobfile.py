@@ -285,7 +285,7 @@ def test_every_warned_option_says_why() -> None:
     ("line", "shown"),
     [
         ("--gress=gpu:1", "unknown option, did you mean --gres?"),
-        ("--job-nam=x", "unknown option, did you mean --job-name?"),
+        ("--job-nme=x", "unknown option, did you mean --job-name?"),  # --job-nam is --job-name
         ("--cpus-per-tsk=2", "unknown option, did you mean --cpus-per-task?"),
         ("--frobnicate", "unknown option; `mt-job submit --help` lists the options"),
         ("-X", "unknown option; `mt-job submit --help` lists the options"),
@@ -321,6 +321,27 @@ def test_every_sbatch_option_takes_effect_warns_or_is_refused() -> None:
             assert spec.warnings, o.long
         else:
             assert spec != plain, o.long
+
+
+def test_a_comment_after_sbatch_options_is_a_comment_whatever_it_holds() -> None:
+    """sbatch ends a line's options at an unquoted #: a quote in the comment is text."""
+    spec = parse("#SBATCH -o /logs/%j.out  # Default log path (can't use variables here)")
+    assert spec.output == "/logs/%j.out"
+    spec = parse("#SBATCH -J 'a # b' --mem=4G#no space before it")
+    assert (spec.name, spec.request.ram) == ("a # b", 4 * G)
+    with pytest.raises(JobError, match="line 2: #SBATCH: No closing quotation; close the quote"):
+        parse("#SBATCH -J 'open")
+
+
+def test_an_unambiguous_prefix_of_a_long_option_is_that_option() -> None:
+    """As getopt_long, which sbatch reads #SBATCH lines with: --err is --error, an
+    exact name wins over a longer one it begins, and an ambiguous prefix is refused
+    naming the options it could be."""
+    spec = parse("#SBATCH --err=e-%j.log --cpus-per-t=3 --gpus 2 --mail-t=END")
+    assert (spec.error, spec.request.cpus, spec.request.gpus) == ("e-%j.log", 3, 2)
+    assert "--mail-type is ignored" in spec.warnings[0]
+    with pytest.raises(JobError, match=r"#SBATCH --cpus=4: ambiguous option: it abbreviates --cpus-per-task"):
+        parse("#SBATCH --cpus=4")
 
 
 def test_sbatch_flag_does_not_eat_next_option() -> None:

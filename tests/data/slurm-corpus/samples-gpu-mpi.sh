@@ -1,0 +1,26 @@
+#!/bin/bash
+#SBATCH --account=admin
+#SBATCH --gpus=1                  # total number of GPUs
+#SBATCH --ntasks-per-gpu=1        # total of 8 MPI processes
+#SBATCH --cpus-per-task=4         # CPU cores per MPI process
+#SBATCH --mem-per-cpu=1G          # host memory per CPU core
+#SBATCH --time=0-03:00            # time (DD-HH:MM)
+
+# ---- MTGPU's corpus probe: the published body is replaced by what follows ----
+echo "probe: begin"
+env | grep -E '^SLURMD?_' | sort | sed 's/^/env: /'
+echo "env: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
+echo "nproc: $(nproc)"
+mem=unknown
+while IFS=: read -r _ ctl path; do
+    case ",$ctl," in
+        *,memory,*) f="/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ;;
+        ,,) f="/sys/fs/cgroup$path/memory.max" ;;
+        *) continue ;;
+    esac
+    if [ -r "$f" ]; then mem=$(cat "$f"); fi
+done < /proc/self/cgroup
+echo "memory: $mem"
+echo "cputime: $(ulimit -t)"
+echo "pwd: $(pwd)"
+echo "probe: end"

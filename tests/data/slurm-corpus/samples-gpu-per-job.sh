@@ -1,0 +1,26 @@
+#!/bin/bash
+#SBATCH --partition=slurmgpu
+#SBATCH --gpus=1 ## okay number of gpus per job
+#SBATCH --ntasks-per-node=1
+#SBATCH --mem=1GB
+#SBATCH --time=3:00
+#SBATCH --account=admin
+
+# ---- MTGPU's corpus probe: the published body is replaced by what follows ----
+echo "probe: begin"
+env | grep -E '^SLURMD?_' | sort | sed 's/^/env: /'
+echo "env: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
+echo "nproc: $(nproc)"
+mem=unknown
+while IFS=: read -r _ ctl path; do
+    case ",$ctl," in
+        *,memory,*) f="/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ;;
+        ,,) f="/sys/fs/cgroup$path/memory.max" ;;
+        *) continue ;;
+    esac
+    if [ -r "$f" ]; then mem=$(cat "$f"); fi
+done < /proc/self/cgroup
+echo "memory: $mem"
+echo "cputime: $(ulimit -t)"
+echo "pwd: $(pwd)"
+echo "probe: end"
