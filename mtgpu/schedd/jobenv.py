@@ -90,6 +90,8 @@ class JobLaunch:
     name: str = "job"
     array_task_id: int | None = None
     array_job_id: str | None = None
+    #: An array task's own numeric id, its SLURM_JOB_ID as in Slurm ("": the job id).
+    numeric_id: str = ""
     stdout: str | None = None
     stderr: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
@@ -204,9 +206,10 @@ def array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int] | None:
 def substitute(pattern: str, launch: JobLaunch) -> str:
     """Expand Slurm's filename patterns in ``pattern``.
 
-    ``%j`` job id, ``%A`` array master id (the job id outside arrays), ``%a`` array
-    index (``4294967294``, as Slurm writes, outside arrays), ``%x`` job name, ``%u``
-    user, ``%N`` node name, ``%n`` node rank, ``%%`` a percent sign. A leading
+    ``%j`` job id (an array task's own numeric id, as in Slurm), ``%A`` array master
+    id (the job id outside arrays), ``%a`` array index (``4294967294``, as Slurm
+    writes, outside arrays), ``%x`` job name, ``%u`` user, ``%N`` node name, ``%n``
+    node rank, ``%%`` a percent sign. A leading
     ``~/`` is the tenant's home. Unknown ``%`` letters are kept as written.
 
     >>> u = JobUser("ann", 2000, 2000, "/home/ann")
@@ -215,7 +218,7 @@ def substitute(pattern: str, launch: JobLaunch) -> str:
     '/home/ann/out/train-7_3.log'
     """
     values = {
-        "j": launch.job_id,
+        "j": launch.numeric_id or launch.job_id,
         "A": launch.array_job_id or launch.job_id,
         "a": str(launch.array_task_id) if launch.array_task_id is not None else "4294967294",
         "x": launch.name,
@@ -379,9 +382,11 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "PET_NODE_RANK": str(launch.node_rank),
         "PET_MASTER_ADDR": addr,
         "PET_MASTER_PORT": port,
-        "SLURM_JOB_ID": launch.job_id,
+        # An array task's is its own numeric id, as in Slurm (13_1 is how the task is
+        # shown); scancel, scontrol, sacct and mt-job accept either.
+        "SLURM_JOB_ID": launch.numeric_id or launch.job_id,
         "SLURM_RESTART_COUNT": str(launch.attempt),
-        "SLURM_JOBID": launch.job_id,
+        "SLURM_JOBID": launch.numeric_id or launch.job_id,
         "SLURM_JOB_NAME": launch.name,
         "SLURM_JOB_USER": u.name,
         "SLURM_JOB_UID": str(u.uid),
