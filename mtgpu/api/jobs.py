@@ -236,6 +236,8 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "gpus": [{"node": m["node"], "index": i} for m in members for i in m["gpu_indices"]],
         "cpus": j["spec"]["request"]["cpus"],
         "ram": j["spec"]["request"]["ram"],
+        # sbatch's --exclusive: the job holds its members whole.
+        "exclusive": bool(j["spec"]["request"].get("whole_member")),
         "exit_code": j.get("exit_code"),
         "reason": j.get("reason") or "",
         "submit_time": j["submit_time"],

@@ -236,3 +236,57 @@ def test_array_tasks_have_numeric_slurm_job_ids_that_scancel_and_the_commands_ac
     assert [show(host, "sam", t)["state"] for t in (tasks[0], tasks[2])] == ["RUNNING", "RUNNING"]
     run(host, "sam", "scancel", jid)
     assert all(wait_end(host, "sam", t)["state"] == "CANCELLED" for t in tasks)
+
+
+def test_exclusive_holds_the_member_whole_and_only_while_its_job_runs(host) -> None:
+    # eve runs a small job; sam's --exclusive job waits for the member to be idle
+    # (it takes no member from a running job, of anyone).
+    small = "#!/bin/bash\n#MTGPU ram=64M\nsleep 300\n"
+    holder = sbatch(host, "eve", small)
+    wait_for(lambda: show(host, "eve", holder)["state"] == "RUNNING", 60, "eve's job to run")
+    rc, out, err = run(host, "sam", "sbatch", "--exclusive=user", "-", input=small.encode())
+    assert rc != 0 and "--exclusive=user" in err and "not supported" in err, (rc, out, err)
+    whole = sbatch(
+        host,
+        "sam",
+        "#!/bin/bash\n#SBATCH --exclusive -t 1 --gres=gpu:1\n#MTGPU ram=64M\nsleep 300\n",
+    )
+    j = wait_for(
+        lambda: (
+            (v := show(host, "sam", whole))["state"] == "PENDING"
+            and "run other jobs" in (v.get("reason_detail") or "")
+            and v
+        ),
+        60,
+        "the exclusive job's reason",
+    )
+    assert j["exclusive"] is True and show(host, "eve", holder)["state"] == "RUNNING"
+    run(host, "eve", "scancel", holder)
+    j = wait_for(lambda: (v := show(host, "sam", whole))["state"] == "RUNNING" and v, 60, "the exclusive job")
+    # Every CPU of the member is its, GPUs only as asked; scontrol says it shares nothing.
+    (member,) = j["members"]
+    assert member["cpus"] == 8 and len(member["gpus"]) == 1, j["members"]
+    rc, out, _ = run(host, "sam", "scontrol", "show", "job", whole)
+    assert "OverSubscribe=NO" in out
+    # Nothing else is placed there while it runs, though a GPU and CPUs' worth of RAM
+    # are left: not eve's job, not another of sam's.
+    other = sbatch(host, "eve", small)
+    mine = sbatch(host, "sam", small)
+    for who, jid in (("eve", other), ("sam", mine)):
+        v = wait_for(
+            lambda who=who, jid=jid: (
+                (v := show(host, who, jid))["state"] == "PENDING"
+                and "held whole by another job" in (v.get("reason_detail") or "")
+                and v
+            ),
+            60,
+            f"{who}'s job's reason",
+        )
+        assert f"job {whole}" not in v["reason_detail"], v["reason_detail"]
+    # It holds the member no longer than its own time limit: then the others start.
+    assert wait_end(host, "sam", whole, timeout=120)["state"] == "TIMEOUT"
+    for who, jid in (("eve", other), ("sam", mine)):
+        wait_for(
+            lambda who=who, jid=jid: show(host, who, jid)["state"] == "RUNNING", 60, f"{who}'s job to run"
+        )
+        run(host, who, "scancel", jid)

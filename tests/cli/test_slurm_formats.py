@@ -197,3 +197,8 @@ def test_an_array_tasks_numeric_id_is_slurms_raw_id_and_names_the_task() -> None
     ]
     (row,) = formats.collapse_pending_arrays(pending)
     assert (row["job_id"], row["numeric_id"]) == ("13_[2-4]", "13")
+
+
+def test_scontrol_says_whether_a_job_holds_its_members_whole() -> None:
+    assert "OverSubscribe=NO" in formats.scontrol_job({**view("12", "RUNNING"), "exclusive": True}, NOW)
+    assert "OverSubscribe=OK" in formats.scontrol_job(view("12", "RUNNING"), NOW)

@@ -390,6 +390,7 @@ def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
             f"TRES=cpu={j.get('cpus', 1)},node={max(1, len(nodes))}"
             + (f",gres/gpu={len(j['gpus'])}" if j.get("gpus") else "")
         ],
+        [f"OverSubscribe={'NO' if j.get('exclusive') else 'OK'}"],
         [f"WorkDir={j.get('workdir', '')}"],
         [f"StdErr={j.get('stderr', '')}"],
         [f"StdOut={j.get('stdout', '')}"],
