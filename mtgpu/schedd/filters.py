@@ -11,21 +11,21 @@ The planner keeps the cluster in two parts so that copying it for a what-if is c
 :func:`check_node` runs the filters in order, cheapest first, and names the first one
 that turns the member away. The names are the keys of ``Reason.per_filter_counts``:
 
-==============  ==========================================================
-``server_pin``  the job is pinned to other servers
-``gpu_model``   fewer GPUs of the asked brand/type than the job needs, at all
-``node_state``  the member is down or drained
-``member_held`` another job holds the whole member (sbatch's --exclusive)
-``member_busy`` the job asks for whole members and this one runs other work
-``cpus``        too few CPUs not committed
-``ram``         too little RAM: total minus the larger of measured and committed
-``gpu_count``   too few of them free for the mode (exclusive needs an untouched
-                GPU; shared and overcommit need one nobody holds whole)
-``vram``        too few with the VRAM the mode needs (shared: total minus the larger
-                of measured and committed; overcommit: total minus measured;
-                exclusive with ``vram=``: total minus measured)
-``reserved``    kept for the job at the head of the queue (see the queue)
-==============  ==========================================================
+===============  ==========================================================
+``server_pin``   the job is pinned to other servers
+``gpu_model``    fewer GPUs of the asked brand/type than the job needs, at all
+``node_state``   the member is down or drained
+``member_held``  another job holds the whole member (sbatch's --exclusive)
+``member_busy``  the job asks for whole members and this one runs other work
+``cpus``         too few CPUs not committed
+``ram``          too little RAM: total minus the larger of measured and committed
+``gpu_count``    too few of them free for the mode (exclusive needs an untouched
+                 GPU; shared and overcommit need one nobody holds whole)
+``vram``         too few with the VRAM the mode needs (shared: total minus the larger
+                 of measured and committed; overcommit: total minus measured;
+                 exclusive with ``vram=``: total minus measured)
+``reserved``     kept for the job at the head of the queue (see the queue)
+===============  ==========================================================
 
 Pin, model and drain state are static and cheap, and drained members are left out of
 the planner's indexes entirely. CPU and RAM come before the GPU count and VRAM because

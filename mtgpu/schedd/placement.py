@@ -4,8 +4,9 @@
 in the shape of Nomad's generic stack::
 
     candidates   from an index, best fit first (see below), or the pinned servers
-      filters    filters.check_node: pin, GPU model, drain state, CPUs, RAM, GPU
-                 count, VRAM for the mode; each refusal counted under the filter's name
+      filters    filters.check_node: pin, GPU model, drain state, whole members
+                 (--exclusive), CPUs, RAM, GPU count, VRAM for the mode; each refusal
+                 counted under the filter's name
       limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
                  size, at least 2, as Nomad ranks log2 n candidates)
       rankers    rankers.score_node: best fit, then a tie-break seeded by the job id
