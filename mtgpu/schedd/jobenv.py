@@ -14,7 +14,7 @@ import secrets
 import socket
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from mtgpu.errors import JobError
@@ -245,7 +245,9 @@ def output_paths(launch: JobLaunch) -> tuple[str, str, bool]:
     >>> output_paths(JobLaunch("7", u, "", "/work", stdout="o-%j.txt"))
     ('/work/o-7.txt', '/work/o-7.txt', False)
     """
-    default_dir = substitute(default_output_dir(launch.output_cluster), launch)
+    # The default directory is named by the id as shown (an array task's 13_1, not its
+    # numeric id), where mt-job and the manual say a job's output is.
+    default_dir = substitute(default_output_dir(launch.output_cluster), replace(launch, numeric_id=""))
 
     def absolute(pattern: str) -> str:
         path = substitute(pattern, launch)

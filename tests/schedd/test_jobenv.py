@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from dataclasses import replace
 
 import pytest
 
@@ -351,7 +352,11 @@ def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
     # keeps its shown id.
     assert env["SLURM_JOB_ID"] == "7_10"
     assert JobLaunch.from_dict(json.loads(json.dumps(la.to_dict()))) == la
-    numbered = build_env(launch_for({**job, "numeric_id": "9"}, user, node="gpu01"))
+    numbered_launch = launch_for({**job, "numeric_id": "9"}, user, node="gpu01")
+    numbered = build_env(numbered_launch)
+    # The default output directory keeps the id as shown; %j in output= is the number.
+    assert output_paths(numbered_launch)[0].endswith("/7_10/stdout.log")
+    assert output_paths(replace(numbered_launch, stdout="o-%j-%A_%a"))[0] == "/w/o-9-7_10"
     assert (numbered["SLURM_JOB_ID"], numbered["SLURM_JOBID"]) == ("9", "9")
     assert (numbered["SLURM_ARRAY_JOB_ID"], numbered["MTGPU_JOB_ID"]) == ("7", "7_10")
 
