@@ -227,6 +227,8 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "job_id": j["job_id"],
         "array_id": j.get("array_id"),
         "array_task": j.get("array_task"),
+        # An array task's own numeric id (its SLURM_JOB_ID); a job's own id otherwise.
+        "numeric_id": j.get("numeric_id") or (j["job_id"] if j.get("array_id") is None else None),
         "name": j["name"],
         "user": j["user"],
         "state": j["state"],
@@ -234,6 +236,8 @@ def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
         "gpus": [{"node": m["node"], "index": i} for m in members for i in m["gpu_indices"]],
         "cpus": j["spec"]["request"]["cpus"],
         "ram": j["spec"]["request"]["ram"],
+        # sbatch's --exclusive: the job holds its members whole.
+        "exclusive": bool(j["spec"]["request"].get("whole_member")),
         "exit_code": j.get("exit_code"),
         "reason": j.get("reason") or "",
         "submit_time": j["submit_time"],
@@ -541,7 +545,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
             record["container"] = await submitted_image(host, caller, args, spec.container)
         scope, key = keyed or (None, None)
         try:
-            r = await host.replicate(host.jobs.submit, record, tasks, time.time(), key, scope)
+            r = await host.replicate(host.jobs.submit, record, tasks, time.time(), key, scope, True)
         except CommitTimeout as exc:
             raise ApiError(IN_DOUBT.format(t=exc.timeout), "in_doubt") from exc
         if "error" in r:
@@ -589,7 +593,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
             v = {**job_view(t, host.scheduler, host.job_user(t["user"], t["uid"])), "cluster": cluster}
             return {**v, "steps": steps.of(t["job_id"])} if steps is not None else v
 
-        if len(tasks) == 1 and tasks[0]["job_id"] == jid:
+        if len(tasks) == 1 and jid in (tasks[0]["job_id"], tasks[0].get("numeric_id")):
             return view(tasks[0])
         views = [view(t) for t in sorted(tasks, key=lambda t: t["array_task"])]
         states = sorted({v["state"] for v in views})

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mtgpu.cli.slurm.formats import named
 from mtgpu.cmdline import with_examples
 
 EPILOG = """\
@@ -120,7 +121,7 @@ def _tres(v: dict[str, Any]) -> str:
 #: Field name (as Slurm spells it) -> (width, right-aligned, value of a job view).
 FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "JobID": (12, False, lambda v: v["job_id"]),
-    "JobIDRaw": (12, False, lambda v: v["job_id"]),
+    "JobIDRaw": (12, False, lambda v: v.get("numeric_id") or v["job_id"]),
     "JobName": (10, True, lambda v: v["name"]),
     "Partition": (10, True, lambda v: v.get("cluster") or ""),
     "Account": (10, True, lambda v: v["user"]),
@@ -273,12 +274,13 @@ def select(
     end: float | None,
     now: float,
 ) -> list[dict[str, Any]]:
-    """The jobs sacct shows: named by ``job_ids`` (an array's id names its tasks), in
+    """The jobs sacct shows: named by ``job_ids`` (an array's id names its tasks, a
+    task's numeric id that task), in
     ``states``, and in the window: submitted before ``end`` and not ended before
     ``start`` (pending and running jobs have not ended)."""
     out = []
     for v in views:
-        if job_ids and v["job_id"] not in job_ids and (v.get("array_id") or "") not in job_ids:
+        if job_ids and not named(v, job_ids):
             continue
         if states and v["state"] not in states:
             continue

@@ -98,6 +98,7 @@ def launch_for(
         name=job["name"],
         array_task_id=job.get("array_task"),
         array_job_id=job.get("array_id"),
+        numeric_id=job.get("numeric_id") or "",
         stdout=spec.output,
         stderr=spec.error,
         gpu_env=sampler.visibility_env(list(gpus)) if sampler and gpus else {},

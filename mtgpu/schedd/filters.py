@@ -11,19 +11,21 @@ The planner keeps the cluster in two parts so that copying it for a what-if is c
 :func:`check_node` runs the filters in order, cheapest first, and names the first one
 that turns the member away. The names are the keys of ``Reason.per_filter_counts``:
 
-==============  ==========================================================
-``server_pin``  the job is pinned to other servers
-``gpu_model``   fewer GPUs of the asked brand/type than the job needs, at all
-``node_state``  the member is down or drained
-``cpus``        too few CPUs not committed
-``ram``         too little RAM: total minus the larger of measured and committed
-``gpu_count``   too few of them free for the mode (exclusive needs an untouched
-                GPU; shared and overcommit need one nobody holds whole)
-``vram``        too few with the VRAM the mode needs (shared: total minus the larger
-                of measured and committed; overcommit: total minus measured;
-                exclusive with ``vram=``: total minus measured)
-``reserved``    kept for the job at the head of the queue (see the queue)
-==============  ==========================================================
+===============  ==========================================================
+``server_pin``   the job is pinned to other servers
+``gpu_model``    fewer GPUs of the asked brand/type than the job needs, at all
+``node_state``   the member is down or drained
+``member_held``  another job holds the whole member (sbatch's --exclusive)
+``member_busy``  the job asks for whole members and this one runs other work
+``cpus``         too few CPUs not committed
+``ram``          too little RAM: total minus the larger of measured and committed
+``gpu_count``    too few of them free for the mode (exclusive needs an untouched
+                 GPU; shared and overcommit need one nobody holds whole)
+``vram``         too few with the VRAM the mode needs (shared: total minus the larger
+                 of measured and committed; overcommit: total minus measured;
+                 exclusive with ``vram=``: total minus measured)
+``reserved``     kept for the job at the head of the queue (see the queue)
+===============  ==========================================================
 
 Pin, model and drain state are static and cheap, and drained members are left out of
 the planner's indexes entirely. CPU and RAM come before the GPU count and VRAM because
@@ -43,7 +45,18 @@ from mtgpu.schedd.types import (
     ResourceRequest,
 )
 
-FILTERS = ("server_pin", "gpu_model", "node_state", "cpus", "ram", "gpu_count", "vram", "reserved")
+FILTERS = (
+    "server_pin",
+    "gpu_model",
+    "node_state",
+    "member_held",
+    "member_busy",
+    "cpus",
+    "ram",
+    "gpu_count",
+    "vram",
+    "reserved",
+)
 
 _EXCLUSIVE = GpuMode.EXCLUSIVE
 _SHARED = GpuMode.SHARED
@@ -185,6 +198,7 @@ class Usage:
         "gpu_used",
         "ram_committed",
         "ram_used",
+        "whole",
     )
 
     def __init__(self, snapshot: ClusterSnapshot | None = None) -> None:
@@ -199,6 +213,7 @@ class Usage:
         self.gpu_committed = [g.vram_committed for g in gpus]
         self.gpu_holder: list[str | None] = [g.exclusive_job for g in gpus]
         self.gpu_shared = [g.shared_jobs for g in gpus]
+        self.whole: list[str | None] = [n.whole_job for n in nodes]
 
     def copy(self) -> Usage:
         """An independent copy (list copies only)."""
@@ -210,7 +225,17 @@ class Usage:
         u.gpu_committed = self.gpu_committed.copy()
         u.gpu_holder = self.gpu_holder.copy()
         u.gpu_shared = self.gpu_shared.copy()
+        u.whole = self.whole.copy()
         return u
+
+    def idle(self, layout: Layout, i: int) -> bool:
+        """True if member ``i`` runs nothing placed: no CPU, RAM or GPU committed."""
+        return (
+            self.whole[i] is None
+            and self.cpus_free[i] >= layout.cpus[i]
+            and not self.ram_committed[i]
+            and all(self.gpu_holder[g] is None and not self.gpu_shared[g] for g in layout.node_gpus[i])
+        )
 
     def ram_free(self, layout: Layout, i: int) -> int:
         """RAM left on member ``i``: total minus the larger of measured and committed."""
@@ -237,6 +262,10 @@ def check_node(
         return "gpu_model", ()
     if not layout.up[i]:
         return "node_state", ()
+    if use.whole[i] is not None:
+        return "member_held", ()
+    if req.whole_member and not use.idle(layout, i):
+        return "member_busy", ()
     # CPU and RAM are two comparisons; the GPU checks below scan the member's GPUs.
     if use.cpus_free[i] < req.cpus:
         return "cpus", ()
@@ -269,10 +298,15 @@ def check_node(
     return None, tuple(g for _, g in fit[:k])
 
 
-def member_fits(layout: Layout, use: Usage, member: MemberPlacement, mode: GpuMode) -> bool:
-    """True if this exact member placement (node, GPU indices) fits ``use`` as it stands."""
+def member_fits(
+    layout: Layout, use: Usage, member: MemberPlacement, mode: GpuMode, whole: bool = False
+) -> bool:
+    """True if this exact member placement (node, GPU indices) fits ``use`` as it stands;
+    ``whole``: it takes the whole member, which must then run nothing else."""
     i = layout.index_of.get(member.node)
-    if i is None or not layout.up[i]:
+    if i is None or not layout.up[i] or use.whole[i] is not None:
+        return False
+    if whole and not use.idle(layout, i):
         return False
     if use.cpus_free[i] < member.cpus or use.ram_free(layout, i) < member.ram:
         return False
@@ -299,14 +333,18 @@ def apply_member(
     sign: int,
     *,
     estimate: bool = True,
+    whole: bool = False,
 ) -> int:
     """Commit (``sign=1``) or release (``sign=-1``) one member; returns the member's index.
 
     With ``estimate`` the declared RAM and VRAM are also added to (or taken from) the
     measured use, standing in for what the next measurement will show. Releasing an
     exclusive GPU then sets its measured use to zero: the job's own use goes with it.
+    ``whole``: the job holds the member whole (sbatch's --exclusive).
     """
     i = layout.index_of[member.node]
+    if whole:
+        use.whole[i] = job_id if sign > 0 else None
     use.cpus_free[i] -= sign * member.cpus
     use.ram_committed[i] += sign * member.ram
     if estimate:

@@ -14,7 +14,7 @@ import secrets
 import socket
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from mtgpu.errors import JobError
@@ -90,6 +90,8 @@ class JobLaunch:
     name: str = "job"
     array_task_id: int | None = None
     array_job_id: str | None = None
+    #: An array task's own numeric id, its SLURM_JOB_ID as in Slurm ("": the job id).
+    numeric_id: str = ""
     stdout: str | None = None
     stderr: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
@@ -204,14 +206,14 @@ def array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int] | None:
 def substitute(pattern: str, launch: JobLaunch) -> str:
     """Expand Slurm's filename patterns in ``pattern``.
 
-    ``%j`` job id, ``%J`` the same (the batch script is no step, so Slurm adds no
-    ``.STEP``), ``%A`` array master id (the job id outside arrays), ``%a`` array
-    index (``4294967294``, as Slurm writes, outside arrays), ``%b`` that index modulo
-    10, ``%x`` job name, ``%u`` user, ``%N`` node name, ``%n`` node rank, ``%t`` task
-    rank (the script is the member's one task: its node rank), ``%s`` the step
-    (``batch``), ``%%`` a percent sign. As in Slurm, a width between ``%`` and the letter (``%4a``, at most 10)
-    zero-pads a number. A leading ``~/`` is the tenant's home. Unknown ``%`` letters
-    are kept as written.
+    ``%j`` job id (an array task's own numeric id, as in Slurm), ``%J`` the same (the
+    batch script is no step, so Slurm adds no ``.STEP``), ``%A`` array master id (the
+    job id outside arrays), ``%a`` array index (``4294967294``, as Slurm writes,
+    outside arrays), ``%b`` that index modulo 10, ``%x`` job name, ``%u`` user, ``%N``
+    node name, ``%n`` node rank, ``%t`` task rank (the script is the member's one task:
+    its node rank), ``%s`` the step (``batch``), ``%%`` a percent sign. As in Slurm, a
+    width between ``%`` and the letter (``%4a``, at most 10) zero-pads a number. A
+    leading ``~/`` is the tenant's home. Unknown ``%`` letters are kept as written.
 
     >>> u = JobUser("ann", 2000, 2000, "/home/ann")
     >>> substitute("~/out/%x-%A_%a.log", JobLaunch("7_3", u, "", "/", name="train",
@@ -221,8 +223,8 @@ def substitute(pattern: str, launch: JobLaunch) -> str:
     't_12_0_batch-005.log'
     """
     values = {
-        "j": launch.job_id,
-        "J": launch.job_id,
+        "j": launch.numeric_id or launch.job_id,
+        "J": launch.numeric_id or launch.job_id,
         "A": launch.array_job_id or launch.job_id,
         "a": str(launch.array_task_id) if launch.array_task_id is not None else "4294967294",
         "b": str((launch.array_task_id if launch.array_task_id is not None else 4294967294) % 10),
@@ -261,7 +263,9 @@ def output_paths(launch: JobLaunch) -> tuple[str, str, bool]:
     >>> output_paths(JobLaunch("7", u, "", "/work", stdout="o-%j.txt"))
     ('/work/o-7.txt', '/work/o-7.txt', False)
     """
-    default_dir = substitute(default_output_dir(launch.output_cluster), launch)
+    # The default directory is named by the id as shown (an array task's 13_1, not its
+    # numeric id), where mt-job and the manual say a job's output is.
+    default_dir = substitute(default_output_dir(launch.output_cluster), replace(launch, numeric_id=""))
 
     def absolute(pattern: str) -> str:
         path = substitute(pattern, launch)
@@ -398,9 +402,11 @@ def build_env(launch: JobLaunch) -> dict[str, str]:
         "PET_NODE_RANK": str(launch.node_rank),
         "PET_MASTER_ADDR": addr,
         "PET_MASTER_PORT": port,
-        "SLURM_JOB_ID": launch.job_id,
+        # An array task's is its own numeric id, as in Slurm (13_1 is how the task is
+        # shown); scancel, scontrol, sacct and mt-job accept either.
+        "SLURM_JOB_ID": launch.numeric_id or launch.job_id,
         "SLURM_RESTART_COUNT": str(launch.attempt),
-        "SLURM_JOBID": launch.job_id,
+        "SLURM_JOBID": launch.numeric_id or launch.job_id,
         "SLURM_JOB_NAME": launch.name,
         "SLURM_JOB_USER": u.name,
         "SLURM_JOB_UID": str(u.uid),

@@ -73,6 +73,7 @@ DIRECTIVES: dict[str, str] = {
     "error": "a file path; %j, %J, %A, %a, %b, %x, %u, %N, %n, %t and %s are expanded",
     "workdir": "a directory path",
     "requeue": "yes or no",
+    "exclusive": "yes or no (whole members, shared with no other job, as sbatch's --exclusive)",
 }
 
 
@@ -304,6 +305,16 @@ def _requeue(value: str) -> bool:
     if v in ("no", "false", "0", "off"):
         return False
     raise ValueError(f"{value!r} is not yes or no")
+
+
+def _exclusive(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("user", "mcs", "topo"):
+        raise ValueError(
+            f"--exclusive={v} (sharing members only with some jobs) is not supported by MTGPU; "
+            "expected --exclusive alone (members of the job's own)"
+        )
+    return _requeue(value)
 
 
 def _priority(value: str) -> int:
@@ -580,8 +591,10 @@ def _read_sbatch(
                 v = _sbatch_nodes(v, warn)
             elif o.key == "gres":
                 v = _sbatch_gres(v)
+            elif o.key == "exclusive":
+                v = v or "yes"  # as #MTGPU exclusive=yes, so the two never conflict
         except ValueError as exc:
-            key = {"nodes": "nodes", "gres": "gpus"}.get(o.key, "ram")
+            key = {"nodes": "nodes", "gres": "gpus", "exclusive": "exclusive"}.get(o.key, "ram")
             raise JobError(f"{where}: {exc}; expected {DIRECTIVES[key]}") from exc
         _set(raw, "gpus" if o.key == "gres" else o.key, v, where, source)
 
@@ -745,6 +758,7 @@ def _build(
         servers=servers,
         exclude=get("exclude", expand_hostlist, ()),
         constraint=get("constraint", _constraint, None),
+        whole_member=get("exclusive", _exclusive, False),
     )
     array = get("array", lambda v: (v.strip(), parse_array(v)), None)
     workdir = get("workdir", _text, default_workdir)

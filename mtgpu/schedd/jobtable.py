@@ -92,6 +92,8 @@ class JobTable(SyncObjConsumer):
         # What the jobs that ended used, summed per day, tenant, member and GPU type
         # (mtgpu.schedd.usage): kept for USAGE_RETENTION_DAYS, after the job records.
         self.usage: dict[str, list[float]] = {}
+        # An array task's own numeric id (its SLURM_JOB_ID) -> its job id (13_1).
+        self.numeric_ids: dict[str, str] = {}
 
     def _deserialize(self, data: dict[str, Any]) -> None:
         super()._deserialize(data)
@@ -112,6 +114,7 @@ class JobTable(SyncObjConsumer):
                 pass
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
+        self.numeric_ids = {j["numeric_id"]: jid for jid, j in self.jobs.items() if j.get("numeric_id")}
         self.pending_by_user = {}
         self.pending_script_bytes, self._pending_scripts = {}, {}
         for j in self.jobs.values():
@@ -161,6 +164,8 @@ class JobTable(SyncObjConsumer):
             # Nor is its exported environment (which may hold the tenant's secrets).
             record = {**record, "submit": {**record["submit"], "env": {}}}
         self.jobs[jid] = record
+        if old is None and record.get("numeric_id"):
+            self.numeric_ids[record["numeric_id"]] = jid
         if record["state"] in ACTIVE_STATES:
             self.active_ids[jid] = None
         else:
@@ -229,10 +234,14 @@ class JobTable(SyncObjConsumer):
         return h.hexdigest()[:16]
 
     def tasks_of(self, job_id: str) -> list[dict[str, Any]]:
-        """A job, or every task of an array when ``job_id`` is the array's id."""
+        """A job, or every task of an array when ``job_id`` is the array's id, or the
+        one array task whose own numeric id (its ``SLURM_JOB_ID``) ``job_id`` is."""
         j = self.jobs.get(job_id)
         if j is not None:
             return [j]
+        tid = self.numeric_ids.get(job_id)
+        if tid is not None and tid in self.jobs:
+            return [self.jobs[tid]]
         return [r for r in list(self.jobs.values()) if r.get("array_id") == job_id]
 
     def all(self) -> list[dict[str, Any]]:
@@ -269,11 +278,20 @@ class JobTable(SyncObjConsumer):
         now: float,
         key: str | None = None,
         scope: str | None = None,
+        number_tasks: bool = False,
     ) -> dict[str, Any]:
         """Add a job (or one record per array task); returns the id(s).
 
         With ``key`` (and the tenant's ``scope``), a submission already in the log
         with the same key is answered as it was, and nothing is added.
+
+        With ``number_tasks``, an array takes a block of ids, as Slurm's do: the array's
+        own (13) and one per task after it (14, 15, ...), each task's ``numeric_id``
+        (its ``SLURM_JOB_ID``), which no other job ever gets. The block is taken in this
+        log entry, so every replica (and a new scheduler after a failover) numbers the
+        tasks alike. Entries journalled before tasks were numbered leave it False and
+        are applied as they were then (one id per array), so a replayed log gives the
+        later jobs the ids they were given.
         """
         if key and scope is None:  # an entry journalled before keys were scoped
             scope, _, key = key.partition(":")
@@ -294,6 +312,9 @@ class JobTable(SyncObjConsumer):
                 submitkeys.remember(self.submit_keys, scope or "", key, refused, now)
             return refused
         self.next_id += 1
+        numbered = number_tasks and tasks is not None
+        if numbered:
+            self.next_id += len(tasks or ())
         base = {
             **record,
             "state": PENDING,
@@ -311,9 +332,12 @@ class JobTable(SyncObjConsumer):
             self._put({**base, "job_id": jid, "array_id": None, "array_task": None})
             ids.append(jid)
         else:
-            for i in tasks:
+            for n, i in enumerate(tasks, start=int(jid) + 1):
                 tid = f"{jid}_{i}"
-                self._put({**base, "job_id": tid, "array_id": jid, "array_task": i})
+                task = {**base, "job_id": tid, "array_id": jid, "array_task": i}
+                if numbered:
+                    task["numeric_id"] = str(n)
+                self._put(task)
                 ids.append(tid)
         self.pending_version += 1
         if key:
@@ -616,6 +640,8 @@ class JobTable(SyncObjConsumer):
             j = self.jobs.get(jid)
             if j is not None and j["state"] in FINAL_STATES:
                 del self.jobs[jid]
+                if j.get("numeric_id"):
+                    self.numeric_ids.pop(j["numeric_id"], None)
                 self.active_ids.pop(jid, None)
                 self.running_ids.pop(jid, None)
                 n += 1

@@ -4,8 +4,9 @@
 in the shape of Nomad's generic stack::
 
     candidates   from an index, best fit first (see below), or the pinned servers
-      filters    filters.check_node: pin, GPU model, drain state, CPUs, RAM, GPU
-                 count, VRAM for the mode; each refusal counted under the filter's name
+      filters    filters.check_node: pin, GPU model, drain state, whole members
+                 (--exclusive), CPUs, RAM, GPU count, VRAM for the mode; each refusal
+                 counted under the filter's name
       limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
                  size, at least 2, as Nomad ranks log2 n candidates)
       rankers    rankers.score_node: best fit, then a tie-break seeded by the job id
@@ -63,6 +64,8 @@ _FILTER_TEXT = {
     "server_pin": "are not among the pinned servers",
     "gpu_model": "have too few {label} GPUs",
     "node_state": "are down or drained",
+    "member_held": "are held whole by another job (--exclusive)",
+    "member_busy": "run other jobs (it asks for whole members, --exclusive)",
     "gpu_count": "have too few free {label} GPUs",
     "vram": "lack free VRAM",
     "cpus": "lack free CPUs",
@@ -281,7 +284,16 @@ class Plan:
             i = layout.index_of[member.node]
             gids = [layout.gpu_by_index[i][x] for x in member.gpu_indices if x in layout.gpu_by_index[i]]
             was_idle = [holder[g] is None and not shared[g] for g in gids]
-            apply_member(layout, use, member, placement.gpu_mode, placement.job_id, sign, estimate=estimate)
+            apply_member(
+                layout,
+                use,
+                member,
+                placement.gpu_mode,
+                placement.job_id,
+                sign,
+                estimate=estimate,
+                whole=placement.whole_member,
+            )
             # Only the GPUs this member touched can move in an index.
             touched = set()
             for g, was in zip(gids, was_idle):
@@ -330,11 +342,15 @@ class Plan:
             cpus_committed=layout.cpus[i] - use.cpus_free[i],
             ram_committed=use.ram_committed[i],
             state=layout.states[i],
+            whole_job=use.whole[i],
         )
 
     def fits(self, placement: Placement) -> bool:
         """True if this exact placement (members and GPU indices) fits the plan now."""
-        return all(member_fits(self.layout, self.use, m, placement.gpu_mode) for m in placement.members)
+        return all(
+            member_fits(self.layout, self.use, m, placement.gpu_mode, placement.whole_member)
+            for m in placement.members
+        )
 
     # ------------------------------------------------------------------ placing
 
@@ -378,14 +394,18 @@ class Plan:
                 node=layout.names[i],
                 rank=rank,
                 gpu_indices=tuple(layout.gpu_index[g] for g in chosen),
-                cpus=req.cpus,
+                # A whole member's CPUs are all the job's, as in Slurm; RAM and GPUs
+                # are what it asked for.
+                cpus=layout.cpus[i] if req.whole_member else req.cpus,
                 ram=req.ram,
                 vram_per_gpu=req.vram,
                 scores=score_node(layout, use, i, req, chosen, match, seed, detail=True)[1],
             )
             for rank, (_, i, chosen) in enumerate(found[:need])
         )
-        return Placement(job_id=job.job_id, gpu_mode=req.gpu_mode, members=members)
+        return Placement(
+            job_id=job.job_id, gpu_mode=req.gpu_mode, members=members, whole_member=req.whole_member
+        )
 
     def warm(self, requests: Iterable[ResourceRequest]) -> None:
         """Build the indexes these requests will use now, rather than on their first decision."""

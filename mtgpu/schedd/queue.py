@@ -366,6 +366,7 @@ class _Pass:
             req.servers,
             req.exclude,
             req.constraint,
+            req.whole_member,
         )
 
     def _dominated(self, req: ResourceRequest) -> Reason | None:

@@ -113,7 +113,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--constraint", "C", key="constraint", why="members with these NODE_FEATURES: a100&nvlink|h100"),
     Option("--exclude", "x", key="exclude", why="never run on these members: gpu01,gpu[02-04]"),
-    Option("--exclusive", value="?", kind="refuse", why=_LATER + " (whole members)"),
+    Option(
+        "--exclusive",
+        value="?",
+        key="exclusive",
+        why="whole members, running no other job: all their CPUs; RAM and GPUs as asked",
+    ),
     Option(
         "--export",
         key="export",

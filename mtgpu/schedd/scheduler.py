@@ -156,6 +156,7 @@ def placement_from_dict(d: Mapping[str, Any]) -> Placement:
             )
             for m in d["members"]
         ),
+        whole_member=bool(d.get("whole_member")),
     )
 
 

@@ -74,6 +74,10 @@ class ResourceRequest:
     exclude: tuple[str, ...] = ()
     #: sbatch's --constraint: the NODE_FEATURES a member must have (``a100&nvlink|h100``).
     constraint: str | None = None
+    #: sbatch's --exclusive: each member runs no other job while this one runs. It is
+    #: placed only on members running nothing, gets all of their CPUs (RAM and GPUs
+    #: as asked, as in Slurm), and nothing else is placed there until it ends.
+    whole_member: bool = False
 
     def gpu_matches(self, brand: str, type_: str) -> bool:
         """True if a GPU of this brand and type satisfies the brand/type constraint."""
@@ -98,6 +102,8 @@ class ResourceRequest:
         bits.append(f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}")
         bits.append(f"{format_size(self.ram)} RAM")
         where = f"on each of {self.nodes} members" if self.nodes > 1 else "on one member"
+        if self.whole_member:
+            where = f"on each of {self.nodes} whole members" if self.nodes > 1 else "on one whole member"
         more = f" and {len(self.servers) - 3} more" if len(self.servers) > 3 else ""
         pin = f" among {','.join(self.servers[:3])}{more}" if self.servers else ""
         if self.constraint:
@@ -191,6 +197,8 @@ class NodeSnapshot:
     state: NodeState = NodeState.UP
     #: Its NODE_FEATURES, for sbatch's --constraint.
     features: tuple[str, ...] = ()
+    #: The job holding the whole member (sbatch's --exclusive), if any.
+    whole_job: str | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -219,6 +227,8 @@ class Placement:
     job_id: str
     gpu_mode: GpuMode
     members: tuple[MemberPlacement, ...]
+    #: The job holds its members whole (sbatch's --exclusive): nothing else goes there.
+    whole_member: bool = False
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -230,6 +240,7 @@ class Placement:
         return {
             "job_id": self.job_id,
             "gpu_mode": str(self.gpu_mode),
+            "whole_member": self.whole_member,
             "members": [
                 {
                     "node": m.node,

@@ -186,3 +186,107 @@ def test_salloc_and_srun_pty_run_a_command_inside_an_allocation(host) -> None:
     assert rc == 5 and "granted job allocation" in err
     rc, out, err = run(host, "sam", "srun")
     assert rc == 1 and "No command given" in err
+
+
+def test_array_tasks_have_numeric_slurm_job_ids_that_scancel_and_the_commands_accept(host) -> None:
+    h, _ = host
+    script = (
+        "#!/bin/bash\n#SBATCH -J numbered --array=0-2\n#MTGPU ram=64M\n"
+        'echo "id=$SLURM_JOB_ID array=$SLURM_ARRAY_JOB_ID task=$SLURM_ARRAY_TASK_ID"\nsleep 300\n'
+    )
+    jid = sbatch(host, "sam", script)
+    tasks = [f"{jid}_{i}" for i in range(3)]
+    for t in tasks:
+        wait_for(lambda t=t: show(host, "sam", t)["state"] == "RUNNING", 60, f"task {t} to run")
+
+    def printed(t):
+        rc, out, _ = run(host, "sam", "cat", show(host, "sam", t)["stdout"])
+        return out.split() if rc == 0 and out.endswith("\n") else None
+
+    lines = {t: wait_for(lambda t=t: printed(t), 60, f"task {t}'s line") for t in tasks}
+    numeric = {t: lines[t][0].removeprefix("id=") for t in tasks}
+    # Each task's SLURM_JOB_ID is a number of its own, neither the array's nor another's.
+    assert all(n.isdigit() for n in numeric.values()), lines
+    assert len(set(numeric.values()) | {jid}) == 4, lines
+    assert [lines[t][1:] for t in tasks] == [[f"array={jid}", f"task={i}"] for i in range(3)]
+    assert all(show(host, "sam", t)["numeric_id"] == numeric[t] for t in tasks)
+    n1 = numeric[tasks[1]]
+    j = show(host, "sam", n1)
+    assert j["job_id"] == tasks[1] and not j.get("array")
+    rc, out, err = run(host, "sam", "scontrol", "show", "job", n1)
+    assert rc == 0 and out.startswith(f"JobId={tasks[1]} ") and f"ArrayJobId={jid}" in out, err
+    rc, out, err = run(host, "sam", "sacct", "-j", n1, "-n", "-o", "JobID,JobIDRaw")
+    assert rc == 0 and out.split() == [tasks[1], n1], err
+    rc, out, err = run(host, "sam", "squeue", "-h", "-j", n1, "-o", "%i %A")
+    assert rc == 0 and out.split() == [tasks[1], n1], err
+
+    # Another tenant naming a task by its numeric id learns nothing: the answer is the
+    # one for an id that does not exist.
+    for argv in (["scancel"], ["scontrol", "show", "job"], ["mt-job", "show"], ["mt-job", "cancel"]):
+        rc, out, err = run(host, "eve", *argv, n1)
+        rc_none, out_none, err_none = run(host, "eve", *argv, "999999")
+        assert rc == rc_none != 0 and "numbered" not in out + err, (argv, out, err)
+        assert err.replace(n1, "ID") == err_none.replace("999999", "ID"), (argv, err, err_none)
+    assert show(host, "sam", n1)["state"] == "RUNNING"
+
+    # scancel with a task's numeric id cancels that task only.
+    rc, out, err = run(host, "sam", "scancel", n1)
+    assert rc == 0, err
+    assert wait_end(host, "sam", tasks[1])["state"] == "CANCELLED"
+    assert [show(host, "sam", t)["state"] for t in (tasks[0], tasks[2])] == ["RUNNING", "RUNNING"]
+    run(host, "sam", "scancel", jid)
+    assert all(wait_end(host, "sam", t)["state"] == "CANCELLED" for t in tasks)
+
+
+def test_exclusive_holds_the_member_whole_and_only_while_its_job_runs(host) -> None:
+    # eve runs a small job; sam's --exclusive job waits for the member to be idle
+    # (it takes no member from a running job, of anyone).
+    small = "#!/bin/bash\n#MTGPU ram=64M\nsleep 300\n"
+    holder = sbatch(host, "eve", small)
+    wait_for(lambda: show(host, "eve", holder)["state"] == "RUNNING", 60, "eve's job to run")
+    rc, out, err = run(host, "sam", "sbatch", "--exclusive=user", "-", input=small.encode())
+    assert rc != 0 and "--exclusive=user" in err and "not supported" in err, (rc, out, err)
+    whole = sbatch(
+        host,
+        "sam",
+        "#!/bin/bash\n#SBATCH --exclusive -t 1 --gres=gpu:1\n#MTGPU ram=64M\nsleep 300\n",
+    )
+    j = wait_for(
+        lambda: (
+            (v := show(host, "sam", whole))["state"] == "PENDING"
+            and "run other jobs" in (v.get("reason_detail") or "")
+            and v
+        ),
+        60,
+        "the exclusive job's reason",
+    )
+    assert j["exclusive"] is True and show(host, "eve", holder)["state"] == "RUNNING"
+    run(host, "eve", "scancel", holder)
+    j = wait_for(lambda: (v := show(host, "sam", whole))["state"] == "RUNNING" and v, 60, "the exclusive job")
+    # Every CPU of the member is its, GPUs only as asked; scontrol says it shares nothing.
+    (member,) = j["members"]
+    assert member["cpus"] == 8 and len(member["gpus"]) == 1, j["members"]
+    rc, out, _ = run(host, "sam", "scontrol", "show", "job", whole)
+    assert "OverSubscribe=NO" in out
+    # Nothing else is placed there while it runs, though a GPU and CPUs' worth of RAM
+    # are left: not eve's job, not another of sam's.
+    other = sbatch(host, "eve", small)
+    mine = sbatch(host, "sam", small)
+    for who, jid in (("eve", other), ("sam", mine)):
+        v = wait_for(
+            lambda who=who, jid=jid: (
+                (v := show(host, who, jid))["state"] == "PENDING"
+                and "held whole by another job" in (v.get("reason_detail") or "")
+                and v
+            ),
+            60,
+            f"{who}'s job's reason",
+        )
+        assert f"job {whole}" not in v["reason_detail"], v["reason_detail"]
+    # It holds the member no longer than its own time limit: then the others start.
+    assert wait_end(host, "sam", whole, timeout=120)["state"] == "TIMEOUT"
+    for who, jid in (("eve", other), ("sam", mine)):
+        wait_for(
+            lambda who=who, jid=jid: show(host, who, jid)["state"] == "RUNNING", 60, f"{who}'s job to run"
+        )
+        run(host, who, "scancel", jid)

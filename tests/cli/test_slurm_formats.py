@@ -180,3 +180,25 @@ def test_slurm_parsers_keep_slurms_options_and_mt_jobs_own() -> None:
     mt_alloc = next(p for path, p in walk(mt_job_parser()) if path == ("alloc",))
     assert set(options(mt_alloc)) | {"--version"} == set(options(build_parser("salloc")))
     assert sbatch_main(["--no-such-option", "x.sh"]) == 255
+
+
+def test_an_array_tasks_numeric_id_is_slurms_raw_id_and_names_the_task() -> None:
+    task = {**view("13_1", "RUNNING"), "array_id": "13", "array_task": 1, "numeric_id": "15"}
+    plain = {**view("20", "RUNNING"), "numeric_id": "20"}
+    # %i is the id as shown, %A the job's own numeric one (Slurm's "unique per element").
+    assert formats.squeue_lines([task, plain], "%i %A %F %K", NOW, header=False) == [
+        "13_1 15 13 1",
+        "20 20 20 N/A",
+    ]
+    assert formats.named(task, ["15"]) and formats.named(task, ["13"]) and not formats.named(plain, ["15"])
+    pending = [
+        {**view(f"13_{i}", "PENDING"), "array_id": "13", "array_task": i, "numeric_id": str(14 + i)}
+        for i in range(2, 5)
+    ]
+    (row,) = formats.collapse_pending_arrays(pending)
+    assert (row["job_id"], row["numeric_id"]) == ("13_[2-4]", "13")
+
+
+def test_scontrol_says_whether_a_job_holds_its_members_whole() -> None:
+    assert "OverSubscribe=NO" in formats.scontrol_job({**view("12", "RUNNING"), "exclusive": True}, NOW)
+    assert "OverSubscribe=OK" in formats.scontrol_job(view("12", "RUNNING"), NOW)

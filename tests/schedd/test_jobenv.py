@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from dataclasses import replace
 
 import pytest
 
@@ -39,6 +40,8 @@ def L(**kw: object) -> JobLaunch:
         ("%j.out", L(), "42.out"),
         ("%x-%u.log", L(name="train"), "train-ann.log"),
         ("%A_%a", L(job_id="42_3", array_job_id="42", array_task_id=3), "42_3"),
+        # An array task's %j is its own numeric id, as Slurm's.
+        ("%j", L(job_id="42_3", array_job_id="42", array_task_id=3, numeric_id="45"), "45"),
         ("%A_%a", L(), "42_4294967294"),  # outside an array, as Slurm writes it
         ("100%%-%j", L(), "100%-42"),
         ("%N-%n", L(node_name="gpu02", nnodes=2, node_rank=1), "gpu02-1"),
@@ -352,7 +355,17 @@ def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
         "SLURM_UMASK": "0027",
     }
     assert env["EPOCHS"] == "3" and env["MTGPU_JOB_ID"] == "7_10"
+    # A task without a numeric id of its own (submitted before tasks were numbered)
+    # keeps its shown id.
+    assert env["SLURM_JOB_ID"] == "7_10"
     assert JobLaunch.from_dict(json.loads(json.dumps(la.to_dict()))) == la
+    numbered_launch = launch_for({**job, "numeric_id": "9"}, user, node="gpu01")
+    numbered = build_env(numbered_launch)
+    # The default output directory keeps the id as shown; %j in output= is the number.
+    assert output_paths(numbered_launch)[0].endswith("/7_10/stdout.log")
+    assert output_paths(replace(numbered_launch, stdout="o-%j-%A_%a"))[0] == "/w/o-9-7_10"
+    assert (numbered["SLURM_JOB_ID"], numbered["SLURM_JOBID"]) == ("9", "9")
+    assert (numbered["SLURM_ARRAY_JOB_ID"], numbered["MTGPU_JOB_ID"]) == ("7", "7_10")
 
 
 def test_a_containerized_jobs_podman_ignores_podman_settings_exported_by_the_tenant() -> None:

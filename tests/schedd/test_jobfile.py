@@ -634,3 +634,51 @@ def test_sbatch_constraint() -> None:
     for bad in ("[a100|h100]", "a100*2", "a100&", "(a|b)"):
         with pytest.raises(JobError, match="is not a feature name"):
             parse(f"#SBATCH --constraint='{bad}'")
+
+
+@pytest.mark.parametrize(
+    ("lines", "whole"),
+    [
+        (("#SBATCH --exclusive",), True),
+        (("#SBATCH --exclusive --gres=gpu:1",), True),  # the optional value is never the next option
+        (("#MTGPU exclusive=yes",), True),
+        (("#MTGPU exclusive=no",), False),
+        (("#MTGPU exclusive=yes", "#SBATCH --exclusive"), True),  # the same setting: no conflict
+        ((), False),
+    ],
+)
+def test_exclusive_asks_for_whole_members(lines: tuple[str, ...], whole: bool) -> None:
+    spec = parse(*lines)
+    assert spec.request.whole_member is whole and spec.warnings == ()
+    # It is kept with the job's record and read back from it.
+    from mtgpu.schedd.jobtable import spec_from_dict, spec_to_dict
+
+    assert spec_from_dict(spec_to_dict(spec)).request.whole_member is whole
+
+
+@pytest.mark.parametrize(
+    ("lines", "shown"),
+    [
+        (
+            ("#SBATCH --exclusive=user",),
+            "--exclusive=user (sharing members only with some jobs) is not supported",
+        ),
+        (("#SBATCH --exclusive=mcs",), "--exclusive=mcs"),
+        (("#MTGPU exclusive=maybe",), "'maybe' is not yes or no"),
+        (("#MTGPU exclusive=no", "#SBATCH --exclusive"), "conflicts with line 2: #MTGPU exclusive=no"),
+    ],
+)
+def test_exclusive_that_cannot_be_honoured_is_refused_naming_the_line(
+    lines: tuple[str, ...], shown: str
+) -> None:
+    with pytest.raises(JobError) as exc:
+        parse(*lines)
+    assert str(exc.value).startswith(f"line {len(lines) + 1}: ") and shown in str(exc.value), exc.value
+
+
+def test_a_job_record_from_before_whole_members_reads_as_shared_members() -> None:
+    from mtgpu.schedd.jobtable import spec_from_dict, spec_to_dict
+
+    d = spec_to_dict(parse())
+    del d["request"]["whole_member"]
+    assert spec_from_dict(d).request.whole_member is False

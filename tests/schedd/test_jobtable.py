@@ -240,3 +240,46 @@ def test_a_finished_jobs_exported_environment_leaves_the_state():
     assert t.jobs["1"]["submit"]["env"] == {"TOKEN": "secret"}  # a pending job still needs it
     t.cancel(["1"], "ann", 2.0, _doApply=True)
     assert t.jobs["1"]["submit"] == {"umask": 0o27, "env": {}}
+
+
+def test_array_tasks_get_numeric_ids_of_their_own_that_no_later_job_reuses():
+    t = JobTable()
+    assert t.submit(dict(RECORD), None, 1.0, _doApply=True)["job_id"] == "1"
+    r = t.submit(dict(RECORD), [0, 5, 10], 1.0, None, None, True, _doApply=True)
+    assert r == {"job_id": "2", "tasks": ["2_0", "2_5", "2_10"]}
+    # The array keeps its id (2); its tasks take the block after it, as Slurm's do.
+    assert [t.jobs[i]["numeric_id"] for i in r["tasks"]] == ["3", "4", "5"]
+    assert t.submit(dict(RECORD), None, 1.0, _doApply=True)["job_id"] == "6"
+    # A task's numeric id names that task only; the array's id still names all of them.
+    assert [j["job_id"] for j in t.tasks_of("4")] == ["2_5"]
+    assert [j["job_id"] for j in t.tasks_of("2")] == ["2_0", "2_5", "2_10"]
+    assert t.tasks_of("7") == []
+    t.finish("2_5", "COMPLETED", 0, "", 2.0, _doApply=True)
+    t.purge(["2_5"], _doApply=True)
+    assert t.tasks_of("4") == [] and "4" not in t.numeric_ids
+
+
+def test_an_array_journalled_before_tasks_were_numbered_replays_with_the_ids_it_had():
+    # A log written by an earlier version: the array took one id, the next job the next.
+    t = JobTable()
+    t.submit(dict(RECORD), [0, 1], 1.0, _doApply=True)
+    assert t.submit(dict(RECORD), None, 1.0, _doApply=True)["job_id"] == "2"
+    assert "numeric_id" not in t.jobs["1_0"] and t.tasks_of("2") == [t.jobs["2"]]
+
+
+def test_numeric_ids_survive_a_state_dump_and_a_replay_alike():
+    def replay() -> JobTable:
+        t = JobTable()
+        t.submit(dict(RECORD), [0, 1], 1.0, None, None, True, _doApply=True)
+        t.submit(dict(RECORD), [7], 1.0, None, None, True, _doApply=True)
+        return t
+
+    a, b = replay(), replay()
+    assert {i: j.get("numeric_id") for i, j in a.jobs.items()} == {"1_0": "2", "1_1": "3", "4_7": "5"}
+    assert a.numeric_ids == b.numeric_ids
+    data = pickle.loads(pickle.dumps(a._serialize()))
+    data.pop("numeric_ids")  # a dump from before the index: rebuilt
+    c = JobTable()
+    c._deserialize(data)
+    assert c.numeric_ids == {"2": "1_0", "3": "1_1", "5": "4_7"}
+    assert [j["job_id"] for j in c.tasks_of("5")] == ["4_7"]

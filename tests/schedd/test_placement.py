@@ -717,3 +717,73 @@ def test_a_constraint_places_only_on_members_with_the_features() -> None:
         isinstance(never, Reason) and never.code == "BadConstraints" and "--constraint=mi300" in never.message
     )
     assert isinstance(feasible_ever(snapshot, ResourceRequest(gpus=1, nodes=2, constraint="h100")), Reason)
+
+
+# --------------------------------------------------------------- whole members (--exclusive)
+
+
+def test_a_whole_member_job_goes_only_where_nothing_runs_and_takes_every_cpu() -> None:
+    busy_cpu = node("a", gpus(2), cpus_committed=1)
+    busy_ram = node("b", gpus(2), ram_committed=1)
+    busy_gpu = node("c", (gpu(0, holder="x"), gpu(1)))
+    shared_gpu = node("d", (gpu(0, shared=1, committed=8), gpu(1)))
+    idle = node("e", gpus(2), cpus=16)
+    snap = ClusterSnapshot(nodes=(busy_cpu, busy_ram, busy_gpu, shared_gpu, idle))
+    got = explain(snap, job(gpus=1, cpus=2, ram=4, whole_member=True))
+    assert isinstance(got, Placement) and got.nodes == ("e",) and got.whole_member
+    (m,) = got.members
+    # Every CPU is the job's, as in Slurm; RAM and GPUs only as asked.
+    assert (m.cpus, m.ram, m.gpu_indices) == (16, 4 * G, (0,))
+    none = explain(ClusterSnapshot(nodes=(busy_cpu, busy_ram, busy_gpu, shared_gpu)), job(whole_member=True))
+    assert isinstance(none, Reason) and none.code == "Resources"
+    assert none.per_filter_counts == {"member_busy": 4}
+    assert "run other jobs (it asks for whole members, --exclusive)" in none.message
+    assert "on one whole member" in none.message
+
+
+def test_nothing_is_placed_on_a_member_held_whole_until_its_job_is_released() -> None:
+    plan = Plan(ClusterSnapshot(nodes=(node("a", gpus(4)),)))
+    whole = place(plan, job("w", gpus=1, whole_member=True))
+    assert isinstance(whole, Placement)
+    plan.commit(whole)
+    # GPUs and RAM are left over, yet no job of any kind fits beside it.
+    for other in (job("g", gpus=1), job("c", cpus=1), job("s", gpus=1, vram=1, gpu_mode=SHARED)):
+        got = explain(plan, other)
+        assert isinstance(got, Reason) and got.per_filter_counts == {"member_held": 1}, other
+        assert "held whole by another job" in got.message
+    assert not plan.fits(Placement("g", EXCL, (MemberPlacement("a", 0, (3,), cpus=0, ram=0),)))
+    plan.release(whole)
+    assert isinstance(place(plan, job("g", gpus=1)), Placement)
+
+
+def test_a_whole_member_survives_the_round_trip_through_the_snapshot() -> None:
+    from mtgpu.schedd.scheduler import placement_from_dict
+
+    plan = Plan(ClusterSnapshot(nodes=(node("a", gpus(2)), node("b", gpus(2)))))
+    whole = place(plan, job("w", nodes=2, whole_member=True))
+    assert isinstance(whole, Placement) and whole.to_dict()["whole_member"] is True
+    again = placement_from_dict(whole.to_dict())
+    assert again.whole_member and again.nodes == whole.nodes
+    # As the daemon builds it: running work from the job table on the measured members.
+    snap = snapshot_with_allocations([node("a", gpus(2)), node("b", gpus(2))], [Allocation(again, None)])
+    assert [n.whole_job for n in snap.nodes] == ["w", "w"]
+    got = place(snap, job("c"))
+    assert isinstance(got, Reason) and got.per_filter_counts == {"member_held": 2}
+    # A placement journalled before whole members were known holds no member whole.
+    old = {k: v for k, v in whole.to_dict().items() if k != "whole_member"}
+    assert placement_from_dict(old).whole_member is False
+
+
+def test_the_indexed_path_agrees_with_every_member_checked_for_whole_members() -> None:
+    nodes = [node(f"n{i}", gpus(2), cpus_committed=i % 3, ram_committed=i % 2) for i in range(12)]
+    snap = ClusterSnapshot(nodes=tuple(nodes))
+    for req in (
+        {"whole_member": True},
+        {"whole_member": True, "gpus": 2},
+        {"whole_member": True, "nodes": 2},
+    ):
+        fast, slow = place(snap, job(**req)), explain(snap, job(**req))
+        assert type(fast) is type(slow), req
+        if isinstance(fast, Placement):
+            assert isinstance(slow, Placement)
+            assert {n for n in fast.nodes} <= {"n0", "n6"} and {n for n in slow.nodes} <= {"n0", "n6"}

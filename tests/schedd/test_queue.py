@@ -529,3 +529,36 @@ def test_random_workloads_keep_every_promise(work: list[tuple[PendingJob, float]
     for job_id, promise in sim.promised.items():
         if sim.jobs[job_id].array_id is None:
             assert sim.started[job_id] <= promise + 1e-6, (job_id, sim.started[job_id], promise)
+
+
+# --------------------------------------------------------------- whole members (--exclusive)
+
+
+def test_a_whole_member_job_at_the_head_is_not_starved_by_small_jobs() -> None:
+    # One member, a small job on it until 1h; the head wants the member whole. A stream
+    # of small jobs that would still run at 1h must not start there; one that ends
+    # before may (EASY backfill).
+    snap = cluster([node("a")], [running("r", "a", (0,), H)])
+    q = queue_of(
+        pj("whole", whole_member=True, limit=2 * H),
+        pj("small", submit=1, gpus=1, limit=2 * H),
+        pj("quick", submit=2, gpus=1, limit=0.5 * H),
+        pj("forever", submit=3, cpus=1, limit=None),
+    )
+    r = schedule_pass(snap, q, 0.0)
+    assert r.reservation is not None and r.reservation.job_id == "whole"
+    assert r.reservation.start_time == H and r.reservation.placement.whole_member
+    assert [p.job_id for p in r.placements] == ["quick"]
+    assert r.pending["small"].reason == "Priority" and r.pending["forever"].reason == "Priority"
+    assert "reserved for job whole" in r.pending["small"].message
+    assert "run other jobs" in r.pending["whole"].message
+
+
+def test_a_failed_whole_member_request_does_not_turn_away_a_bigger_ordinary_one() -> None:
+    # A whole-member request of 1 CPU finds no idle member; an ordinary request of 2
+    # CPUs still fits beside the running job (the two are not of one kind).
+    snap = cluster([node("a")], [running("r", "a", (0,), None)])
+    q = queue_of(pj("whole", whole_member=True, limit=None), pj("two", submit=1, cpus=2, limit=None))
+    r = schedule_pass(snap, q, 0.0, QueuePolicy(reserve_attempts=0))
+    assert [p.job_id for p in r.placements] == ["two"]
+    assert r.pending["whole"].reason == "Resources"

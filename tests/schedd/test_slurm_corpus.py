@@ -84,18 +84,9 @@ def test_a_corpus_script_asks_for_what_slurm_gives_or_is_refused_naming_the_dire
         assert "remove it to submit" in said, said
         return
     if exp.get("exclusive"):
-        # Slurm gives an --exclusive job whole nodes. MTGPU refused --exclusive until
-        # whole-member placement; either answer passes here, and the rest of the script
-        # must ask for what Slurm gives either way (the lead reconciles this at merge).
-        try:
-            spec = parse(name)
-        except JobError as exc:
-            assert "#SBATCH --exclusive" in str(exc) and "--exclusive is refused: " in str(exc), exc
-            text = (CORPUS / name).read_text()
-            rest = re.sub(r"(?m)^#SBATCH --exclusive\b.*$", "#", text)
-            spec = parse(name, rest)
-        else:
-            assert getattr(spec, "exclusive", True), "an --exclusive job placed as a shared one"
+        # Slurm gives an --exclusive job whole nodes: MTGPU whole members.
+        spec = parse(name)
+        assert spec.request.whole_member, "an --exclusive job placed as a shared one"
         check(spec, exp, cpus=False)  # every CPU of the node, however many it has
         return
     check(parse(name), exp)

@@ -272,3 +272,57 @@ def test_a_thousand_idle_connections_leave_logged_in_tenants_working(arena):
     assert h.proc.poll() is None
     tally("attacks_refused")
     tally("flood_requests_refused", 1000 - 20)
+
+
+def test_exclusive_takes_no_member_from_another_tenant_and_meets_the_queue_limit(arena):
+    """--exclusive gives mallory nothing another job would not get: an array of
+    whole-member tasks past USER_MAX_QUEUED_JOBS is refused whole, and a whole-member
+    job waits while alice's job runs on the member (it never takes it from her)."""
+    h, alice, mal = arena["host"], arena["alice"], arena["mallory"]
+
+    def submit(s, script):
+        r = call(s, "job.submit", {"script": script})
+        if not r["ok"] and r["code"] == "rate_limited":  # earlier floods emptied the burst
+            time.sleep(1.5)
+            r = call(s, "job.submit", {"script": script})
+        return r
+
+    def show(tenant, jid):
+        with api_socket(h.run_dir, tenant.uid) as s:
+            return call(s, "job.show", {"job_id": jid})["result"]
+
+    def until(what, pred, timeout=60):
+        deadline = time.time() + timeout
+        while not (got := pred()):
+            assert time.time() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.3)
+        return got
+
+    with api_socket(h.run_dir, alice.uid) as s:
+        held = submit(s, "#!/bin/sh\n#MTGPU ram=64M\nsleep 300\n")
+    assert held["ok"], held
+    hid = held["result"]["job_id"]
+    until("alice's job to run", lambda: show(alice, hid)["state"] == "RUNNING")
+    with api_socket(h.run_dir, mal.uid) as s:
+        big = submit(s, "#!/bin/sh\n#SBATCH --exclusive --array=0-60\ntrue\n")
+        one = submit(s, "#!/bin/sh\n#SBATCH --exclusive\n#MTGPU ram=64M\nsleep 300\n")
+    try:
+        assert not big["ok"] and big["code"] == "queue_full", big
+        assert "USER_MAX_QUEUED_JOBS" in big["error"]
+        assert one["ok"], one
+        mid = one["result"]["job_id"]
+        v = until(
+            "mallory's reason",
+            lambda: (
+                (v := show(mal, mid))["state"] == "PENDING"
+                and "run other jobs" in (v.get("reason_detail") or "")
+                and v
+            ),
+        )
+        assert v["exclusive"] is True
+        assert show(alice, hid)["state"] == "RUNNING"
+    finally:
+        with api_socket(h.run_dir, 0) as root:
+            ids = [hid] + ([one["result"]["job_id"]] if one.get("ok") else [])
+            call(root, "job.cancel", {"job_ids": ids})
+    tally("attacks_refused")

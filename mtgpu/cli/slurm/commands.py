@@ -206,13 +206,14 @@ def select_jobs(
     names: list[str] | None,
     user: str | None,
 ) -> list[dict[str, Any]]:
-    """The jobs ``squeue``'s filters keep (an array's id keeps its tasks)."""
+    """The jobs ``squeue``'s filters keep (an array's id keeps its tasks, a task's
+    numeric id that task)."""
     keep = states or {"PENDING", "RUNNING"}
     out = []
     for j in jobs:
         if j["state"] not in keep:
             continue
-        if ids and j["job_id"] not in ids and (j.get("array_id") or "") not in ids:
+        if ids and not formats.named(j, ids):
             continue
         if names and j["name"] not in names:
             continue
@@ -244,7 +245,7 @@ def squeue_main(argv: list[str] | None = None) -> int:
 
             who = pwd.getpwuid(os.getuid()).pw_name
         picked = select_jobs(jobs, states, ids, names, who)
-        if ids and not picked and not any(j["job_id"] in ids or j.get("array_id") in ids for j in jobs):
+        if ids and not picked and not any(formats.named(j, ids) for j in jobs):
             print(f"slurm_load_jobs error: {INVALID_JOB}", file=sys.stderr)
             return 1
         picked = formats.sort_jobs(picked)

@@ -99,6 +99,17 @@ def collapse_indices(indices: Iterable[int]) -> str:
     return ",".join(out)
 
 
+def named(v: dict[str, Any], job_ids: list[str]) -> bool:
+    """Whether ``job_ids`` name the job view ``v``: by its id (``13_1``), its array's
+    id (``13``) or, for an array task, its own numeric id (its ``SLURM_JOB_ID``).
+
+    >>> v = {"job_id": "13_1", "array_id": "13", "numeric_id": "14"}
+    >>> named(v, ["13"]), named(v, ["14"]), named(v, ["13_1"]), named(v, ["15"])
+    (True, True, True, False)
+    """
+    return any(i in job_ids for i in (v["job_id"], v.get("array_id"), v.get("numeric_id")) if i)
+
+
 def collapse_pending_arrays(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Jobs with each array's pending tasks shown as one row, ``13_[4-99]``, as
     ``squeue`` shows them (running and finished tasks keep a row each). The row is
@@ -124,7 +135,14 @@ def collapse_pending_arrays(jobs: Sequence[dict[str, Any]]) -> list[dict[str, An
             rows.append(tasks[0])
         else:
             idx = collapse_indices(t["array_task"] for t in tasks)
-            rows.append({**tasks[0], "job_id": f"{j['_group']}_[{idx}]", "tasks_collapsed": len(tasks)})
+            rows.append(
+                {
+                    **tasks[0],
+                    "job_id": f"{j['_group']}_[{idx}]",
+                    "numeric_id": j["_group"],  # the array's, as Slurm's %A shows it
+                    "tasks_collapsed": len(tasks),
+                }
+            )
     return rows
 
 
@@ -147,7 +165,8 @@ def _job_fields(now: float) -> dict[str, tuple[str, Callable[[dict[str, Any]], A
 
     return {
         "i": ("JOBID", lambda j: j["job_id"]),
-        "A": ("JOBID", lambda j: j["job_id"]),
+        # Slurm's %A: a value of its own per array task (its numeric id).
+        "A": ("JOBID", lambda j: j.get("numeric_id") or j["job_id"]),
         "F": ("ARRAY_JOB_ID", lambda j: j.get("array_id") or j["job_id"]),
         "K": ("ARRAY_TASK_ID", lambda j: j.get("array_task") if j.get("array_task") is not None else "N/A"),
         "P": ("PARTITION", lambda j: PARTITION),
@@ -371,6 +390,7 @@ def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
             f"TRES=cpu={j.get('cpus', 1)},node={max(1, len(nodes))}"
             + (f",gres/gpu={len(j['gpus'])}" if j.get("gpus") else "")
         ],
+        [f"OverSubscribe={'NO' if j.get('exclusive') else 'OK'}"],
         [f"WorkDir={j.get('workdir', '')}"],
         [f"StdErr={j.get('stderr', '')}"],
         [f"StdOut={j.get('stdout', '')}"],
