@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -212,11 +213,39 @@ def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[
         if info is not None:
             view["position"] = info.position
             view["reason"] = info.reason
-            view["reason_detail"] = info.message
+            view["reason_detail"] = private_reason(info.message, j.get("uid"), sched.table.get)
         else:
             view["position"] = None
             view["reason"] = view["reason"] or "None"
     return view
+
+
+#: Where a pending reason names other jobs: "reserved for job 17", "once jobs 4, 5 end".
+_NAMED_JOBS = re.compile(r"\b(for|once) (jobs?) ([\w]+(?:, [\w]+)*(?: \.\.\.)?)")
+
+
+def private_reason(message: str, uid: int | None, job: Callable[[str], dict[str, Any] | None]) -> str:
+    """``message`` as the job's owner may read it: a job of someone else's that it
+    names (the job holding the reservation, the jobs it waits for) is "another
+    tenant's job", as Slurm's PrivateData=jobs hides other users' jobs.
+
+    >>> jobs = {"4": {"uid": 1000}, "5": {"uid": 1001}}
+    >>> private_reason("reserved for it once jobs 4, 5 end (no time limit)", 1000, jobs.get)
+    "reserved for it once other tenants' jobs end (no time limit)"
+    >>> private_reason("it fits now, but only on resources reserved for job 4", 1000, jobs.get)
+    'it fits now, but only on resources reserved for job 4'
+    >>> private_reason("it fits now, but only on resources reserved for job 5", 1000, jobs.get)
+    "it fits now, but only on resources reserved for another tenant's job"
+    """
+
+    def one(m: re.Match[str]) -> str:
+        ids = m.group(3).removesuffix(" ...").split(", ")
+        if not m.group(3).endswith("...") and all((job(i) or {}).get("uid") == uid for i in ids):
+            return m.group(0)
+        hidden = "other tenants' jobs" if m.group(2) == "jobs" else "another tenant's job"
+        return f"{m.group(1)} {hidden}"
+
+    return _NAMED_JOBS.sub(one, message)
 
 
 def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:

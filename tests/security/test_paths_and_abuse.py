@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import resource
 import socket
 import time
@@ -321,6 +322,9 @@ def test_exclusive_takes_no_member_from_another_tenant_and_meets_the_queue_limit
         )
         assert v["exclusive"] is True
         assert show(alice, hid)["state"] == "RUNNING"
+        # The reason never names alice's job: "another tenant's job" (Slurm's
+        # PrivateData=jobs); alice's own view of a reason names her own jobs.
+        assert not re.search(rf"\bjobs? [^ ]*\b{hid}\b", v["reason_detail"]), v["reason_detail"]
     finally:
         with api_socket(h.run_dir, 0) as root:
             ids = [hid] + ([one["result"]["job_id"]] if one.get("ok") else [])
