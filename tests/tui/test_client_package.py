@@ -27,6 +27,7 @@ ALLOWED = {
     "mtgpu.errors",
     "mtgpu.text",
     "mtgpu.cmdline",
+    "mtgpu.jobstate",
     "mtgpu.tui",
 }
 #: Calls that do not exist on Windows.
@@ -56,6 +57,7 @@ def client_modules() -> list[Path]:
         REPO / "mtgpu" / "errors.py",
         REPO / "mtgpu" / "text.py",
         REPO / "mtgpu" / "cmdline.py",  # --help's examples and --version
+        REPO / "mtgpu" / "jobstate.py",  # the job states the screen shows
         REPO / "mtgpu" / "__init__.py",
     ]
 
@@ -113,7 +115,7 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
     shutil.copytree(
         REPO / "mtgpu" / "tui", src / "mtgpu" / "tui", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py"):
+    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py", "jobstate.py"):
         shutil.copy(REPO / "mtgpu" / f, src / "mtgpu" / f)
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -148,7 +150,8 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
     assert not [
         f
         for f in files
-        if "/tui/" not in f and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py"))
+        if "/tui/" not in f
+        and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py", "jobstate.py"))
     ]
 
     job = tmp_path / "probe.sh"
