@@ -55,12 +55,13 @@ from mtgpu.config.options import plan_reload
 from mtgpu.errors import ApiError, CommandError, ConfigError, MtgpuError, ValidationError
 from mtgpu.gateway.session import Gateway, container_store_env, ungranted_message
 from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.jobstate import FINAL_STATES
 from mtgpu.proc import arun
 from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobenv import JobUser, master_port
-from mtgpu.schedd.jobtable import FINAL_STATES, JobTable, attempt_of
+from mtgpu.schedd.jobtable import JobTable, attempt_of
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.vramwatch import VramWatch
@@ -953,8 +954,8 @@ class Daemon:
         import psutil
 
         from mtgpu.errors import ApiError, ValidationError
+        from mtgpu.jobstate import RUNNING
         from mtgpu.schedd.agent import member_of
-        from mtgpu.schedd.jobtable import RUNNING
 
         assert self.agent is not None and self.sampler.simulated is not None
         here = self.options.server_name

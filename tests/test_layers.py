@@ -41,6 +41,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "lograte",
             "scripts",
             "data",
+            "jobstate",  # job states: the scheduler, the CLIs, the API and remotegpu-cli read them
             "",
         }
     ),

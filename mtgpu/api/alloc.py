@@ -21,6 +21,7 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError, ValidationError
+from mtgpu.jobstate import RUNNING
 
 
 def _uids(pid: int) -> list[str]:
@@ -41,7 +42,7 @@ def register(d: Dispatcher, host: Any) -> None:
         job = host.jobs.get(jid)
         if job is None or job["user"] != caller.name or caller.uid == 0:
             raise ApiError(f"no job {jid} of yours", "not_found")
-        if job["state"] != "RUNNING":
+        if job["state"] != RUNNING:
             raise ValidationError(f"job {jid} is {job['state']}, not RUNNING; wait for it to start")
         nodes = [m["node"] for m in (job.get("placement") or {}).get("members", [])]
         here = host.options.server_name

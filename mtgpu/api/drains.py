@@ -16,7 +16,8 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError
-from mtgpu.schedd.jobtable import RUNNING, attempt_of
+from mtgpu.jobstate import RUNNING
+from mtgpu.schedd.jobtable import attempt_of
 
 
 def known_nodes(host: Any) -> set[str]:

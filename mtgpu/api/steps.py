@@ -19,6 +19,7 @@ from typing import Any
 
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError, ValidationError
+from mtgpu.jobstate import RUNNING
 
 #: The most steps kept per job (the count goes on; the oldest records are dropped),
 #: and the most jobs whose steps are kept (the longest-unused jobs are forgotten).
@@ -88,7 +89,7 @@ def register(d: Dispatcher, host: Any, log: StepLog) -> None:
             raise ApiError(f"no job {jid} of yours", "not_found")
         here = host.options.server_name
         if action == "begin":
-            if job["state"] != "RUNNING":
+            if job["state"] != RUNNING:
                 raise ValidationError(
                     f"job {jid} is {job['state']}, not RUNNING; steps run inside a running job"
                 )

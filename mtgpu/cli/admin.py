@@ -21,6 +21,7 @@ from mtgpu.cli.common import (
 )
 from mtgpu.cmdline import with_examples
 from mtgpu.errors import MtgpuError, ValidationError
+from mtgpu.jobstate import PENDING, RUNNING
 
 
 def _ago(t: float | None) -> str:
@@ -240,7 +241,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             j
             for j in api.call(
                 "job.list",
-                all=args.all or (state is not None and state not in ("PENDING", "RUNNING")) or None,
+                all=args.all or (state is not None and state not in (PENDING, RUNNING)) or None,
                 user=args.user,
             )
             if state is None or j["state"] == state

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from mtgpu.cmdline import with_examples
+from mtgpu.jobstate import COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 
 # `#MTGPU` keys accepted as --KEY=VALUE overrides on `submit` (as in the job file);
 # the ones sbatch also has (--gpus, --time, --array...) are sbatch's options there.
@@ -160,10 +161,9 @@ def wait_for_job(api: Any, jid: str) -> int:
             break
         time.sleep(0.5)
     codes = [
-        v["exit_code"] if v["exit_code"] is not None else (0 if v["state"] == "COMPLETED" else 1)
-        for v in views
+        v["exit_code"] if v["exit_code"] is not None else (0 if v["state"] == COMPLETED else 1) for v in views
     ]
-    bad = [v for v in views if v["state"] != "COMPLETED"]
+    bad = [v for v in views if v["state"] != COMPLETED]
     if bad:
         print(
             f"mt-job: job {bad[0]['job_id']} ended {bad[0]['state']}: {bad[0].get('reason') or '-'}",
@@ -273,7 +273,7 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
         except ValueError as exc:
             print(f"mt-job: {str(exc).splitlines()[0]}; such as --state=PD,R", file=sys.stderr)
             return 2
-    finished = args.all or bool(states and states - {"PENDING", "RUNNING"})
+    finished = args.all or bool(states and states - {PENDING, RUNNING})
     # A read: retried through an election as a submission is (nothing is changed).
     jobs = _retrying(lambda: api.call("job.list", all=finished or None, user=args.user))
     if states is not None:
@@ -303,9 +303,7 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
                 pos if pos is not None else "",
                 _when(j["submit_time"]),
                 formats.elapsed(formats.run_time(j, now)),
-                ",".join(j["nodes"])
-                if j["nodes"]
-                else (f"({j['reason']})" if j["state"] == "PENDING" else ""),
+                ",".join(j["nodes"]) if j["nodes"] else (f"({j['reason']})" if j["state"] == PENDING else ""),
             ]
         )
     print(_table(table, ["JOBID", "NAME", "USER", "STATE", "POS", "SUBMIT", "TIME", "NODES (REASON)"]))
@@ -325,7 +323,7 @@ def cmd_show(args: argparse.Namespace, api: Any) -> int:
             f"user:      {v['user']}",
             f"state:     {v['state']}",
         ]
-        if v["state"] == "PENDING":
+        if v["state"] == PENDING:
             lines.append(f"position:  {v.get('position')}")
             lines.append(
                 f"reason:    {v['reason']}" + (f" - {v['reason_detail']}" if v.get("reason_detail") else "")
@@ -414,7 +412,6 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
         return 1
     path = j["stderr"] if args.stderr else j["stdout"]
     offset = 0
-    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
     while True:
         try:
             with open(path, "rb") as f:
@@ -429,8 +426,8 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
             offset += len(data)
-        if not args.follow or j["state"] in final:
-            if j["state"] == "FAILED" and str(j.get("reason", "")).startswith("rejected:"):
+        if not args.follow or j["state"] in FINAL:
+            if j["state"] == FAILED and str(j.get("reason", "")).startswith("rejected:"):
                 # Refused after it was accepted (while members of a new cluster had not
                 # yet reported): it never ran, and says why, as a refused submission does.
                 print(f"mt-job: job {args.job_id} {j['reason']}", file=sys.stderr)
@@ -442,7 +439,7 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
 
 #: The script of an allocation: it only holds the resources until its time limit.
 ALLOC_SCRIPT = "#!/bin/sh\n# mt-job alloc: holds the allocation for interactive work\nexec sleep 2147483647\n"
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+FINAL = FINAL_STATES
 
 
 def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
@@ -469,7 +466,7 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
     try:
         while True:
             j = api.call("job.show", job_id=jid)
-            if j["state"] == "RUNNING" and j.get("start_time"):
+            if j["state"] == RUNNING and j.get("start_time"):
                 break
             if j["state"] in FINAL:
                 print(

@@ -22,6 +22,7 @@ from typing import Any
 
 from mtgpu.cli.slurm.formats import named
 from mtgpu.cmdline import with_examples
+from mtgpu.jobstate import CANCELLED, RUNNING, JobState
 
 EPILOG = """\
 examples:
@@ -36,16 +37,7 @@ fields (-o/--format, case-insensitive; NAME%WIDTH sets a width):
 #: Slurm's default --format.
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 #: Slurm's state abbreviations for -s/--state.
-STATE_CODES = {
-    "PD": "PENDING",
-    "R": "RUNNING",
-    "CD": "COMPLETED",
-    "F": "FAILED",
-    "CA": "CANCELLED",
-    "TO": "TIMEOUT",
-    "NF": "NODE_FAIL",
-    "OOM": "OUT_OF_MEMORY",
-}
+STATE_CODES = {s.code: s for s in JobState}
 _LONGEST_ARG = 4096
 
 
@@ -82,7 +74,7 @@ def elapsed(v: dict[str, Any], now: float | None = None) -> float | None:
     runs (the record leaves it null then, so that every read of it agrees)."""
     if v.get("elapsed") is not None:
         return float(v["elapsed"])
-    if v.get("state") == "RUNNING" and v.get("start_time"):
+    if v.get("state") == RUNNING and v.get("start_time"):
         return max(0.0, (now if now is not None else time.time()) - float(v["start_time"]))
     return None
 
@@ -239,7 +231,7 @@ def parse_when(text: str, now: float) -> float:
 def parse_states(text: str) -> set[str]:
     """``-s``'s list: Slurm's names or abbreviations (``F,TO,cd``)."""
     names = set(STATE_CODES.values())
-    out = set()
+    out: set[str] = set()
     for item in text.split(","):
         s = item.strip().upper()
         if not s:
@@ -247,7 +239,7 @@ def parse_states(text: str) -> set[str]:
         if s in STATE_CODES:
             out.add(STATE_CODES[s])
         elif s == "CANCELED":
-            out.add("CANCELLED")
+            out.add(CANCELLED)
         elif s in names:
             out.add(s)
         else:

@@ -20,6 +20,7 @@ from typing import Any
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import StateError
 from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.jobstate import CANCELLED, FAILED, FINAL_STATES, NODE_FAIL, RUNNING
 from mtgpu.schedd.cgroups import job_cgroup_name
 from mtgpu.schedd.jobenv import (
     DEFAULT_RENDEZVOUS_PORTS,
@@ -30,7 +31,7 @@ from mtgpu.schedd.jobenv import (
     pick_rendezvous_port,
 )
 from mtgpu.schedd.jobfile import parse_array, parse_signal
-from mtgpu.schedd.jobtable import FINAL_STATES, RUNNING, JobTable, attempt_of, spec_from_dict
+from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_from_dict
 from mtgpu.schedd.runner import SPEC, EarlierRunActive, JobAlreadyStarted, JobResult, Runner
 from mtgpu.schedd.vramwatch import JobProcesses, JobShare, VramStop, share_of
 
@@ -340,7 +341,7 @@ class Agent:
                 jid,
                 self.node,
                 term,
-                "FAILED",
+                FAILED,
                 None,
                 f"the job could not start on {self.node}: {exc}",
                 self.clock(),
@@ -511,7 +512,7 @@ class Agent:
                     await self.replicate(
                         self.table.finish,
                         jid,
-                        "FAILED",
+                        FAILED,
                         None,
                         f"could not start after a restart: {exc}",
                         self.clock(),
@@ -525,7 +526,7 @@ class Agent:
                 await self.replicate(
                     self.table.finish,
                     jid,
-                    "NODE_FAIL",
+                    NODE_FAIL,
                     None,
                     f"its supervisor on {self.node} is gone",
                     self.clock(),
@@ -553,7 +554,7 @@ class Agent:
                     await self.replicate(
                         self.table.finish,
                         jid,
-                        "CANCELLED",
+                        CANCELLED,
                         None,
                         j.get("reason") or "cancelled",
                         self.clock(),
@@ -582,7 +583,7 @@ class Agent:
                     await self.replicate(
                         self.table.finish,
                         jid,
-                        "CANCELLED",
+                        CANCELLED,
                         None,
                         j.get("reason") or "cancelled",
                         self.clock(),
@@ -610,7 +611,7 @@ class Agent:
                     jid,
                     self.node,
                     0,
-                    "CANCELLED",
+                    CANCELLED,
                     None,
                     "not running here",
                     self.clock(),

@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
+
 KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
 #: The most job ids one dependency may name.
 MAX_DEPENDENCY_IDS = 1000
 _ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,7})?", re.ASCII)
-FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+FINAL = FINAL_STATES
 #: Slurm's pending reasons for the gates.
 HELD, DEPENDENCY, NEVER, BEGIN = "JobHeldUser", "Dependency", "DependencyNeverSatisfied", "BeginTime"
 
@@ -94,7 +96,7 @@ def _one(kind: str, jobs: list[dict[str, Any]]) -> tuple[str, str]:
     left = [j for j in jobs if j["state"] not in FINAL]
     if kind == "afterany":
         return ("wait", f"job {left[0]['job_id']} has not ended") if left else ("ok", "")
-    wrong = [j for j in jobs if j["state"] in FINAL and (j["state"] == "COMPLETED") != (kind == "afterok")]
+    wrong = [j for j in jobs if j["state"] in FINAL and (j["state"] == COMPLETED) != (kind == "afterok")]
     if wrong:
         j = wrong[0]
         return "never", f"job {j['job_id']} ended {j['state']} ({kind})"
@@ -240,7 +242,7 @@ class Gates:
         opened, never, still = [], [], {}
         for jid in list(self.waiting):
             j = table.get(jid)
-            if j is None or j["state"] != "PENDING" or queued(jid):
+            if j is None or j["state"] != PENDING or queued(jid):
                 self.waiting.pop(jid, None)
                 continue
             state, reason, why = self.check(j, table, now)

@@ -20,22 +20,10 @@ from typing import Any
 
 from pysyncobj import SyncObjConsumer, replicated
 
+from mtgpu.jobstate import ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 from mtgpu.schedd import submitkeys, usage
 from mtgpu.schedd.jobenv import JOB_ID_RE
 from mtgpu.schedd.types import GpuMode, JobSpec, ResourceRequest
-
-PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY = (
-    "PENDING",
-    "RUNNING",
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-)
-FINAL_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY})
-ACTIVE_STATES = frozenset({PENDING, RUNNING})
 
 
 def attempt_of(job: dict[str, Any]) -> int:
@@ -144,6 +132,8 @@ class JobTable(SyncObjConsumer):
                 self.pending_script_bytes.pop(user, None)
 
     def _put(self, record: dict[str, Any]) -> None:
+        if type(record["state"]) is not str:
+            record = {**record, "state": str(record["state"])}  # a JobState: records hold plain strings
         jid = record["job_id"]
         old = self.jobs.get(jid)
         if old is not None and old["state"] == PENDING:

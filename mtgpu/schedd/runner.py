@@ -60,6 +60,7 @@ from typing import Any
 
 from mtgpu.errors import CommandError, JobError
 from mtgpu.fsafe import signal_pid
+from mtgpu.jobstate import OUT_OF_MEMORY, JobState
 from mtgpu.proc import ROOT_CHILD_ENV, python_argv, run
 from mtgpu.schedd import cgroups
 from mtgpu.schedd.jobenv import JobLaunch, JobUser
@@ -90,13 +91,13 @@ _BUILD = object()  # Runner.jobinit before the first start
 class FinalState(StrEnum):
     """How a job ended, in Slurm's words."""
 
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    COMPLETED = JobState.COMPLETED.value
+    FAILED = JobState.FAILED.value
+    CANCELLED = JobState.CANCELLED.value
+    TIMEOUT = JobState.TIMEOUT.value
+    OUT_OF_MEMORY = JobState.OUT_OF_MEMORY.value
     #: The supervisor itself vanished (a reboot, or it was killed) before recording.
-    NODE_FAIL = "NODE_FAIL"
+    NODE_FAIL = JobState.NODE_FAIL.value
 
 
 class JobAlreadyStarted(JobError):
@@ -623,7 +624,7 @@ class Runner:
         return self.result(job_id) is None
 
     def stop_over_limit(
-        self, job_id: str, reason: str, notice: str, attempt: int | None = None, state: str = "OUT_OF_MEMORY"
+        self, job_id: str, reason: str, notice: str, attempt: int | None = None, state: str = OUT_OF_MEMORY
     ) -> bool:
         """Ask the job's supervisor to stop it for a limit it broke (its VRAM): it
         writes ``notice`` in the job's standard error, sends SIGTERM, then SIGKILL

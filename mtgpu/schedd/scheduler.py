@@ -20,9 +20,10 @@ from typing import Any
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import NodeInventory
+from mtgpu.jobstate import FAILED, NODE_FAIL, PENDING
 from mtgpu.schedd.depend import Gates
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobtable import FAILED, PENDING, JobTable, attempt_of, spec_from_dict
+from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_from_dict
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
 from mtgpu.schedd.types import (
@@ -626,9 +627,7 @@ class Scheduler:
                         self.table.requeue, j["job_id"], f"requeued: {why}", wall, attempt, others
                     )
                 else:
-                    await self.replicate(
-                        self.table.finish, j["job_id"], "NODE_FAIL", None, why, wall, attempt
-                    )
+                    await self.replicate(self.table.finish, j["job_id"], NODE_FAIL, None, why, wall, attempt)
         await self._end_split_jobs(now)
         if lost or removed:
             self.kick()
@@ -664,7 +663,7 @@ class Scheduler:
                 )
             else:
                 await self.replicate(
-                    self.table.finish, j["job_id"], "NODE_FAIL", None, why, self.clock(), attempt_of(j)
+                    self.table.finish, j["job_id"], NODE_FAIL, None, why, self.clock(), attempt_of(j)
                 )
 
     async def release_old_runs(self, now: float | None = None) -> list[str]:
@@ -877,7 +876,7 @@ class Scheduler:
             await self.replicate(
                 self.table.finish,
                 job["job_id"],
-                "FAILED",
+                FAILED,
                 None,
                 f"could not start: {exc}",
                 self.clock(),

@@ -41,6 +41,7 @@ from typing import Any
 from mtgpu.cluster.lease import now as lease_now
 from mtgpu.cluster.lease import read_lease
 from mtgpu.fsafe import signal_members
+from mtgpu.jobstate import OUT_OF_MEMORY
 from mtgpu.proc import posix_spawn
 from mtgpu.schedd.cgroups import JobCgroup, device_deny_rules, gpu_majors, job_cgroup_name
 from mtgpu.schedd.jobenv import JobLaunch, build_env, container_command, container_env, job_argv, output_paths
@@ -548,7 +549,7 @@ class Supervisor:
             return
         try:
             data = json.loads((self.dir / STOP).read_text())
-            state = FinalState(data.get("state", "OUT_OF_MEMORY"))
+            state = FinalState(data.get("state", OUT_OF_MEMORY))
             reason, notice = str(data["reason"])[:1000], str(data.get("notice", ""))[:1000]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return

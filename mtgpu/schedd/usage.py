@@ -26,6 +26,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mtgpu.jobstate import COMPLETED
+
 #: The sums kept per row: job count (and how many of them did not complete), GPU and
 #: CPU seconds allocated (count x seconds held), and CPU seconds used (user+system).
 FIELDS = ("jobs", "not_completed", "gpu_seconds", "cpu_seconds", "cpu_used")
@@ -94,7 +96,7 @@ def charge(rows: dict[str, list[float]], job: Mapping[str, Any], count: bool = T
     user = str(job["user"])
     per_member = job.get("usage") or {}
     gpu_info = job.get("gpu_info") or {}
-    not_completed = 0.0 if job.get("state") == "COMPLETED" else 1.0
+    not_completed = 0.0 if job.get("state") == COMPLETED else 1.0
     if not members or start is None or end <= float(start):
         if not count:
             return

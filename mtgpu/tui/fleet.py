@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, ApiError, MtgpuError
+from mtgpu.jobstate import RUNNING
 from mtgpu.tui.link import ServerLink, ServerUnreachable
 from mtgpu.tui.sources import (
     CLUSTER,
@@ -393,7 +394,7 @@ class Fleet:
             state = j.get("state", "")
             if state not in FINAL:
                 return (
-                    0 if state == "RUNNING" else 1,
+                    0 if state == RUNNING else 1,
                     j.get("position") or 0,
                     j.get("submit_time") or 0,
                     str(j.get("job_id")),

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import urwid
 
 from mtgpu.errors import MtgpuError
+from mtgpu.jobstate import COMPLETED, PENDING, RUNNING
 from mtgpu.proc import call
 from mtgpu.text import printable
 from mtgpu.tui.fleet import UP, Fleet, ServerState
@@ -62,9 +63,9 @@ MAX_FINISHED = 8
 
 
 def state_attr(state: str) -> str:
-    if state in ("RUNNING", "COMPLETED", UP):
+    if state in (RUNNING, COMPLETED, UP):
         return "up"
-    if state in ("PENDING", "STARTING", "STOPPED", "connecting"):
+    if state in (PENDING, "STARTING", "STOPPED", "connecting"):
         return "wait"
     return "down" if state in FINAL or state in ("unreachable", "ENDED") else "dim"
 
@@ -311,7 +312,7 @@ class App:
             if not c.width:
                 # A waiting job's reason is what the user acts on: all of it, wrapped.
                 # A finished one's stays on its line (Enter shows it whole).
-                wrap: Literal["clip", "space"] = "space" if cells["state"] == "PENDING" else "clip"
+                wrap: Literal["clip", "space"] = "space" if cells["state"] == PENDING else "clip"
                 parts.append(urwid.Text(("dim", printable(cells["reason"])), wrap=wrap))
                 continue
             text = fit(printable(cells[c.name]), c.width, c.align)

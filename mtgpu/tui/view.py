@@ -10,7 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
+
+FINAL = FINAL_STATES
 
 # ------------------------------------------------------------------ keys
 
@@ -211,7 +213,7 @@ def duration(seconds: float | None) -> str:
 def elapsed(job: dict[str, Any], now: float) -> float | None:
     """How long the job has run (or ran): None before it starts."""
     start = job.get("start_time")
-    if start is None or job.get("state") == "PENDING":
+    if start is None or job.get("state") == PENDING:
         return None
     end = job.get("end_time") if job.get("state") in FINAL else None
     return max(0.0, float(end if end is not None else now) - float(start))
@@ -252,12 +254,12 @@ def job_cells(job: dict[str, Any], server: str, now: float, wide: bool = False) 
     else:
         gpu_text = ",".join(str(g.get("index")) for g in gpus)
     reason = ""
-    if state == "PENDING":
+    if state == PENDING:
         pos = job.get("position")
         reason = (f"#{pos} " if pos else "") + str(job.get("reason") or "")
     elif state in FINAL:
         reason = f"exit {job.get('exit_code')}" if job.get("exit_code") is not None else ""
-        if job.get("reason") and state != "COMPLETED":
+        if job.get("reason") and state != COMPLETED:
             reason = (reason + " " + str(job["reason"])).strip()
     elif job.get("cancel_requested"):
         reason = "stopping"

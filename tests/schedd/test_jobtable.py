@@ -7,7 +7,8 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtgpu.schedd.jobtable import ACTIVE_STATES, JobTable
+from mtgpu.jobstate import ACTIVE_STATES
+from mtgpu.schedd.jobtable import JobTable
 
 RECORD = {"name": "j", "user": "ann", "uid": 20001, "workdir": "/tmp", "spec": {}}
 

@@ -45,12 +45,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from mtgpu.jobstate import FINAL_STATES
 from mtgpu.schedd.runner import PIDFILE, RESULT, SPEC, is_alive, read_json
 
 # Every mt-job behaviour here is checked with both clients (Python, C fast path).
 pytestmark = [pytest.mark.root, pytest.mark.mtjob_clients]
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+FINAL = FINAL_STATES
 #: How long the daemon and the supervisors may take to agree after a step.
 SETTLE = 30.0
 #: How long a cancelled running job may take to end (SIGTERM, then SIGKILL after 10 s).

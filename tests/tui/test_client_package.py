@@ -28,6 +28,7 @@ ALLOWED = {
     "mtgpu.text",
     "mtgpu.cmdline",
     "mtgpu.proc",
+    "mtgpu.jobstate",
     "mtgpu.tui",
 }
 #: Calls that do not exist on Windows.
@@ -58,6 +59,7 @@ def client_modules() -> list[Path]:
         REPO / "mtgpu" / "text.py",
         REPO / "mtgpu" / "cmdline.py",  # --help's examples and --version
         REPO / "mtgpu" / "proc.py",  # the process helper (ssh)
+        REPO / "mtgpu" / "jobstate.py",  # the job states the screen shows
         REPO / "mtgpu" / "__init__.py",
     ]
 
@@ -115,7 +117,7 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
     shutil.copytree(
         REPO / "mtgpu" / "tui", src / "mtgpu" / "tui", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py"):
+    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py"):
         shutil.copy(REPO / "mtgpu" / f, src / "mtgpu" / f)
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -151,7 +153,7 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
         f
         for f in files
         if "/tui/" not in f
-        and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py"))
+        and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py"))
     ]
 
     job = tmp_path / "probe.sh"

@@ -14,7 +14,8 @@ import pytest
 
 from mtgpu.config.options import load_text
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
-from mtgpu.schedd.jobtable import CANCELLED, RUNNING, JobTable
+from mtgpu.jobstate import CANCELLED, RUNNING
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.workspaces.podman import ContainerRuntime
 from mtgpu.workspaces.service import Workspaces

@@ -17,6 +17,7 @@ from typing import Any
 
 from mtgpu.cli.slurm import formats
 from mtgpu.cmdline import with_examples
+from mtgpu.jobstate import PENDING, RUNNING
 
 #: The message Slurm prints for a job it does not know (or one that is not yours).
 INVALID_JOB = "Invalid job id specified"
@@ -208,7 +209,7 @@ def select_jobs(
 ) -> list[dict[str, Any]]:
     """The jobs ``squeue``'s filters keep (an array's id keeps its tasks, a task's
     numeric id that task)."""
-    keep = states or {"PENDING", "RUNNING"}
+    keep = states or {PENDING, RUNNING}
     out = []
     for j in jobs:
         if j["state"] not in keep:
@@ -235,7 +236,7 @@ def squeue_main(argv: list[str] | None = None) -> int:
     names = args.name.split(",") if args.name else None
 
     def body(api: Any) -> int:
-        finished = bool(ids) or bool(states and states - {"PENDING", "RUNNING"})
+        finished = bool(ids) or bool(states and states - {PENDING, RUNNING})
         jobs = api.call("job.list", all=finished or None)
         now = time.time()
         who = None if args.me else args.user

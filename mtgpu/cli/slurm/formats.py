@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from mtgpu.jobstate import BY_NAME_OR_CODE, PENDING, RUNNING, JobState
 from mtgpu.text import natural_key
 
 #: squeue's default format (``squeue`` with no -o), as Slurm prints it.
@@ -30,23 +31,10 @@ SINFO_NODES = "%#N %.6D %#P %6t"
 PARTITION = "mtgpu"
 
 #: Slurm's compact state codes (``%t``).
-STATE_CODES = {
-    "PENDING": "PD",
-    "RUNNING": "R",
-    "COMPLETED": "CD",
-    "FAILED": "F",
-    "CANCELLED": "CA",
-    "TIMEOUT": "TO",
-    "NODE_FAIL": "NF",
-    "OUT_OF_MEMORY": "OOM",
-    "MIXED": "R",
-}
+STATE_CODES = {**{s.value: s.code for s in JobState}, "MIXED": "R"}
 #: What ``-t/--state`` accepts: Slurm's names and codes, for MTGPU's states.
-STATE_NAMES = {
-    **{k: k for k in STATE_CODES if k != "MIXED"},
-    **{v: k for k, v in STATE_CODES.items() if k != "MIXED"},
-}
-STATE_NAMES["CG"] = "RUNNING"  # completing: still running here until it has ended
+STATE_NAMES: dict[str, str] = {**BY_NAME_OR_CODE}
+STATE_NAMES["CG"] = RUNNING  # completing: still running here until it has ended
 
 
 def elapsed(seconds: float | None) -> str:
@@ -117,7 +105,7 @@ def collapse_pending_arrays(jobs: Sequence[dict[str, Any]]) -> list[dict[str, An
     out: list[dict[str, Any]] = []
     groups: dict[str, list[dict[str, Any]]] = {}
     for j in jobs:
-        if j["state"] == "PENDING" and j.get("array_id") and j.get("array_task") is not None:
+        if j["state"] == PENDING and j.get("array_id") and j.get("array_task") is not None:
             group = groups.get(j["array_id"])
             if group is None:
                 groups[j["array_id"]] = group = []
@@ -148,15 +136,15 @@ def collapse_pending_arrays(jobs: Sequence[dict[str, Any]]) -> list[dict[str, An
 
 def sort_jobs(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Jobs in squeue's order: pending first, then running, ids in natural order."""
-    rank = {"PENDING": 0, "RUNNING": 1}
+    rank = {PENDING: 0, RUNNING: 1}
     return sorted(jobs, key=lambda j: (rank.get(j["state"], 2), natural_key(j["job_id"])))
 
 
 def where(job: dict[str, Any]) -> str:
     """``%R``: the nodes of a running job, ``(Reason)`` of a pending one."""
-    if job["state"] == "PENDING":
+    if job["state"] == PENDING:
         return f"({job.get('reason') or 'None'})"
-    return ",".join(job.get("nodes") or ()) or ("(None)" if job["state"] == "RUNNING" else "")
+    return ",".join(job.get("nodes") or ()) or ("(None)" if job["state"] == RUNNING else "")
 
 
 def _job_fields(now: float) -> dict[str, tuple[str, Callable[[dict[str, Any]], Any]]]:

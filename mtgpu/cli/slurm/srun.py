@@ -25,6 +25,7 @@ import time
 from typing import IO, Any
 
 from mtgpu.cmdline import with_examples
+from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
 from mtgpu.proc import spawn
 
 EXAMPLES = """\
@@ -234,7 +235,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in pairs if v}
 
 
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+FINAL = FINAL_STATES
 
 
 def run_job(args: argparse.Namespace, api: Any) -> int:
@@ -258,10 +259,10 @@ def run_job(args: argparse.Namespace, api: Any) -> int:
     try:
         while True:
             j = api.call("job.show", job_id=jid)
-            if j["state"] == "PENDING" and not queued:
+            if j["state"] == PENDING and not queued:
                 print(f"srun: job {jid} queued and waiting for resources", file=sys.stderr)
                 queued = True
-            elif queued and not ran and j["state"] != "PENDING":
+            elif queued and not ran and j["state"] != PENDING:
                 print(f"srun: job {jid} has been allocated resources", file=sys.stderr)
                 ran = True
             _stream(j, offsets)
@@ -274,7 +275,7 @@ def run_job(args: argparse.Namespace, api: Any) -> int:
         return 130
     _stream(j, offsets)
     code = j.get("exit_code")
-    if j["state"] != "COMPLETED":
+    if j["state"] != COMPLETED:
         why = f": {j['reason']}" if j.get("reason") else ""
         print(f"srun: error: job {jid} ended {j['state']}{why}", file=sys.stderr)
         return code if isinstance(code, int) and code > 0 else 1
