@@ -265,6 +265,10 @@ class Scheduler:
             self._node_snaps[inv.name] = (inv, made[1])  # the same snapshot stands for this report
         if old is None:
             self._names = sorted(self.nodes)
+            if len(self.queue) and self.running_now():
+                # A member new to this scheduler (just after a takeover, most often):
+                # the jobs waiting may fit it, so a pass now rather than on the next tick.
+                self.kick()
         self.last_report[inv.name] = self.lease_clock()
         if self.node_state.get(inv.name) is NodeState.DOWN:
             del self.node_state[inv.name]
