@@ -542,6 +542,7 @@ class Scheduler:
         self._restarted_unstarted = False
         self.rebuild()
         self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.kick()  # the first pass (and the restart of unstarted jobs) now, not a tick later
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)

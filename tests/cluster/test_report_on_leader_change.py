@@ -167,3 +167,21 @@ def test_a_member_new_to_a_scheduler_with_jobs_waiting_starts_a_pass():
         assert s._kick.is_set()
 
     asyncio.run(go())
+
+
+def test_a_scheduler_that_starts_runs_its_first_pass_at_once():
+    async def apply(method: Any, *args: Any, **kw: Any) -> Any:
+        return method(*args, _doApply=True)
+
+    async def dispatch(job: Any, term: int) -> None:
+        pass
+
+    async def go() -> None:
+        s = Scheduler(JobTable(), apply, dispatch, term=lambda: 1)
+        s.start()
+        try:
+            assert s._kick.is_set()  # not the loop's next 1 s tick
+        finally:
+            await s.stop()
+
+    asyncio.run(go())
