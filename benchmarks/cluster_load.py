@@ -493,16 +493,24 @@ class Worker:
         """Submit a job every 0.25 s until one runs: the time from this call to then."""
         t0 = time.time()
         ids: list[str] = []
+        accepted: float | None = None  # the first submission acknowledged
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             task = asyncio.ensure_future(self._submit("#!/bin/bash\n#MTGPU gpus=1\nsleep 1\n"))
             await asyncio.sleep(0.25)
             if task.done() and task.result():
                 ids.append(task.result())
+                if accepted is None:
+                    accepted = time.time() - t0
             for jid in ids:
                 j = self.jobs.get(jid)
                 if j is not None and j.get("start_time"):
-                    return {"running_after": j["start_time"] - t0}
+                    return {
+                        "running_after": j["start_time"] - t0,
+                        "accepted_after": accepted,
+                        "placed_after": (j.get("placed_time") or t0) - t0,
+                        "submitted_after": self.submitted[jid] - t0,
+                    }
         return {"running_after": None}
 
     async def serve(self) -> None:
@@ -794,6 +802,8 @@ def main() -> int:
         "SIMULATED_GPUS": [{"type": "a100", "count": 8, "vram": "80G"}],
         "TENANT_UID_RANGE": "20000-29999",
         "SSH_MAX_STARTUPS": 2000,
+        # Every simulated member dials the voters from the one address of the workers.
+        "SSH_MAX_CONNECTIONS_PER_SOURCE": 10000,
         "SSH_PENALTY_FAILURES": 100000,
     }
     hosts = [net.add(Host(dict(common), name=f"m{i}")) for i in range(1, 4)]
@@ -823,9 +833,9 @@ def main() -> int:
             | {"CLUSTER_PEERS": [f"{h.address}:{h.port}" for h in hosts]},
         }
         workers = [WorkerProc(k, setup, root) for k in range(args.workers)]
-        have = 0
+        have = top = 0  # members joined; indices used
         for size in sizes:
-            new = list(range(have, size))
+            new, top = list(range(top, size)), size
             per = [{"indices": new[k :: len(workers)]} for k in range(len(workers))]
             t0 = time.perf_counter()
             got = all_do(workers, "add", per=per)
@@ -834,7 +844,7 @@ def main() -> int:
                 f"({sum(g['members'] for g in got)} joined; {[g['errors'] for g in got]})",
                 file=sys.stderr,
             )
-            have = size
+            have = sum(g["members"] for g in got)
             row = measure(workers, hosts, size, args)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
@@ -854,11 +864,9 @@ def main() -> int:
                     time.sleep(0.05)
                     new = leader_of(survivors)
                 new_s.append(time.time() - t0)
-                running_s.append(workers[0].answer()["running_after"])
-                print(
-                    f"# kill {k + 1}: new scheduler {new_s[-1]:.2f} s, first job {running_s[-1]} s",
-                    file=sys.stderr,
-                )
+                got = workers[0].answer()
+                running_s.append(got["running_after"])
+                print(f"# kill {k + 1}: new scheduler {new_s[-1]:.2f} s, first job: {got}", file=sys.stderr)
                 if k + 1 < args.kills:
                     rejoin(victim)
             failover["new_scheduler_s"] = new_s
