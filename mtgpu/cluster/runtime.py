@@ -16,6 +16,7 @@ import asyncio
 import copy
 import functools
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,6 +40,16 @@ log = logging.getLogger("mtgpu.cluster")
 #: How long a member waits to catch up with the scheduler's log before it answers a
 #: read of replicated state (seconds); past it, the answer is a retryable error.
 CATCH_UP_TIMEOUT = 5.0
+
+#: A member that sees a new scheduler reports to it at once rather than at its next
+#: ``USAGE_SAMPLE_INTERVAL`` tick, at a random point within this many seconds, so that
+#: a thousand members reach a new scheduler within a second but not in one instant.
+NEW_LEADER_REPORT_JITTER = 0.5
+#: How often the report loop looks whether the scheduler changed (seconds).
+LEADER_POLL = 0.1
+#: A new scheduler asks the members that have not reported to it this long after it
+#: took over: those that saw it have reported by then, so it asks only the rest.
+PULL_AFTER_TAKEOVER = 2 * NEW_LEADER_REPORT_JITTER
 
 
 def advertised_address(options: Options) -> str:
@@ -452,41 +463,75 @@ class ClusterRuntime:
 
     async def _report_loop(self) -> None:
         """Send this member's inventory and measured use to the scheduler (not the log);
-        each answer renews this member's lease."""
+        each answer renews this member's lease.
+
+        Every ``USAGE_SAMPLE_INTERVAL``, and at once (within
+        ``NEW_LEADER_REPORT_JITTER``) when the scheduler changes: a new scheduler then
+        has every live member's inventory within about a second of taking over,
+        instead of waiting up to a whole interval for each. On the scheduler itself the
+        same tick asks the members that have not reported (``PULL_AFTER_TAKEOVER``
+        after it took over, then every interval)."""
+        interval = self.options.usage_sample_interval
+        seen: str | None = None
+        due = time.monotonic() + interval
+        fresh = False  # the next report is the first to a new scheduler
         while True:
-            await asyncio.sleep(self.options.usage_sample_interval)
-            inv = self.inventory()
+            await asyncio.sleep(max(0.0, min(LEADER_POLL, due - time.monotonic())))
             leader = self.leader()
-            if inv is None or leader is None:
+            now = time.monotonic()
+            if leader != seen:
+                seen = leader
+                if leader is not None and leader != self.name:
+                    due, fresh = min(due, now + random.uniform(0, NEW_LEADER_REPORT_JITTER)), True
+                elif leader is not None:
+                    due = min(due, now + PULL_AFTER_TAKEOVER)
                 continue
-            sent = lease_now()
-            if leader == self.name:
-                if self.on_report is not None:
-                    self.on_report(inv)
-                self._grant_self(sent)
-                # Members the scheduler has not heard from (it just took over; one just
-                # changed role and has not found it yet): ask them, so the inventory is
-                # complete as soon as they answer.
-                for name in self.unreported() if self.unreported is not None else []:
-                    if name in self.addresses and name != self.name and name not in self._pulls:
-                        self._pulls.add(name)
-                        task = asyncio.get_running_loop().create_task(self._pull_report(name))
-                        task.add_done_callback(functools.partial(self._pulled, name))
+            if now < due:
                 continue
-            try:
-                r = await self.peers.call(
-                    leader, "node.report", inventory=inv.to_dict(processes=False), timeout=5
+            due = now + interval
+            if not await self._report_once(leader) and fresh:
+                # The first report to a new scheduler failed (it may not serve peers
+                # yet): once more soon, not a whole interval later.
+                due = time.monotonic() + random.uniform(
+                    NEW_LEADER_REPORT_JITTER, 2 * NEW_LEADER_REPORT_JITTER
                 )
-            except ApiError as exc:
-                log.debug("report to %s failed: %s", leader, exc)
-                continue
-            if (
-                isinstance(r, dict)
-                and isinstance(r.get("lease"), (int, float))
-                and not isinstance(r["lease"], bool)
-                and 0 < r["lease"] <= self.lease_seconds
-            ):
-                self.lease.granted(sent, float(r["lease"]))
+            fresh = False
+
+    async def _report_once(self, leader: str | None) -> bool:
+        """One report to ``leader`` (on the scheduler: its own, and asking the silent).
+        False if it did not reach the scheduler."""
+        inv = self.inventory()
+        if inv is None or leader is None:
+            return False
+        sent = lease_now()
+        if leader == self.name:
+            if self.on_report is not None:
+                self.on_report(inv)
+            self._grant_self(sent)
+            # Members the scheduler has not heard from (it just took over; one just
+            # changed role and has not found it yet): ask them, so the inventory is
+            # complete as soon as they answer.
+            for name in self.unreported() if self.unreported is not None else []:
+                if name in self.addresses and name != self.name and name not in self._pulls:
+                    self._pulls.add(name)
+                    task = asyncio.get_running_loop().create_task(self._pull_report(name))
+                    task.add_done_callback(functools.partial(self._pulled, name))
+            return True
+        try:
+            r = await self.peers.call(
+                leader, "node.report", inventory=inv.to_dict(processes=False), timeout=5
+            )
+        except ApiError as exc:
+            log.debug("report to %s failed: %s", leader, exc)
+            return False
+        if (
+            isinstance(r, dict)
+            and isinstance(r.get("lease"), (int, float))
+            and not isinstance(r["lease"], bool)
+            and 0 < r["lease"] <= self.lease_seconds
+        ):
+            self.lease.granted(sent, float(r["lease"]))
+        return True
 
     def _pulled(self, name: str, _task: asyncio.Task[None]) -> None:
         self._pulls.discard(name)

@@ -267,6 +267,10 @@ class Scheduler:
             self._node_snaps[inv.name] = (inv, made[1])  # the same snapshot stands for this report
         if old is None:
             self._names = sorted(self.nodes)
+            if len(self.queue) and self.running_now():
+                # A member new to this scheduler (just after a takeover, most often):
+                # the jobs waiting may fit it, so a pass now rather than on the next tick.
+                self.kick()
         self.last_report[inv.name] = self.lease_clock()
         if self.node_state.get(inv.name) is NodeState.DOWN:
             del self.node_state[inv.name]
@@ -540,6 +544,7 @@ class Scheduler:
         self._restarted_unstarted = False
         self.rebuild()
         self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.kick()  # the first pass (and the restart of unstarted jobs) now, not a tick later
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
