@@ -586,7 +586,10 @@ class Daemon:
             )
             self._servers.append(await start_ssh_server(self, gateway))
         self.dispatcher.starting = False
-        Path(o.run_dir, "mtgpu.pid").write_text(f"{os.getpid()}\n")
+        # Written whole, then renamed: a reader (mtgpu-setup, a test) never sees it empty.
+        tmp = Path(o.run_dir, f".mtgpu.pid.{os.getpid()}")
+        tmp.write_text(f"{os.getpid()}\n")
+        os.replace(tmp, Path(o.run_dir, "mtgpu.pid"))
         log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen, o.server_name)
 
     def _use_store(self, store: StateStore) -> None:
