@@ -167,3 +167,76 @@ def test_the_blocking_reader_bounds_an_answer():
         lines.message()
     assert lines.message() == {"ok": True}
     assert lines.message() is None
+
+
+# ---------------------------------------------------------------------- its users
+
+
+def _one_shot_server(path, reply: bytes):
+    import socket
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(reply)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (b"<html>not an answer</html>\n", "no_answer"),
+        (b'{"id": 1, "ok": NaN}\n', "no_answer"),
+        (b'{"id": 1, "ok": tr', "closed"),  # cut off by the end of the connection
+    ],
+)
+def test_the_tools_client_turns_a_bad_answer_line_into_a_code(tmp_path, reply, code):
+    from mtgpu.api.client import ApiClient
+
+    t = _one_shot_server(tmp_path / "api.sock", reply)
+    with pytest.raises(ApiError) as info:
+        ApiClient(str(tmp_path / "api.sock"), timeout=10).call_once("version")
+    t.join(10)
+    assert info.value.code == code, info.value
+
+
+def test_remotegpu_skips_lines_that_are_not_answers():
+    from mtgpu.tui.link import ApiChannel
+
+    class Writer:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.sent.append(data)
+
+        def close(self) -> None:
+            pass
+
+    async def go():
+        reader = asyncio.StreamReader()
+        w = Writer()
+        chan = ApiChannel(w, reader)  # type: ignore[arg-type]
+        calls = [asyncio.ensure_future(chan.call("version", 10)) for _ in range(2)]
+        await asyncio.sleep(0)  # both are waiting for their answers
+        reader.feed_data(b'garbage\n[1]\n"x"\n{"id": NaN}\n\xff\n' + b"[" * 100 + b"]" * 100 + b"\n")
+        reader.feed_data(b'{"id": 1, "ok": true, "result": 5}\n{"id": 2, "ok": false, "code": "busy"}\n')
+        first = await calls[0]
+        with pytest.raises(ApiError) as info:
+            await calls[1]
+        chan.close()
+        return first, info.value, w.sent
+
+    first, refused, sent = asyncio.run(go())
+    assert first == 5 and refused.code == "busy" and refused.retryable
+    assert [json.loads(s) for s in sent] == [{"op": "version", "args": {}, "id": i} for i in (1, 2)]
