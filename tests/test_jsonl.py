@@ -240,3 +240,10 @@ def test_remotegpu_skips_lines_that_are_not_answers():
     first, refused, sent = asyncio.run(go())
     assert first == 5 and refused.code == "busy" and refused.retryable
     assert [json.loads(s) for s in sent] == [{"op": "version", "args": {}, "id": i} for i in (1, 2)]
+
+
+def test_the_modules_examples_hold():
+    import doctest
+
+    failed, tried = doctest.testmod(jsonl)
+    assert failed == 0 and tried >= 3
