@@ -168,11 +168,6 @@ class ValidationError(ApiError, ValueError):
         super().__init__(message, code, retryable=False)
 
 
-def refusal(exc: MtgpuError, rid: object = None) -> dict:
-    """The API answer for ``exc``: ``{"id", "ok": false, "error", "code", "retryable"}``."""
-    return {"id": rid, "ok": False, "error": str(exc), "code": exc.code, "retryable": exc.retryable}
-
-
 class GpuProbeError(MtgpuError):
     """A GPU probe failed, or a probe command printed output MTGPU cannot use."""
 

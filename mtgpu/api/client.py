@@ -5,12 +5,12 @@ It imports nothing heavy, so ``mt-job`` and friends start fast.
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import time
 from typing import Any
 
+from mtgpu import jsonl
 from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, ApiError
 
 #: How long a retryable answer (``"retryable": true``: nothing was done, such as
@@ -36,7 +36,7 @@ class ApiClient:
         self.path = path
         self.timeout = timeout
         self._sock: socket.socket | None = None
-        self._buf = b""
+        self._lines: jsonl.BlockingLineReader | None = None
         self._next = 0
         self._noticed = False
 
@@ -62,6 +62,7 @@ class ApiClient:
                     "not_running",
                 ) from exc
             self._sock = s
+            self._lines = jsonl.BlockingLineReader(s.recv)
         return self._sock
 
     #: How long a request answered ``starting`` (the daemon is loading its state) is
@@ -97,37 +98,40 @@ class ApiClient:
         s = self._connect()
         self._next += 1
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": self._next}
+        line = jsonl.encode(req)
         try:
-            s.sendall(json.dumps(req).encode() + b"\n")
-            answer = self._read_line(s)
+            s.sendall(line)
+            answer = self._read_answer()
         except (TimeoutError, OSError) as exc:
             self.close()
             raise ApiError(f"the MTGPU daemon did not answer: {exc}", "no_answer") from exc
         except ApiError:
             self.close()
             raise
-        if not answer.get("ok"):
-            raise ApiError.from_answer(answer)
+        refused = jsonl.answer_error(answer)
+        if refused is not None:
+            raise refused
         if answer.get("notice") and not self._noticed:
             # Once per command, on stderr, so --json output stays clean.
             self._noticed = True
             print(f"mtgpu: warning: {answer['notice']}", file=sys.stderr)
         return answer.get("result")
 
-    def _read_line(self, s: socket.socket) -> dict[str, Any]:
-        while b"\n" not in self._buf:
-            chunk = s.recv(1 << 16)
-            if not chunk:
-                self._buf = b""
-                raise ApiError("the MTGPU daemon closed the connection", "closed")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+    def _read_answer(self) -> dict[str, Any]:
+        assert self._lines is not None
+        try:
+            answer = self._lines.message()
+        except jsonl.LineError as exc:
+            raise ApiError(f"the MTGPU daemon sent a line that is not an answer: {exc}", "no_answer") from exc
+        if answer is None:
+            raise ApiError("the MTGPU daemon closed the connection", "closed")
+        return answer
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._lines = None
 
 
 def socket_path_from_config(config: str | None) -> str:

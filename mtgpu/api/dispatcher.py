@@ -2,7 +2,7 @@
 
 A request is a JSON object ``{"op": NAME, "args": {...}, "id": ANY}``; the answer is
 ``{"id": ANY, "ok": true, "result": ...}`` or ``{"id": ANY, "ok": false, "error":
-TEXT, "code": WORD, "retryable": BOOL}`` (:func:`mtgpu.errors.refusal`).
+TEXT, "code": WORD, "retryable": BOOL}`` (:func:`mtgpu.jsonl.refusal`).
 
 Errors: a :class:`~mtgpu.errors.ValidationError` (a malformed request) is answered
 ``bad_request`` with its message; any other :class:`~mtgpu.errors.MtgpuError` with its
@@ -23,16 +23,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mtgpu.errors import ApiError, MtgpuError, ValidationError, refusal
+from mtgpu.errors import ApiError, MtgpuError, ValidationError
+from mtgpu.jsonl import MAX_DEPTH, MAX_LINE_BYTES, refusal
 
 log = logging.getLogger("mtgpu.api")
 
 #: The longest request line, on the Unix socket and the mtgpu-api subsystem alike: room
 #: for a JOB_SCRIPT_MAX script (2 MiB at most) with JSON's escapes. A longer line is
 #: refused whole, with one answer.
-MAX_REQUEST_BYTES = 4 << 20
+MAX_REQUEST_BYTES = MAX_LINE_BYTES
 #: The deepest nesting of arrays and objects in a request (no operation takes more than 3).
-MAX_JSON_DEPTH = 32
+MAX_JSON_DEPTH = MAX_DEPTH
 
 
 @dataclass(frozen=True)

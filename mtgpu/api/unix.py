@@ -1,15 +1,13 @@
 """The API over a Unix socket (``RUN_DIR/api.sock``), identifying callers by SO_PEERCRED.
 
 The kernel tells who is on the other end; nothing the client says about itself is
-believed. One JSON request per line, one JSON answer per line.
+believed. One JSON request per line, one JSON answer per line (:mod:`mtgpu.jsonl`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import os
 import socket
 import struct
@@ -19,6 +17,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from mtgpu import jsonl
 from mtgpu.api.dispatcher import MAX_JSON_DEPTH, MAX_REQUEST_BYTES, Caller, Dispatcher
 from mtgpu.errors import ApiError
 
@@ -35,159 +34,23 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN and infinity replaced by null (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def encode_answer(answer: dict[str, Any]) -> bytes:
-    """One answer line, strict JSON (never NaN or Infinity). Keys are sorted, so a
-    client may print a result as it came."""
-    for attempt in (answer, _finite(answer)):
-        try:
-            text = json.dumps(attempt, default=str, sort_keys=True, allow_nan=False)
-        except TypeError:  # keys of mixed types cannot be sorted
-            try:
-                text = json.dumps(attempt, default=str, allow_nan=False)
-            except ValueError:
-                continue
-        except ValueError:  # a NaN or infinity somewhere: send null in its place
-            continue
-        return text.encode() + b"\n"
-    return (
-        json.dumps(
-            {
-                "id": None,
-                "ok": False,
-                "code": "internal",
-                "retryable": False,
-                "error": "the answer could not be written as JSON",
-            }
-        ).encode()
-        + b"\n"
-    )
-
-
-class RequestTooLarge(Exception):
-    """A request line over the limit; the rest of it was read and dropped."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
-
-
-class LineReader:
-    """Lines of at most ``limit`` bytes from a stream (an asyncio or an asyncssh reader).
-
-    Each byte is looked at once, so a long line costs its length, not its square. A
-    line over ``limit`` is not kept: it is read to its end and dropped, and
-    :meth:`next` raises :class:`RequestTooLarge` once for it, so the client gets one
-    answer for the whole line and the stream goes on. A line that never ends is
-    dropped until ``discard_limit`` bytes, then the stream is given up.
-    """
-
-    def __init__(
-        self, reader: Any, limit: int = MAX_REQUEST_BYTES, discard_limit: int = 16 * MAX_REQUEST_BYTES
-    ) -> None:
-        self.reader, self.limit, self.discard_limit = reader, limit, discard_limit
-        self._buf = bytearray()
-        self._scanned = 0
-
-    async def _more(self) -> bytes:
-        return bytes(await self.reader.read(1 << 16))
-
-    async def next(self) -> bytes | None:
-        """The next line without its newline; None at the end of the stream."""
-        while True:
-            i = self._buf.find(b"\n", self._scanned)
-            if 0 <= i <= self.limit:
-                line = bytes(self._buf[:i])
-                del self._buf[: i + 1]
-                self._scanned = 0
-                return line
-            if i > self.limit or len(self._buf) > self.limit:
-                await self._drop_line(i)
-            self._scanned = len(self._buf)
-            data = await self._more()
-            if not data:
-                if self._buf:
-                    line = bytes(self._buf)
-                    self._buf.clear()
-                    return line
-                return None
-            self._buf += data
-
-    async def _drop_line(self, newline: int) -> None:
-        size = newline if newline >= 0 else len(self._buf)
-        if newline >= 0:
-            del self._buf[: newline + 1]
-        else:
-            self._buf.clear()
-            while True:
-                if size > self.discard_limit:
-                    raise ConnectionError("a request line that does not end")
-                data = await self._more()
-                if not data:
-                    break
-                i = data.find(b"\n")
-                if i >= 0:
-                    size += i
-                    self._buf += data[i + 1 :]
-                    break
-                size += len(data)
-        self._scanned = 0
-        raise RequestTooLarge(size)
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """True if ``value`` nests arrays and objects more than ``limit`` deep (no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d > limit:
-                return True
-            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return False
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_request(line: bytes) -> tuple[Any, dict[str, Any] | None]:
-    """(request, None), or (None, the answer refusing it): not JSON, NaN or Infinity
-    (which Python's json would read), or nested deeper than MAX_JSON_DEPTH."""
-    too_deep = {
-        "id": None,
-        "ok": False,
-        "code": "bad_request",
-        "retryable": False,
-        "error": f"the request nests arrays and objects more than {MAX_JSON_DEPTH} deep; "
-        "no operation takes that",
-    }
+    """(request, None), or (None, the answer refusing it): over the limit, not UTF-8,
+    not JSON (NaN and Infinity are not), or nested deeper than MAX_JSON_DEPTH. A value
+    that is not an object is the dispatcher's to refuse, with the request's shape."""
     try:
-        request = json.loads(line, parse_constant=_no_constants)
-    except RecursionError:
-        return None, too_deep
-    except ValueError:
-        return None, {
-            "id": None,
-            "ok": False,
-            "code": "bad_request",
-            "retryable": False,
-            "error": "not valid JSON (NaN and Infinity are not JSON either); send one JSON object per line",
-        }
-    # Counting brackets (strings' included) is a cheap upper bound of the depth.
-    if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and _depth_over(request, MAX_JSON_DEPTH):
-        return None, too_deep
-    return request, None
+        return jsonl.decode_value(line, limit=MAX_REQUEST_BYTES, depth=MAX_JSON_DEPTH), None
+    except jsonl.LineError as exc:
+        return None, jsonl.refusal(exc)
+
+
+def too_large(exc: jsonl.LineTooLong) -> dict[str, Any]:
+    """The answer to a request line over the limit (read whole and dropped)."""
+    return jsonl.error_answer(
+        f"the request is {exc.size} bytes; a request line is at most "
+        f"{MAX_REQUEST_BYTES} (4 MiB); keep data out of requests",
+        "too_large",
+    )
 
 
 #: Lines longer than this are parsed off the event loop, which also serves logins.
@@ -216,24 +79,13 @@ async def serve_lines(
     reader: LineStream, writer: AnswerStream, dispatcher: Dispatcher, caller: Caller
 ) -> None:
     """Answer JSON-lines requests from one stream until it closes."""
-    lines = LineReader(reader)
+    lines = jsonl.LineReader(reader, limit=MAX_REQUEST_BYTES)
     try:
         while True:
             try:
                 line = await lines.next()
-            except RequestTooLarge as exc:
-                writer.write(
-                    encode_answer(
-                        {
-                            "id": None,
-                            "ok": False,
-                            "code": "too_large",
-                            "retryable": False,
-                            "error": f"the request is {exc.size} bytes; a request line is at most "
-                            f"{MAX_REQUEST_BYTES} (4 MiB); keep data out of requests",
-                        }
-                    )
-                )
+            except jsonl.LineTooLong as exc:
+                writer.write(jsonl.encode_answer(too_large(exc)))
                 await writer.drain()
                 continue
             if line is None:
@@ -246,7 +98,7 @@ async def serve_lines(
             else:
                 request, refusal = parse_request(line)
             answer = refusal or await dispatcher.handle(caller, request)
-            writer.write(encode_answer(answer))
+            writer.write(jsonl.encode_answer(answer))
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError, asyncssh.Error, BrokenPipeError):
         pass
@@ -268,12 +120,7 @@ async def _refuse(
     except (TimeoutError, ValueError, ConnectionError):
         pass
     try:
-        writer.write(
-            json.dumps(
-                {"id": None, "ok": False, "code": exc.code, "retryable": exc.retryable, "error": str(exc)}
-            ).encode()
-            + b"\n"
-        )
+        writer.write(jsonl.encode_answer(jsonl.refusal(exc)))
         await writer.drain()
     except ConnectionError:
         pass

@@ -30,15 +30,16 @@ Grants are enforced by each cluster's members; this command only asks for them:
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
+from mtgpu import jsonl
 from mtgpu.cli.common import add_common, base_parser, emit, run_cli, table
 from mtgpu.cmdline import with_examples
 from mtgpu.errors import ApiError, MtgpuError, ValidationError
@@ -147,6 +148,7 @@ class ClusterLink:
         self.ssh_config = ssh_config
         self.member: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lines: jsonl.BlockingLineReader | None = None
         self._next = 0
 
     def _argv(self, address: str) -> list[str]:
@@ -180,6 +182,7 @@ class ClusterLink:
                 self._argv(address), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             self._proc, self.member = proc, address
+            self._lines = jsonl.BlockingLineReader(cast(io.BufferedReader, proc.stdout).read1)
             try:
                 self._exchange("version", {})  # proves the channel answers
                 return proc
@@ -193,18 +196,19 @@ class ClusterLink:
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         self._next += 1
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": self._next}
+        assert self._lines is not None
+        data = jsonl.encode(req)
         try:
-            proc.stdin.write(json.dumps(req).encode() + b"\n")
+            proc.stdin.write(data)
             proc.stdin.flush()
-            line = proc.stdout.readline()
+            answer = self._lines.message()
         except OSError:
-            line = b""
-        if not line:
+            answer = None
+        except jsonl.LineError as exc:
+            raise ApiError(f"{self.member} sent a line that is not an answer: {exc}", "unreachable") from exc
+        if answer is None:
             raise ApiError(self._why_closed(), "unreachable")
-        answer = json.loads(line)
-        if not answer.get("ok"):
-            raise ApiError.from_answer(answer)
-        return answer.get("result")
+        return jsonl.result(answer)
 
     def _why_closed(self) -> str:
         proc = self._proc
@@ -233,6 +237,7 @@ class ClusterLink:
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
+        self._lines = None
         if proc is not None:
             try:
                 if proc.stdin:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import asyncssh
 
+from mtgpu import jsonl
 from mtgpu.cluster.dial import connect_peer
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.errors import ApiError
@@ -100,16 +100,17 @@ class PeerClient:
             return link
 
     async def _read(self, target: str, link: _Link) -> None:
+        lines = jsonl.LineReader(link.proc.stdout, limit=jsonl.MAX_ANSWER_BYTES, partial=False)
         try:
             while True:
-                line = await link.proc.stdout.readline()
-                if not line:
-                    break
                 try:
-                    ans = json.loads(line)
-                except ValueError:
-                    continue
-                fut = link.waiting.pop(ans.get("id"), None)
+                    ans = await lines.message()
+                except jsonl.LineError:
+                    continue  # not an answer: whoever waits for it times out
+                if ans is None:
+                    break
+                rid = ans.get("id")
+                fut = link.waiting.pop(rid, None) if isinstance(rid, int) else None
                 if fut is not None and not fut.done():
                     fut.set_result(ans)
         except (asyncssh.Error, OSError):
@@ -128,9 +129,10 @@ class PeerClient:
         """
         link = await self._link(target, dial_address)
         rid = next(self._ids)
+        line = jsonl.encode({"op": op, "args": args, "id": rid})
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         link.waiting[rid] = fut
-        link.proc.stdin.write(json.dumps({"op": op, "args": args, "id": rid}).encode() + b"\n")
+        link.proc.stdin.write(line)
         try:
             ans = await asyncio.wait_for(fut, timeout)
         except TimeoutError as exc:
@@ -138,9 +140,7 @@ class PeerClient:
             raise ApiError(
                 f"member {target} did not answer {op} within {timeout:.0f}s", "unreachable"
             ) from exc
-        if not ans.get("ok"):
-            raise ApiError.from_answer(ans)
-        return ans.get("result")
+        return jsonl.result(ans)
 
     async def open_raft(self, target: str) -> tuple[Any, Any, Callable[[], None]]:
         """A ``mtgpu-raft`` channel to ``target``: (reader, writer, closer)."""

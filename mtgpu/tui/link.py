@@ -1,8 +1,8 @@
 """One SSH connection to one MTGPU server, speaking the ``mtgpu-api`` subsystem.
 
 The connection is an asyncssh client that reads the user's ``~/.ssh/config``, keys,
-agent and ``known_hosts`` as OpenSSH would. Requests are JSON lines on a channel of
-that connection, answered in process by the server: nothing is spawned there per
+agent and ``known_hosts`` as OpenSSH would. Requests are JSON lines
+(:mod:`mtgpu.jsonl`) on a channel of that connection, answered in process by the server: nothing is spawned there per
 refresh. Actions that may take a while (creating a workspace) get a channel of their
 own so that refreshing goes on meanwhile.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import socket
@@ -26,7 +25,8 @@ from typing import Any
 
 import asyncssh
 
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu import jsonl
+from mtgpu.errors import MtgpuError
 from mtgpu.tui.sources import Target
 
 log = logging.getLogger("remotegpu")
@@ -103,16 +103,16 @@ class ApiChannel:
         self.notice: str | None = None
 
     async def _read(self) -> None:
+        lines = jsonl.LineReader(self._reader, limit=jsonl.MAX_ANSWER_BYTES, partial=False)
         try:
             while True:
-                line = await self._reader.readline()
-                if not line:
-                    break
                 try:
-                    answer = json.loads(line)
-                except ValueError:
-                    continue
-                rid = answer.get("id") if isinstance(answer, dict) else None
+                    answer = await lines.message()
+                except jsonl.LineError:
+                    continue  # not an answer: whoever waits for it times out
+                if answer is None:
+                    break
+                rid = answer.get("id")
                 fut = self._waiting.pop(rid, None) if isinstance(rid, int) else None
                 if fut is not None and not fut.done():
                     fut.set_result(answer)
@@ -134,7 +134,7 @@ class ApiChannel:
         self._waiting[rid] = fut
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": rid}
         try:
-            self._writer.write(json.dumps(req) + "\n")
+            self._writer.write(jsonl.encode(req))
             answer = await asyncio.wait_for(fut, timeout)
         except TimeoutError as exc:
             raise ServerUnreachable(f"{op} got no answer within {timeout:g} s") from exc
@@ -142,8 +142,9 @@ class ApiChannel:
             raise ServerUnreachable(f"connection lost: {exc}") from exc
         finally:
             self._waiting.pop(rid, None)
-        if not answer.get("ok"):
-            raise ApiError.from_answer(answer)
+        refused = jsonl.answer_error(answer)
+        if refused is not None:
+            raise refused
         if answer.get("notice"):
             self.notice = str(answer["notice"])[:2000]
         return answer.get("result")
@@ -194,7 +195,7 @@ class ServerLink:
     async def _open_channel(self) -> ApiChannel:
         assert self.conn is not None
         writer, reader, _ = await asyncio.wait_for(
-            self.conn.open_session(subsystem=SUBSYSTEM, encoding="utf-8"), self.timeout
+            self.conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.timeout
         )
         return ApiChannel(writer, reader)
 

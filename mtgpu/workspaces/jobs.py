@@ -31,7 +31,6 @@ image. What happens to it:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -41,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mtgpu import jsonl
 from mtgpu.proc import aspawn, run
 from mtgpu.schedd.jobenv import JobLaunch
 from mtgpu.workspaces.podman import SYSTEM_PATH
@@ -51,6 +51,8 @@ log = logging.getLogger("mtgpu.workspaces")
 
 #: The peer channel that streams an image from the member that has it.
 IMAGE_SUBSYSTEM = "mtgpu-image"
+#: The longest request on that channel (a JSON line: user, UID and image id).
+IMAGE_REQUEST_BYTES = 4096
 #: A streamed image that sends nothing for this long has failed.
 STALL_TIMEOUT = 60.0
 #: How often progress is written to the job while an image streams.
@@ -361,7 +363,7 @@ class JobContainers:
         try:
             conn = await self.connect(origin)
             proc = await conn.create_process(subsystem=IMAGE_SUBSYSTEM, encoding=None)
-            proc.stdin.write(json.dumps({"user": t.name, "uid": t.uid, "image": image_id}).encode() + b"\n")
+            proc.stdin.write(jsonl.encode({"user": t.name, "uid": t.uid, "image": image_id}))
             proc.stdin.write_eof()
             last = t0
             with open(tmp, "wb") as f:  # noqa: ASYNC230 - the root-owned cache on local disk
@@ -399,8 +401,11 @@ class JobContainers:
     async def serve_image(self, process: Any, peer: str, account_of: Callable[[str], Any]) -> None:
         """The ``mtgpu-image`` channel: ``podman save`` of one image, as its owner."""
         try:
-            line = await asyncio.wait_for(process.stdin.readline(), 30)
-            req = json.loads(line)
+            req = await asyncio.wait_for(
+                jsonl.LineReader(process.stdin, limit=IMAGE_REQUEST_BYTES).message(), 30
+            )
+            if req is None:
+                raise ValueError("the channel closed before its request")
             user, uid, image_id = str(req["user"]), int(req["uid"]), str(req["image"])
             if not _ID_RE.match(image_id):
                 raise ValueError(f"{image_id!r} is not an image id")

@@ -7,7 +7,8 @@ import asyncio
 import json
 
 from mtgpu.api.dispatcher import MAX_JSON_DEPTH, MAX_REQUEST_BYTES
-from mtgpu.api.unix import LineReader, RequestTooLarge, encode_answer, parse_request
+from mtgpu.api.unix import parse_request
+from mtgpu.jsonl import LineReader, LineTooLong, encode_answer
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:
@@ -23,7 +24,7 @@ def test_a_line_over_the_limit_is_one_refusal_and_the_stream_goes_on():
         got = [await lines.next()]
         try:
             await lines.next()
-        except RequestTooLarge as exc:
+        except LineTooLong as exc:
             got.append(exc.size)
         got += [await lines.next(), await lines.next(), await lines.next()]
         return got

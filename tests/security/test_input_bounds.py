@@ -249,6 +249,7 @@ def test_json_nested_a_thousand_deep_is_a_bad_request_and_nan_never_goes_out(bou
     h, eve = bounds["host"], bounds["eve"]
     deep = b'{"op": "whoami", "args": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     nan = b'{"op": "job.show", "args": {"job_id": NaN}, "id": Infinity}'
+    latin1 = b'{"op": "caf\xe9", "id": 3}'
     with api_socket(h.run_dir, eve.uid) as s:
         got = lines(
             s,
@@ -256,18 +257,20 @@ def test_json_nested_a_thousand_deep_is_a_bad_request_and_nan_never_goes_out(bou
                 deep,
                 b'{"op": "whoami", "args": ' + b"[" * 40 + b"]" * 40 + b"}",
                 nan,
+                latin1,
                 {"op": "whoami", "id": "after"},
             ],
         )
     assert got[0]["code"] == "bad_request" and "32" in got[0]["error"], got[0]
     assert got[1]["code"] == "bad_request", got[1]
     assert got[2]["code"] == "bad_request" and "NaN" in got[2]["error"], got[2]
-    assert got[3]["ok"] and got[3]["id"] == "after"
-    answers = asyncio.run(_subsystem(h, eve, [deep, nan, b'{"op": "whoami", "id": 7}']))
-    assert [a.get("code") for a in answers[:2]] == ["bad_request", "bad_request"], answers
-    assert answers[2]["ok"] and answers[2]["id"] == 7
+    assert got[3]["code"] == "bad_request" and "not UTF-8 text: byte 0xe9" in got[3]["error"], got[3]
+    assert got[4]["ok"] and got[4]["id"] == "after"
+    answers = asyncio.run(_subsystem(h, eve, [deep, nan, latin1, b'{"op": "whoami", "id": 7}']))
+    assert [a.get("code") for a in answers[:3]] == ["bad_request"] * 3, answers
+    assert answers[3]["ok"] and answers[3]["id"] == 7
     _no_traceback(h)
-    tally("attacks_refused", 4)
+    tally("attacks_refused", 6)
 
 
 async def _subsystem(h: Host, tenant: Tenant, requests: list[bytes]) -> list[dict]:

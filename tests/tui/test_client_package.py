@@ -29,6 +29,7 @@ ALLOWED = {
     "mtgpu.cmdline",
     "mtgpu.proc",
     "mtgpu.jobstate",
+    "mtgpu.jsonl",
     "mtgpu.tui",
 }
 #: Calls that do not exist on Windows.
@@ -60,6 +61,7 @@ def client_modules() -> list[Path]:
         REPO / "mtgpu" / "cmdline.py",  # --help's examples and --version
         REPO / "mtgpu" / "proc.py",  # the process helper (ssh)
         REPO / "mtgpu" / "jobstate.py",  # the job states the screen shows
+        REPO / "mtgpu" / "jsonl.py",  # the API's JSON lines
         REPO / "mtgpu" / "__init__.py",
     ]
 
@@ -117,7 +119,7 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
     shutil.copytree(
         REPO / "mtgpu" / "tui", src / "mtgpu" / "tui", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py"):
+    for f in ("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py", "jsonl.py"):
         shutil.copy(REPO / "mtgpu" / f, src / "mtgpu" / f)
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -153,7 +155,9 @@ def test_a_clean_venv_gets_only_the_client_and_it_reads_a_real_server(laptop, tm
         f
         for f in files
         if "/tui/" not in f
-        and not f.endswith(("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py"))
+        and not f.endswith(
+            ("__init__.py", "errors.py", "text.py", "cmdline.py", "proc.py", "jobstate.py", "jsonl.py")
+        )
     ]
 
     job = tmp_path / "probe.sh"
