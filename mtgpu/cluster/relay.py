@@ -18,6 +18,7 @@ before, and the client decides.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ LEADER_POLL = 0.05
 SAME_LEADER_PAUSE = 0.5
 #: How long a relayed request may wait for the scheduler's answer once sent.
 ANSWER_TIMEOUT = 30.0
+
+log = logging.getLogger("mtgpu.cluster")
 
 NO_LEADER = "no scheduler is elected right now; retry in a few seconds"
 
@@ -114,6 +117,7 @@ async def relay(
         # The dial: nothing is sent yet, so a new leader is tried at once.
         dial: asyncio.Future[Any] = asyncio.ensure_future(peers.connection(leader))
         if await _unless_moved(dial, leader_of, leader):
+            log.info("relaying %s: %s is no longer the scheduler; sent to the new one", op, leader)
             continue
         try:
             dial.result()
@@ -121,6 +125,7 @@ async def relay(
             if exc.code != "unreachable" or loop.time() >= deadline:
                 raise
             last = exc
+            log.info("relaying %s: %s; sent again once a scheduler answers", op, exc)
             continue
         call: Awaitable[Any] = peers.call(
             leader, "forward", op=op, args=args, caller=caller, timeout=ANSWER_TIMEOUT
@@ -129,6 +134,7 @@ async def relay(
             return await call
         sent: asyncio.Future[Any] = asyncio.ensure_future(call)
         if await _unless_moved(sent, leader_of, leader):
+            log.info("relaying %s: %s is no longer the scheduler; sent again to the new one", op, leader)
             continue
         try:
             return sent.result()
@@ -136,3 +142,4 @@ async def relay(
             if exc.code != "unreachable" or loop.time() >= deadline:
                 raise
             last = exc
+            log.info("relaying %s: %s; sent again once a scheduler answers", op, exc)
