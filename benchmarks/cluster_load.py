@@ -42,7 +42,9 @@ and, at the largest size, the time from ``kill -9`` of the scheduler to a new on
 and to the first job submitted afterwards running (``--kills N``: N times, the
 killed voter restarted between kills; p50, p99 and max). The simulated members see
 the new scheduler through their replica and report to it at once, as real ones do
-(the real report loop).
+(the real report loop); each holds a connection to every voter (a real member's
+replica does), and a tenant's submission is relayed as a member relays it
+(``mtgpu.cluster.relay``, with its key).
 
 Run as root from the repository root (about 6 minutes for the defaults):
 
@@ -273,7 +275,24 @@ class SimMember:
             raise
         self.agent.start()
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._sample_loop()), loop.create_task(self.runtime._report_loop())]
+        self.tasks = [
+            loop.create_task(self._sample_loop()),
+            loop.create_task(self.runtime._report_loop()),
+            loop.create_task(self._hold_voters()),
+        ]
+
+    async def _hold_voters(self) -> None:
+        """Keep a connection to every voter, as a real member's replica does (it dials
+        each voter for its read-only Raft channel, on this same peer client): so a new
+        scheduler is already connected to, not dialed by every member at once."""
+        await asyncio.sleep(random.uniform(0, 2.0))
+        while True:
+            for voter in self.worker.voter_addresses:
+                try:
+                    await self.peers.connection(voter)
+                except Exception:  # noqa: BLE001 - a dead voter: dialed again next round
+                    pass
+            await asyncio.sleep(1.0)
 
     async def peer_session(self, process: Any, name: str) -> None:
         """A channel from another member: only ``mtgpu-peer`` (the scheduler's calls)."""
@@ -381,23 +400,27 @@ class Worker:
         await asyncio.gather(*(one(i) for i in indices))
         return {"members": len(self.members), "seconds": time.perf_counter() - t0, "errors": errors[:5]}
 
-    async def _submit(self, script: str) -> str | None:
-        leader = self.leader()
-        if leader is None:
-            return None
+    async def _submit(self, script: str, errors: list[str] | None = None) -> str | None:
+        """One tenant's submission with its key, relayed by a random member as a
+        member's ``forward`` relays it (following the leader through a failover)."""
+        import secrets
+
+        from mtgpu.cluster.relay import relay
+
         member = random.choice(self.members)
         name, uid = random.choice(self.tenants)
         sent = time.time()
         try:
-            r = await member.peers.call(
-                leader,
-                "forward",
-                op="job.submit",
-                args={"script": script, "workdir": "/tmp"},
-                caller={"name": name, "uid": uid, "admin": False},
-                timeout=30,
+            r = await relay(
+                member.peers,
+                self.leader,
+                "job.submit",
+                {"script": script, "workdir": "/tmp", "token": secrets.token_hex(16)},
+                {"name": name, "uid": uid, "admin": False},
             )
-        except Exception:  # noqa: BLE001 - counted as lost
+        except Exception as exc:  # noqa: BLE001 - counted as lost
+            if errors is not None:
+                errors.append(f"{time.time() - sent:.2f} s to {self.leader()}: {type(exc).__name__}: {exc}")
             return None
         self.submitted[r["job_id"]] = sent
         return r["job_id"]
@@ -494,14 +517,24 @@ class Worker:
         t0 = time.time()
         ids: list[str] = []
         accepted: float | None = None  # the first submission acknowledged
+        errors: list[tuple[float, str]] = []  # (sent after the kill, why it failed)
+        pending: list[tuple[float, asyncio.Future[str | None], list[str]]] = []
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            task = asyncio.ensure_future(self._submit("#!/bin/bash\n#MTGPU gpus=1\nsleep 1\n"))
+            why: list[str] = []
+            script = "#!/bin/bash\n#MTGPU gpus=1\nsleep 1\n"
+            pending.append((time.time() - t0, asyncio.ensure_future(self._submit(script, why)), why))
             await asyncio.sleep(0.25)
-            if task.done() and task.result():
-                ids.append(task.result())
-                if accepted is None:
-                    accepted = time.time() - t0
+            # A submission answered later than the next one is sent still counts.
+            for item in [p for p in pending if p[1].done()]:
+                pending.remove(item)
+                sent_after, task, why = item
+                if task.result():
+                    ids.append(task.result())
+                    if accepted is None:
+                        accepted = time.time() - t0
+                else:
+                    errors.append((round(sent_after, 2), "; ".join(why)))
             for jid in ids:
                 j = self.jobs.get(jid)
                 if j is not None and j.get("start_time"):
@@ -510,6 +543,8 @@ class Worker:
                         "accepted_after": accepted,
                         "placed_after": (j.get("placed_time") or t0) - t0,
                         "submitted_after": self.submitted[jid] - t0,
+                        "refused": len(errors),
+                        "refusals": errors[:3] + errors[-3:] if len(errors) > 6 else errors,
                     }
         return {"running_after": None}
 

@@ -678,6 +678,7 @@ class Daemon:
     def _forward_to_leader(self, ops: tuple[str, ...]) -> None:
         """On a member that is not the scheduler, tenant job operations go to the leader."""
         from mtgpu.api.dispatcher import arg
+        from mtgpu.cluster.relay import relay
         from mtgpu.errors import ApiError
 
         cluster = self.cluster
@@ -716,16 +717,13 @@ class Daemon:
                     )
                     if src is not None:
                         args = {**args, "container_source": src}
-                leader = cluster.leader()
-                if leader is None:
-                    raise ApiError("no scheduler is elected right now; retry in a few seconds", "no_leader")
-                return await cluster.peers.call(
-                    leader,
-                    "forward",
-                    op=op,
-                    args=args,
-                    timeout=30,
-                    caller={"name": caller.name, "uid": caller.uid, "admin": caller.admin},
+                # Through a failover, to the new scheduler as soon as it is named.
+                return await relay(
+                    cluster.peers,
+                    cluster.leader,
+                    op,
+                    args,
+                    {"name": caller.name, "uid": caller.uid, "admin": caller.admin},
                 )
 
             forwarding.__doc__ = original.doc

@@ -27,6 +27,8 @@ log = logging.getLogger("mtgpu.cluster")
 #: Connections being opened at once. A new scheduler dials the members it starts jobs
 #: on; a thousand handshakes at once on a busy host would each miss their timeout.
 MAX_DIALS = 16
+#: Seconds a dial to another member may take (``CLUSTER_CONNECT_TIMEOUT``'s default).
+CONNECT_TIMEOUT = 5.0
 
 
 class _Link:
@@ -48,9 +50,15 @@ class PeerClient:
     """Requests to other members by name; addresses come from ``address_of``."""
 
     def __init__(
-        self, identity: ClusterIdentity, my_name: str, state_dir: str, address_of: Callable[[str], str | None]
+        self,
+        identity: ClusterIdentity,
+        my_name: str,
+        state_dir: str,
+        address_of: Callable[[str], str | None],
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         self.identity = identity
+        self.connect_timeout = connect_timeout
         self.my_name = my_name
         self.state_dir = state_dir
         self.address_of = address_of
@@ -78,7 +86,13 @@ class PeerClient:
                 self._dials = asyncio.Semaphore(MAX_DIALS)
             try:
                 async with self._dials:
-                    conn = await connect_peer(addr, self.identity, self.my_name, self.state_dir)
+                    conn = await connect_peer(
+                        addr,
+                        self.identity,
+                        self.my_name,
+                        self.state_dir,
+                        connect_timeout=self.connect_timeout,
+                    )
                     proc = await conn.create_process(subsystem="mtgpu-peer", encoding=None)
             except asyncssh.HostKeyNotVerifiable as exc:
                 log.warning(
@@ -135,6 +149,9 @@ class PeerClient:
         link.proc.stdin.write(line)
         try:
             ans = await asyncio.wait_for(fut, timeout)
+        except asyncio.CancelledError:
+            link.waiting.pop(rid, None)  # given up on by the caller (a relay to a new leader)
+            raise
         except TimeoutError as exc:
             link.waiting.pop(rid, None)
             raise ApiError(

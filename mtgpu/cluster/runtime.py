@@ -83,7 +83,13 @@ class ClusterRuntime:
         self.members = Members()
         self.address = advertised_address(options)
         self.addresses: dict[str, str] = {}
-        self.peers = PeerClient(identity, self.name, options.state_dir, self.addresses.get)
+        self.peers = PeerClient(
+            identity,
+            self.name,
+            options.state_dir,
+            self.addresses.get,
+            connect_timeout=options.cluster_connect_timeout,
+        )
         self.view = LocalView(options.state_dir)
         self.role = "voter"
         self.transport: SshRaftTransport | None = None

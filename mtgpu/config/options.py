@@ -155,6 +155,7 @@ class Options:
     cluster_voter_grace: float = 60.0
     cluster_lost_after: float = 30.0
     cluster_fence_grace: float = 5.0
+    cluster_connect_timeout: float = 5.0
     server_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     ssh_listen: tuple[str, int] = ("0.0.0.0", 2222)
     state_dir: str = "/var/lib/mtgpu"
@@ -1081,6 +1082,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "CLUSTER_VOTER_GRACE": duration_key("CLUSTER_VOTER_GRACE"),
     "CLUSTER_LOST_AFTER": duration_key("CLUSTER_LOST_AFTER"),
     "CLUSTER_FENCE_GRACE": duration_key("CLUSTER_FENCE_GRACE"),
+    "CLUSTER_CONNECT_TIMEOUT": duration_key("CLUSTER_CONNECT_TIMEOUT", positive=True),
     "SERVER_NAME": _server_name,
     "SSH_LISTEN": _listen,
     "STATE_DIR": _abspath,
@@ -1165,6 +1167,7 @@ RELOAD: dict[str, str] = {
     "CLUSTER_VOTER_GRACE": RESTART,
     "CLUSTER_LOST_AFTER": RESTART,
     "CLUSTER_FENCE_GRACE": RESTART,
+    "CLUSTER_CONNECT_TIMEOUT": RESTART,
     "SERVER_NAME": RESTART,
     "SSH_LISTEN": RESTART,
     "STATE_DIR": RESTART,
