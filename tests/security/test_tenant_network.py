@@ -17,12 +17,14 @@ tenant removes its namespace, veth and rules.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -169,7 +171,10 @@ def test_jobs_share_their_tenants_loopback_only(host: Host) -> None:
     assert "ann-secret" not in out and "refused" in out, out
 
 
-def _local_forward(h: Host, user: str, dest_port: int) -> str:
+@contextlib.contextmanager
+def _forwarding(h: Host, user: str, flag: str, spec: str) -> Iterator[int]:
+    """``ssh -N`` as ``user`` with one forward (``-L`` or ``-D``) listening on a free
+    local port, which it yields once the listener answers."""
     port = free_port()
     argv = [
         "ssh",
@@ -181,8 +186,8 @@ def _local_forward(h: Host, user: str, dest_port: int) -> str:
         "-N",
         "-o",
         "ExitOnForwardFailure=yes",
-        "-L",
-        f"127.0.0.1:{port}:127.0.0.1:{dest_port}",
+        flag,
+        f"127.0.0.1:{port}{spec}",
         f"{user}@{h.address}",
     ]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -192,18 +197,24 @@ def _local_forward(h: Host, user: str, dest_port: int) -> str:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_for(listening, 20, "the ssh -L listener")
-        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
-            s.sendall(b"GET /secret.txt HTTP/1.0\r\n\r\n")
-            data = b""
-            while chunk := s.recv(4096):
-                data += chunk
-        return data.decode(errors="replace")
-    except OSError as exc:
-        return f"FAILED {exc}"
+        wait_for(listening, 20, f"the ssh {flag} listener")
+        yield port
     finally:
         proc.terminate()
         proc.wait()
+
+
+def _local_forward(h: Host, user: str, dest_port: int) -> str:
+    try:
+        with _forwarding(h, user, "-L", f":127.0.0.1:{dest_port}") as port:
+            with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+                s.sendall(b"GET /secret.txt HTTP/1.0\r\n\r\n")
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+            return data.decode(errors="replace")
+    except OSError as exc:
+        return f"FAILED {exc}"
 
 
 def test_ssh_local_forward_reaches_the_tenants_own_loopback(host: Host) -> None:
@@ -214,29 +225,7 @@ def test_ssh_local_forward_reaches_the_tenants_own_loopback(host: Host) -> None:
 
 
 def _socks_fetch(h: Host, user: str, dest_port: int) -> str:
-    port = free_port()
-    argv = [
-        "ssh",
-        *SSH_OPTS,
-        "-i",
-        str(h.keys_of[user]),
-        "-p",
-        str(h.port),
-        "-N",
-        "-o",
-        "ExitOnForwardFailure=yes",
-        "-D",
-        f"127.0.0.1:{port}",
-        f"{user}@{h.address}",
-    ]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_for(listening, 20, "the ssh -D listener")
+    with _forwarding(h, user, "-D", "") as port:
         r = subprocess.run(
             [
                 "curl",
@@ -252,9 +241,6 @@ def _socks_fetch(h: Host, user: str, dest_port: int) -> str:
             text=True,
         )
         return r.stdout + r.stderr
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def test_ssh_dynamic_forward_reaches_the_tenants_own_loopback(host: Host) -> None:
