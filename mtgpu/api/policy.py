@@ -327,8 +327,7 @@ async def member_action(
         )
         stores = getattr(host, "container_stores", None)
         if stores is not None and result.get("account") == "deleted":
-            await asyncio.to_thread(stores.remove, uid)
-            result["containers"] = f"{stores.dir_of(uid)} removed"
+            result["containers"] = await asyncio.to_thread(stores.remove, uid)
         if workspaces is not None and result.get("account") == "deleted":
             result["workspace_records"] = workspaces.forget(uid)
         fence = getattr(host, "fence", None)

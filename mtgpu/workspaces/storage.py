@@ -27,18 +27,21 @@ image is archived once under the home and loaded by whichever member runs it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pwd
 import shutil
 import signal
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtgpu.errors import CommandError
-from mtgpu.fsafe import signal_pid
+from mtgpu.accounts.homeremove import Home
+from mtgpu.errors import AccountError, CommandError
+from mtgpu.fsafe import open_dir, signal_pid
 from mtgpu.proc import run
 
 log = logging.getLogger(__name__)
@@ -237,7 +240,10 @@ class LocalStores:
             log.warning("probing podman's storage driver under %s: %s; using vfs", self.root, exc)
         finally:
             _stop_pause_process(f"{probe}/run", nobody.pw_uid)
-            run(["rm", "-rf", "--one-file-system", "--", probe], check=False, timeout=None)
+            owner = nobody.pw_uid if os.geteuid() == 0 else os.geteuid()
+            left = remove_tree(self.root, os.path.basename(probe), owner)
+            if left:
+                log.warning("the driver probe's store under %s is left: %s", self.root, left)
         return "vfs"
 
     def ensure(self, uid: int, gid: int) -> str:
@@ -257,14 +263,77 @@ class LocalStores:
             os.chmod(d, 0o700)
         return str(d)
 
-    def remove(self, uid: int) -> None:
-        """Drop a removed tenant's store (files of the tenant's sub-UIDs too)."""
-        d = self.dir_of(uid)
-        if os.path.lexists(d):
-            run(["rm", "-rf", "--one-file-system", "--", d], check=False, timeout=None)
+    def remove(self, uid: int) -> str:
+        """Drop a removed tenant's store (files of the tenant's sub-UIDs too), by
+        descriptor (:func:`remove_tree`). Says what became of it."""
+        left = remove_tree(self.root, str(uid), uid)
+        if left:
+            log.warning("the container store of UID %d is left: %s", uid, left)
+            return f"{self.dir_of(uid)} left: {left}"
+        return f"{self.dir_of(uid)} removed"
 
     def env(self) -> dict[str, str]:
         return {"CONTAINERS_STORAGE_CONF": self.conf}
+
+
+def remove_tree(parent: str, name: str, uid: int) -> str:
+    """Remove ``parent/name``, a directory of ``uid`` (or root's) in ``parent`` (root's,
+    writable by root alone), as root, never by name below ``parent``.
+
+    The tenant writes everything below ``name``: a path-based ``rm -rf`` as root would
+    follow a link swapped in for a directory, and ``--one-file-system`` does not stop at
+    a bind mount of the same filesystem. So the tree is walked and removed by
+    descriptor, as retention removes homes (:class:`mtgpu.accounts.homeremove.Home`):
+    each directory opened with ``O_NOFOLLOW`` from its parent's descriptor and checked
+    to be the inode listed, on the same mount (``statx`` mount ID); links are unlinked,
+    never followed. Nothing is touched when a mount point is under it or an entry is
+    immutable. A link or file at ``name`` itself is unlinked (``parent`` is root's).
+
+    Returns "" when ``name`` is gone (or never was), otherwise why it is left.
+    """
+    try:
+        pfd = open_dir(os.path.realpath(parent))
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"{parent} cannot be opened without following a link: {exc.strerror or exc}"
+    try:
+        pst = os.fstat(pfd)
+        if pst.st_uid != os.geteuid() or pst.st_mode & 0o022:
+            return f"{parent} is not root's alone; nothing below it is removed"
+        try:
+            st = os.lstat(name, dir_fd=pfd)
+        except FileNotFoundError:
+            return ""
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=pfd)  # the link itself, never what it names
+            return ""
+        with Home(parent, name, 0 if st.st_uid == 0 else uid) as tree:  # root's: made, not yet given
+            found = tree.problems()
+            if found:
+                return (
+                    "not removed, nothing was touched: "
+                    + "; ".join(found)
+                    + "; unmount it or clear the attribute (chattr -i) and remove it by hand"
+                )
+            tree.remove()
+        return ""
+    except FileNotFoundError as exc:  # something below went meanwhile
+        try:
+            os.lstat(name, dir_fd=pfd)
+        except FileNotFoundError:
+            return ""
+        return f"{exc.strerror} ({exc.filename or name}); stopped there"
+    except AccountError as exc:  # HomeRefused, HomeRemoveFailed: say where it stopped
+        return str(exc)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW | O_DIRECTORY refused it
+            return (
+                f"{exc.filename!r} became a link or a file while it was removed; not followed, stopped there"
+            )
+        return f"{exc.strerror or exc} ({exc.filename or name})"
+    finally:
+        os.close(pfd)
 
 
 def _stop_pause_process(runtime_dir: str, uid: int) -> None:
