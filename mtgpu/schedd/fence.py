@@ -18,7 +18,10 @@ limits. No tenant process can move itself: ``cgroup.procs`` files are root's.
 Each tenant also gets one **mount namespace** per host, made at its first login (or
 job) and kept alive by a bind mount of its ``ns/mnt`` file under
 ``RUN_DIR/tenants``, as ``ip netns`` keeps network namespaces. Later sessions and
-the tenant's jobs enter it (``setns``). In it ``/tmp``, ``/var/tmp`` and
+the tenant's jobs enter it (``setns``); a daemon that lost the binding (restarted in
+a namespace of its own) finds it again in the tenant's processes, but only one it
+made itself: its tmpfs is named ``mtgpu-tmp-UID-TAG``, TAG from ``RUN_DIR``, so a
+second daemon on the host never adopts the first one's. In it ``/tmp``, ``/var/tmp`` and
 ``/dev/shm`` are directories of one tmpfs of ``PRIVATE_TMP_SIZE`` whose pages are
 charged to the memory cgroup of whoever writes them (the session's or the job's),
 and ``/proc`` is a fresh mount with ``hidepid=invisible``, so a tenant sees only its
@@ -34,6 +37,7 @@ root's (cgroup files, ``RUN_DIR``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -72,12 +76,12 @@ _JOIN = (
     'session cgroup $1" >&2; exit 126; }; shift; done; shift; exec "$@"'
 )
 
-# Runs as root in the new mount namespace. $1 the tmpfs size, $2 the uid, $3 a
-# root-only staging directory, $4 1 to mount /proc with hidepid, then the
-# directories to bind back.
+# Runs as root in the new mount namespace. $1 the tmpfs size, $2 its source name
+# (:meth:`TenantFence.tmp_source`), $3 a root-only staging directory, $4 1 to mount
+# /proc with hidepid, then the directories to bind back.
 _SETUP = r"""set -eu
-size=$1 uid=$2 stage=$3 hide=$4; shift 4
-mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" "mtgpu-tmp-$uid" "$stage"
+size=$1 source=$2 stage=$3 hide=$4; shift 4
+mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" "$source" "$stage"
 for d in tmp var-tmp shm; do mkdir -m 1777 "$stage/$d"; chmod 1777 "$stage/$d"; done
 for p in "$@"; do
   case "$p" in
@@ -174,6 +178,9 @@ class TenantFence:
         self.ns_dir = ns_dir
         self.tmp_size = tmp_size
         self.keep = tuple(sorted({os.path.normpath(k) for k in keep if k}))
+        #: Names the namespaces this daemon makes, the same after a restart: daemons
+        #: on one host have RUN_DIRs of their own.
+        self.tag = hashlib.sha256(os.path.realpath(ns_dir).encode()).hexdigest()[:12]
         self.hidepid = hidepid and kernel_at_least(os.uname().release, HIDEPID_KERNEL)
         self._locks: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -377,6 +384,13 @@ class TenantFence:
                 return None
             return path
 
+    def tmp_source(self, uid: int) -> str:
+        """The source name of the tmpfs of ``uid``'s private places in the namespaces
+        this daemon makes (``mtgpu-tmp-UID-TAG``, :attr:`tag`): how it tells its own
+        from another daemon's on the same host, whose tenant is in the same session
+        cgroup."""
+        return f"mtgpu-tmp-{uid}-{self.tag}"
+
     def _prepare_dir(self) -> None:
         if self._ns_ready:
             return
@@ -410,7 +424,7 @@ class TenantFence:
             _SETUP,
             "mtgpu-private-tmp",
             str(self.tmp_size),
-            str(uid),
+            self.tmp_source(uid),
             self._stage(),
             "1" if self.hidepid else "0",
             *self.keep,
@@ -443,7 +457,10 @@ class TenantFence:
         """Bind ``uid``'s namespace at ``path`` again from one of its session processes
         (a daemon restarted in a namespace of its own lost the binding; the tenant's
         tmux server still lives in it). Only a process in our user namespace counts:
-        a mount namespace it is in was made by root, never by the tenant."""
+        a mount namespace it is in was made by root, never by the tenant. And only one
+        this daemon made (its /tmp is :meth:`tmp_source`): another daemon on this host
+        (tests run several) shares the tenant's session cgroup, and its namespace
+        shows that daemon's homes and directories, not ours."""
         own_mnt = os.stat("/proc/self/ns/mnt").st_ino
         own_user = os.stat("/proc/self/ns/user").st_ino
         for pid in sorted(self._procs_now(uid)):
@@ -461,7 +478,7 @@ class TenantFence:
                     st.st_ino == own_mnt
                     or user != own_user
                     or uids != [str(uid)] * 4
-                    or not _has_private_tmp(pid, uid)
+                    or not _has_private_tmp(pid, self.tmp_source(uid))
                     or not self._keeps_ours(pid)
                     or pid not in self._procs_now(uid)
                 ):
@@ -574,19 +591,20 @@ class TenantFence:
         return argv
 
 
-def _has_private_tmp(pid: int, uid: int) -> bool:
-    """Whether ``pid``'s /tmp is the tmpfs :data:`_SETUP` made for ``uid`` (a namespace
-    owned by our user namespace, so the tenant cannot have mounted it)."""
+def _has_private_tmp(pid: int, source: str) -> bool:
+    """Whether ``pid``'s /tmp is the tmpfs named ``source`` (:meth:`TenantFence.tmp_source`)
+    that :data:`_SETUP` mounted (in a namespace owned by our user namespace, so the
+    tenant cannot have mounted it)."""
     try:
         text = Path(f"/proc/{pid}/mountinfo").read_text()
     except OSError:
         return False
+    top: list[str] = []  # the last mount on /tmp is the one its processes see
     for line in text.splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[4] == "/tmp" and " - " in line:
-            source = line.split(" - ", 1)[1].split()
-            return len(source) > 1 and source[0] == "tmpfs" and source[1] == f"mtgpu-tmp-{uid}"
-    return False
+            top = line.split(" - ", 1)[1].split()
+    return len(top) > 1 and top[0] == "tmpfs" and top[1] == source
 
 
 def _write_limit(path: str, value: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +159,59 @@ def test_a_namespace_that_hides_this_daemons_directories_is_not_adopted(tmp_path
         other.kill()
         other.wait()
         os.rmdir(own)
+
+
+@pytest.mark.root
+def test_a_daemon_adopts_only_a_namespace_it_made_itself(tmp_path) -> None:
+    # Two daemons on one host: their tenant is in one session cgroup, so the second
+    # daemon sees the first one's tenant namespace there. Adopting it put the second
+    # daemon's jobs in the first one's /tmp and homes; it makes its own instead. The
+    # first daemon, restarted without its binding, still finds its own again.
+    from mtgpu_testing import run_share
+
+    from mtgpu.schedd import cgroups
+
+    uid = 54400 + run_share()[0]
+
+    def fence(name: str) -> TenantFence:
+        return TenantFence(
+            cgroups.detect(), SessionLimits(), str(tmp_path / name / "tenants"), tmp_size=16 << 20
+        )
+
+    a, b = fence("a"), fence("b")
+    if not (a.tools["unshare"] and a.tools["nsenter"] and a.tools["setpriv"]):
+        pytest.fail("util-linux's unshare, nsenter and setpriv are needed")
+    sleeper = None
+    try:
+        path_a = a.namespace(uid)
+        assert path_a == f"{a.ns_dir}/{uid}.mnt"
+        ns_a = os.stat(path_a).st_ino
+        sleeper = subprocess.Popen([*a.prefix(uid, uid, [], "/"), "sleep", "60"])
+        deadline = time.monotonic() + 30
+        while not (
+            Path(f"/proc/{sleeper.pid}/comm").read_text() == "sleep\n"
+            and os.stat(f"/proc/{sleeper.pid}/ns/mnt").st_ino == ns_a
+        ):
+            assert time.monotonic() < deadline and sleeper.poll() is None, (
+                "the tenant's process never started"
+            )
+            time.sleep(0.05)
+        assert sleeper.pid in a._procs_now(uid) and sleeper.pid in b._procs_now(uid)
+
+        path_b = b.namespace(uid)
+        assert path_b == f"{b.ns_dir}/{uid}.mnt"
+        assert os.stat(path_b).st_ino != ns_a  # its own, not the other daemon's
+
+        subprocess.run(["umount", path_a], check=True)  # a restart that lost the binding
+        restarted = fence("a")
+        again = restarted.namespace(uid)
+        assert again is not None and os.stat(again).st_ino == ns_a
+        restarted.remove_namespace(uid)
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()
+        a.remove(uid)
+        b.remove_namespace(uid)
+        for d in (a.ns_dir, b.ns_dir):
+            subprocess.run(["umount", "-l", d], capture_output=True, check=False)
