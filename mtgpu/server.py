@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from mtgpu.api import terminals as terminal_api
 from mtgpu.api import users as user_api
 from mtgpu.api import workspaces as workspace_api
 from mtgpu.api.dispatcher import Caller, Dispatcher
-from mtgpu.api.jobs import check_script_size, cut_off_text, directive_container, script_bytes, submitted_image
+from mtgpu.api.jobs import cut_off_text
 from mtgpu.api.unix import serve_lines, start_unix_api
 from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
@@ -60,7 +61,7 @@ from mtgpu.proc import arun
 from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobenv import JobUser, master_port
+from mtgpu.schedd.jobenv import JobLaunch, JobUser, master_port
 from mtgpu.schedd.jobtable import JobTable, attempt_of
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
@@ -73,7 +74,7 @@ from mtgpu.state.store import LEADER_FALLBACK, StateStore
 from mtgpu.tmux.runtime import LiveTerminals
 from mtgpu.tmux.runtime import session_env as tmux_session_env
 from mtgpu.workspaces.jobs import IMAGE_SUBSYSTEM, JobContainers
-from mtgpu.workspaces.podman import real_podman
+from mtgpu.workspaces.podman import Podman, real_podman
 from mtgpu.workspaces.service import Workspaces
 from mtgpu.workspaces.storage import LocalStores, local_root
 
@@ -95,23 +96,52 @@ def system_uid(uid: int) -> bool:
     return uid <= SYSTEM_UID_MAX or uid in NOBODY_UIDS
 
 
+class _SchedulerSide:
+    """What the cluster runtime asks of this member's scheduler.
+
+    A cycle: the scheduler replicates through the runtime's store, and the runtime
+    hands the scheduler reports, asks it for leases and tells it of leadership. This
+    narrow object is made first and given to the runtime; it reaches the scheduler
+    once the daemon has made it, and until then answers as if there were none."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def report(self, inv: Any) -> None:
+        if self._daemon.scheduler is not None:
+            self._daemon.scheduler.report(inv)
+
+    def grant(self, name: str) -> float | None:
+        return self._daemon.scheduler.grant(name) if self._daemon.scheduler is not None else None
+
+    def unreported(self) -> list[str]:
+        return self._daemon.scheduler.unknown() if self._daemon.scheduler is not None else []
+
+    async def leadership(self, leader: bool) -> None:
+        await self._daemon._leadership(leader)
+
+
 class Daemon:
     """The running parts of one host."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, config_path: str | None = None) -> None:
         self.options = options
         #: The configuration file a reload rereads (None: $MTGPU_CONFIG or the default).
-        self.config_path: str | None = None
+        self.config_path = config_path
         self.registry = Registry(options.tenant_uid_range)
         self.accounts = LocalAccounts(options.tenant_home_root, options.tenant_shell)
-        self.dispatcher = Dispatcher()
+        # Admin actions go to the replicated audit log; until start() has registered
+        # every operation, one not known yet is answered "starting".
+        self.dispatcher = Dispatcher(auditor=lambda *a: admin_api.write_audit(self, *a), starting=True)
         self.penalties = Penalties(options.ssh_penalty_failures, options.ssh_penalty_seconds)
         self.tools_dir = str(Path(options.run_dir) / "bin")
         self.terminals = LiveTerminals()  # the ptys served, to tell dead connections
         self.jobs = JobTable()
         self.drains = Drains()  # members admins drained (replicated)
         self.audit = AuditLog()  # admin actions (replicated)
-        self.sampler = Sampler(options)
+        # The agent, made at start, samples with the sampler, and the sampler asks it
+        # which job a process belongs to: it gets _job_of, which reaches the agent.
+        self.sampler = Sampler(options, job_of=self._job_of)
         self.store: StateStore | None = None
         self.scheduler: Scheduler | None = None
         self.agent: Agent | None = None
@@ -122,6 +152,9 @@ class Daemon:
         )
         self.raft: Any = None  # the Raft transport over peer channels, in a cluster
         self.cluster: Any = None  # mtgpu.cluster.runtime.ClusterRuntime, in a cluster
+        #: The log index this member's replica must apply before it schedules, from
+        #: when it last became the scheduler (None: it never has).
+        self._leading_from: int | None = None
         #: Starts on other members, batched per member (the scheduler's side).
         self._starts: StartBatcher | None = None
         self._last_inv: Any = None
@@ -421,23 +454,24 @@ class Daemon:
                 link.symlink_to(src)
 
     async def start(self) -> None:
-        self.dispatcher.starting = True
+        """Make this host's parts and start them, top to bottom: the daemon's one
+        composition root. Each part gets what it uses in its constructor; the one
+        cycle (the cluster runtime and the scheduler) goes through _SchedulerSide."""
         self._prepare_dirs()
         o = self.options
+        loop = asyncio.get_running_loop()
+        # Its network runs the DNS relays on this loop.
         self.fence = fence.from_options(
-            o, extra_keep=[sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)]
+            o, extra_keep=[sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)], loop=loop
         )
         log.info("%s", self.fence.describe())
         if self.fence.network is not None:
             log.info("%s", self.fence.network.describe())
-        if self.fence.network is not None:
-            self.fence.network.loop = asyncio.get_running_loop()  # it runs the DNS relays
         for line in self.fence.lacking():
             log.warning("isolation: %s", line)
         self.container_stores = await asyncio.to_thread(self._local_stores)
         admin_api.recent_log()  # `mtgpu-admin logs` shows what is logged from now on
         lograte.install()  # a flood of one kind of line is summarized, not written
-        self.dispatcher.auditor = lambda *a: admin_api.write_audit(self, *a)
         # Before any tenant can log in: datasets are read-only from the first session.
         await self.publish()
         user_api.register(self.dispatcher, self)
@@ -445,63 +479,113 @@ class Daemon:
         terminal_api.register(self.dispatcher, self.terminals)
         self._last_inv = await self.sample()
         gateway = Gateway(self)
+        consumers = [self.registry, self.jobs, self.drains, self.audit]
         if self.identity is not None:
             from mtgpu.cluster.runtime import ClusterRuntime
 
-            # Peers find each other through the SSH server, so it starts first.
-            self.cluster = ClusterRuntime(o, self.identity, lambda: self._last_inv)
+            # The runtime needs the scheduler (reports, leases, leadership) and the
+            # scheduler the runtime's store: the runtime is made first, with the
+            # narrow _SchedulerSide, which reaches the scheduler once it is made.
+            side = _SchedulerSide(self)
+            self.cluster = ClusterRuntime(
+                o,
+                self.identity,
+                lambda: self._last_inv,
+                drains=self.drains,
+                on_store=self._use_store,
+                on_leader=side.leadership,
+                on_report=side.report,
+                grant=side.grant,
+                unreported=side.unreported,
+                replica_digest=self.jobs.digest,
+            )
             cluster_api.register_hello(self.dispatcher, self.cluster)
+            # Peers find each other through the SSH server, so it starts first.
             self._servers.append(
                 await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid, self._api_limits)
             )
             self._servers.append(await start_ssh_server(self, gateway))
-            self.store = await self.cluster.open_store([self.registry, self.jobs, self.drains, self.audit])
-            self.cluster.drains = self.drains
+            self.store = await self.cluster.open_store(consumers)
             self.raft = self.cluster.transport
-            self.cluster.on_store = self._use_store
         else:
-            self.store = StateStore(
-                o.server_name, [self.registry, self.jobs, self.drains, self.audit], o.state_dir
-            )
+            self.store = StateStore(o.server_name, consumers, o.state_dir)
         await self.store.wait_ready(timeout=120)
         await asyncio.to_thread(self._link_homes)
-        runner = Runner(Path(o.state_dir) / "jobs", python=sys.executable)
-        await asyncio.to_thread(runner.build_jobinit)  # mtgpu-setup install built it already
-        runner.tenant_namespace = self.fence.namespace  # jobs share their tenant's /tmp
-        runner.tenant_net_namespace = self.fence.net_namespace  # ... and its loopback
-        if self.fence.network is not None and self.fence.network.private:
-            net = self.fence.network
-            runner.job_network_on = lambda la: net.open_job(
-                la.job_id, la.user.uid, la.master_addr, master_port(la), la.node_rank == 0
-            )
-            runner.job_network_off = net.close_job
-        # A job's `tmux -L mtgpu` reaches the tenant's one tmux server, as its sessions'
-        # does (in the session cgroup, which has no GPUs).
-        runner.tenant_env = lambda uid, gid: {
-            k: v for k, v in tmux_session_env(o.run_dir, uid, gid).items() if k == "TMUX_TMPDIR"
-        }
-        if self.cluster is not None:
-            runner.workdir_help = self.cluster.workdir_help  # homes may not be shared
-        self.agent = Agent(o.server_name, self.jobs, runner, self.sampler, self.replicate, self.user_for)
-        self.agent.rendezvous_ports = o.rendezvous_ports
-        # What a job's srun reaches: the tenants' commands and this daemon's API.
-        self.agent.tools_dir, self.agent.api_socket = self.tools_dir, o.api_socket
-        self.scheduler = Scheduler(
-            self.jobs, self.replicate, self.dispatch, term=self.term, aging_per_hour=o.priority_aging
+        cluster = self.cluster
+        network_on, network_off = self._job_network()
+        runner = Runner(
+            Path(o.state_dir) / "jobs",
+            python=sys.executable,
+            tenant_namespace=self.fence.namespace,  # jobs share their tenant's /tmp
+            tenant_net_namespace=self.fence.net_namespace,  # ... and its loopback
+            job_network_on=network_on,
+            job_network_off=network_off,
+            # A job's `tmux -L mtgpu` reaches the tenant's one tmux server, as its
+            # sessions' does (in the session cgroup, which has no GPUs).
+            tenant_env=lambda uid, gid: {
+                k: v for k, v in tmux_session_env(o.run_dir, uid, gid).items() if k == "TMUX_TMPDIR"
+            },
+            workdir_help=cluster.workdir_help if cluster is not None else None,  # homes may not be shared
         )
-
-        def changed() -> None:
-            if self.scheduler is not None:
-                self.scheduler.kick()
-            self.session_gpus()
-
-        self.agent.on_change = changed
-        self.agent.job_env = lambda u: container_store_env(self, u.uid, u.gid)
-        self.scheduler.drains = self.drains
+        await asyncio.to_thread(runner.build_jobinit)  # mtgpu-setup install built it already
+        # Container workspaces: reservations in the job table, podman as the tenant
+        # (their published ports on the tenant's loopback). Started further down.
+        workspaces = Workspaces(self, Podman(tenant_netns=self.fence.net_namespace))
+        job_containers = JobContainers(
+            workspaces,
+            connect=cluster.peers.connection if cluster is not None else None,
+            homes_shared_with=(
+                (lambda: homes_layout(cluster.members)["shares"].get(o.server_name, []))
+                if cluster is not None
+                else None
+            ),
+        )
+        self.agent = Agent(
+            o.server_name,
+            self.jobs,
+            runner,
+            self.sampler,
+            self.replicate,
+            self.user_for,
+            address=cluster.address.rsplit(":", 1)[0] if cluster is not None else "127.0.0.1",
+            address_of=(
+                (lambda name: a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None)
+                if cluster is not None
+                else None
+            ),
+            # What a job's srun reaches: the tenants' commands and this daemon's API.
+            tools_dir=self.tools_dir,
+            api_socket=o.api_socket,
+            on_change=self._jobs_changed,
+            prepare_container=job_containers.prepare,
+            job_env=lambda u: container_store_env(self, u.uid, u.gid),
+            rendezvous_ports=o.rendezvous_ports,
+        )
+        # In a cluster: a submission the members that reported cannot run waits for
+        # the others as long as they may take (a member silent for CLUSTER_LOST_AFTER
+        # since the scheduler started counts as lost), within the peers' 30 s
+        # forwarding bound. Leases (mtgpu.cluster.lease): CLUSTER_LOST_AFTER is the
+        # lease bound, and a new scheduler waits out what a deposed one may still
+        # have granted.
+        in_cluster = cluster is not None
+        self.scheduler = Scheduler(
+            self.jobs,
+            self.replicate,
+            self.dispatch,
+            term=self.term,
+            aging_per_hour=o.priority_aging,
+            drains=self.drains,
+            members=(lambda: cluster.members.members) if in_cluster else None,
+            own_name=o.server_name if in_cluster else None,
+            state_current=self._state_current if in_cluster else None,
+            grace=min(o.cluster_lost_after, SETTLE_MAX) if in_cluster else 0.0,
+            lost_after=o.cluster_lost_after if in_cluster else None,
+            lease=lease_seconds(o.cluster_lost_after, o.cluster_fence_grace) if in_cluster else None,
+            takeover_wait=LEADER_FALLBACK if in_cluster else 0.0,
+        )
         self.scheduler.report(self._last_inv)
         self.agent.start()
         agent = self.agent
-        self.sampler.job_of = lambda: agent.job_processes().job_of
         self.vram_watch = VramWatch(
             self.sampler.process_use,
             agent.vram_shares,
@@ -510,7 +594,6 @@ class Daemon:
             interval=o.vram_watch_interval,
             tolerance=o.vram_tolerance,
         )
-        loop = asyncio.get_running_loop()
         self._tasks += [
             loop.create_task(self._sample_loop()),
             loop.create_task(self._retention_loop()),
@@ -524,60 +607,19 @@ class Daemon:
         drain_api.register(self.dispatcher, self)
         admin_api.register(self.dispatcher, self)
         self._register_host_ops()
-        # Container workspaces: reservations in the job table, podman as the tenant.
-        self.workspaces = Workspaces(self)
-        if hasattr(self.workspaces.runtime, "tenant_netns"):  # its ports on the tenant's loopback
-            self.workspaces.runtime.tenant_netns = self.fence.net_namespace
-        workspace_api.register(self.dispatcher, self.workspaces)
-        self.workspaces.start()
-        self.job_containers = JobContainers(self.workspaces)
-        self.agent.prepare_container = self.job_containers.prepare
+        self.workspaces = workspaces
+        workspace_api.register(self.dispatcher, workspaces)
+        workspaces.start()
+        self.job_containers = job_containers
         policy_api.register(self.dispatcher, self, self.retention)
         await self.quotas.start()
         self._tasks.append(loop.create_task(self._tenant_retention_loop()))
-        if self.cluster is not None:
-            # A submission the members that reported cannot run waits for the others as
-            # long as they may take (a member silent for CLUSTER_LOST_AFTER since the
-            # scheduler started counts as lost), within the peers' 30 s forwarding bound.
-            self.scheduler.grace = min(o.cluster_lost_after, SETTLE_MAX)
-            self.scheduler.lost_after = o.cluster_lost_after
-            # Leases (mtgpu.cluster.lease): CLUSTER_LOST_AFTER is the lease bound, and a
-            # new scheduler waits out what a deposed one may still have granted.
-            self.scheduler.lease = lease_seconds(o.cluster_lost_after, o.cluster_fence_grace)
-            self.scheduler.takeover_wait = LEADER_FALLBACK
-            cluster = self.cluster
-            self.scheduler.members = lambda: cluster.members.members
-            self.scheduler.own_name = o.server_name
-            self.agent.address = cluster.address.rsplit(":", 1)[0]
-            self.agent.address_of = lambda name: (
-                a.rsplit(":", 1)[0] if (a := cluster.addresses.get(name)) else None
-            )
-            self.cluster.on_leader = self._leadership
-            self.cluster.on_report = self.scheduler.report
-            self.cluster.grant = self.scheduler.grant
-            self.cluster.replica_digest = self.jobs.digest
-            self.cluster.unreported = self.scheduler.unknown
-            self.job_containers.connect = cluster.peers.connection
-            self.job_containers.homes_shared_with = lambda: homes_layout(cluster.members)["shares"].get(
-                o.server_name, []
-            )
-            await self.cluster.start(self.replicate)
-            cluster_api.register(self.dispatcher, self.cluster)
-            self._forward_to_leader(
-                (
-                    "job.submit",
-                    "job.list",
-                    "job.show",
-                    "job.cancel",
-                    "job.hold",
-                    "job.release",
-                    "nodes",
-                    "node.drain",
-                    "node.undrain",
-                    "retention",
-                    "retention.unlock",
-                )
-            )
+        if cluster is not None:
+            await cluster.start(self.replicate)
+            cluster_api.register(self.dispatcher, cluster)
+            # On a member that is not the scheduler, tenant job operations go to the leader.
+            self.dispatcher.use(cluster_api.leader_forwarding(cluster, self))  # type: ignore[arg-type]  # as above
+            cluster_api.register_relayed(self.dispatcher, self.jobs, agent.dispatch, agent.rendezvous_port)
         else:
             remove_lease(Path(o.state_dir) / "jobs")  # nobody else's jobs to fence against
             self.scheduler.start()
@@ -585,12 +627,47 @@ class Daemon:
                 await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid, self._api_limits)
             )
             self._servers.append(await start_ssh_server(self, gateway))
-        self.dispatcher.starting = False
+        self.dispatcher.started()
         # Written whole, then renamed: a reader (mtgpu-setup, a test) never sees it empty.
         tmp = Path(o.run_dir, f".mtgpu.pid.{os.getpid()}")
         tmp.write_text(f"{os.getpid()}\n")
         os.replace(tmp, Path(o.run_dir, "mtgpu.pid"))
         log.info("MTGPU %s serving SSH on %s:%d as %s", mtgpu.__version__, *o.ssh_listen, o.server_name)
+
+    def _job_network(
+        self,
+    ) -> tuple[Callable[[JobLaunch], None] | None, Callable[[str], None] | None]:
+        """With private tenant networks: what walls a multi-member job's rendezvous
+        port off from all but its ranks as it starts, and what takes that down as it
+        ends (None, None without)."""
+        assert self.fence is not None
+        net = self.fence.network
+        if net is None or not net.private:
+            return None, None
+
+        def on(la: JobLaunch) -> None:
+            net.open_job(la.job_id, la.user.uid, la.master_addr, master_port(la), la.node_rank == 0)
+
+        return on, net.close_job
+
+    def _jobs_changed(self) -> None:
+        """A job started or ended here: the scheduler looks again, sessions' GPUs change."""
+        if self.scheduler is not None:
+            self.scheduler.kick()
+        self.session_gpus()
+
+    def _job_of(self) -> Callable[[int], str | None] | None:
+        """Which job a process belongs to, for the sampler; None before the agent exists.
+
+        The sampler is made before the agent (which samples with it): it gets this
+        method, which reaches the agent once there is one."""
+        return self.agent.job_processes().job_of if self.agent is not None else None
+
+    def _state_current(self) -> bool:
+        """Whether this member's replica has applied everything committed before it
+        became the scheduler (its member list may lack members until then)."""
+        target, store = self._leading_from, self.cluster.store if self.cluster is not None else None
+        return target is None or (store is not None and store.sync.raftLastApplied >= target)
 
     def _use_store(self, store: StateStore) -> None:
         """A role change reopened the replicated store: use the new one (and its transport)."""
@@ -604,10 +681,7 @@ class Daemon:
                 # What the last scheduler committed (members that joined, jobs) is in
                 # this member's log but maybe not yet applied: until it is, the member
                 # list may lack members, and the inventory is not known to be complete.
-                target, cluster = self.cluster.last_index(), self.cluster
-                self.scheduler.state_current = lambda: (
-                    cluster.store is not None and cluster.store.sync.raftLastApplied >= target
-                )
+                self._leading_from = self.cluster.last_index()
             self.scheduler.report(self._last_inv)
             self.scheduler.start()
         else:
@@ -674,81 +748,6 @@ class Daemon:
         since = self.store.out_of_touch_since() if self.store is not None else None
         if since is not None:
             raise ApiError(cut_off_text(since), "no_leader")
-
-    def _forward_to_leader(self, ops: tuple[str, ...]) -> None:
-        """On a member that is not the scheduler, tenant job operations go to the leader."""
-        from mtgpu.api.dispatcher import arg
-        from mtgpu.cluster.relay import relay
-        from mtgpu.errors import ApiError
-
-        cluster = self.cluster
-        assert cluster is not None
-        originals = {op: self.dispatcher._ops[op] for op in ops}
-        reads = ("job.list", "job.show", "nodes")
-
-        def make(op: str) -> Any:
-            original = originals[op]
-
-            async def forwarding(caller: Caller, args: dict[str, Any]) -> Any:
-                if cluster.is_leader() or caller.via == "forwarded":
-                    if op not in reads:
-                        # A leader cut off from its majority would append a change that
-                        # a new leader's log may overwrite: none is taken there.
-                        self.check_in_touch()
-                    if op in reads:
-                        # A scheduler that has just taken over may not have applied every
-                        # committed entry yet: what was acknowledged is answered.
-                        await cluster.catch_up()
-                    r = original.fn(caller, args)
-                    return await r if asyncio.iscoroutine(r) else r
-                self.check_in_touch()  # rather than a relay that waits 30 s for nothing
-                if op == "job.submit":
-                    script = arg(args, "script", str)
-                    check_script_size(script_bytes(script), self.options.job_script_max)
-                    # The tenant's image is looked up here, where they submit it.
-                    host: job_api.JobHost = self  # type: ignore[assignment]  # its scheduler exists by now
-                    src = await submitted_image(
-                        host,
-                        caller,
-                        args,
-                        await directive_container(
-                            script, arg(args, "overrides", dict, {}), job_api.submit_options(args)
-                        ),
-                    )
-                    if src is not None:
-                        args = {**args, "container_source": src}
-                # Through a failover, to the new scheduler as soon as it is named.
-                return await relay(
-                    cluster.peers,
-                    cluster.leader,
-                    op,
-                    args,
-                    {"name": caller.name, "uid": caller.uid, "admin": caller.admin},
-                )
-
-            forwarding.__doc__ = original.doc
-            return forwarding
-
-        for op in ops:
-            self.dispatcher.register(op, make(op), admin=originals[op].admin, audit=originals[op].audit)
-
-        async def forward(caller: Caller, args: dict[str, Any]) -> Any:
-            """A tenant's request relayed by another member (peers only)."""
-            if caller.via != "peer":
-                raise ApiError("only other members may relay requests", "forbidden")
-            c = arg(args, "caller", dict)
-            inner = Caller(str(c["name"]), int(c["uid"]), bool(c["admin"]), "forwarded")
-            answer = await self.dispatcher.handle(
-                inner, {"op": arg(args, "op", str), "args": arg(args, "args", dict)}
-            )
-            if not answer["ok"]:
-                raise ApiError.from_answer(answer)
-            return answer["result"]
-
-        self.dispatcher.register("forward", forward)
-        assert self.agent is not None
-        self.dispatcher.register("job.dispatch", job_api.dispatch_op(self.jobs, self.agent.dispatch))
-        self.dispatcher.register("job.rendezvous", job_api.rendezvous_op(self.agent.rendezvous_port))
 
     async def sample(self) -> Any:
         """This member's inventory, with SIMULATED_CPUS applied."""
@@ -1073,10 +1072,9 @@ class Daemon:
             await asyncio.to_thread(self._link_homes)
 
         self._tasks.append(asyncio.get_running_loop().create_task(republish()))
-        self.penalties.failures = new.ssh_penalty_failures
-        self.penalties.seconds = new.ssh_penalty_seconds
+        self.penalties.configure(new.ssh_penalty_failures, new.ssh_penalty_seconds)
         if self.agent is not None:
-            self.agent.rendezvous_ports = new.rendezvous_ports
+            self.agent.use_rendezvous_ports(new.rendezvous_ports)
         logging.getLogger("mtgpu").setLevel(new.log_level)
         logsetup.resize(new.log_max_size, new.log_keep)
         log.info(
@@ -1092,8 +1090,7 @@ class Daemon:
 
 
 async def serve(options: Options, config: str | None) -> int:
-    daemon = Daemon(options)
-    daemon.config_path = config
+    daemon = Daemon(options, config)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, daemon.stopping.set)
     loop.add_signal_handler(signal.SIGINT, daemon.stopping.set)

@@ -9,11 +9,35 @@ the dispatcher.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
-from mtgpu.api.dispatcher import Caller, Dispatcher, arg
+from mtgpu.api import jobs as job_api
+from mtgpu.api.dispatcher import Caller, Dispatcher, Middleware, Next, arg
+from mtgpu.cluster.relay import relay
 from mtgpu.cluster.runtime import ClusterRuntime
 from mtgpu.errors import ApiError, ValidationError
+from mtgpu.schedd.jobtable import JobTable
+
+#: The tenant job operations only the scheduler (the Raft leader) answers: another
+#: member relays them there (:func:`leader_forwarding`).
+LEADER_OPS = frozenset(
+    {
+        "job.submit",
+        "job.list",
+        "job.show",
+        "job.cancel",
+        "job.hold",
+        "job.release",
+        "nodes",
+        "node.drain",
+        "node.undrain",
+        "retention",
+        "retention.unlock",
+    }
+)
+#: Those of LEADER_OPS that change nothing.
+LEADER_READS = frozenset({"job.list", "job.show", "nodes"})
 
 
 def register_hello(d: Dispatcher, rt: ClusterRuntime) -> None:
@@ -149,6 +173,83 @@ def register(d: Dispatcher, rt: ClusterRuntime) -> None:
     d.register("node.report", report)
     d.register("node.inventory", inventory)
     d.register("cluster.status", status, admin=True)
+
+
+class ForwardingHost(job_api.JobHost, Protocol):
+    """What leader forwarding needs of the daemon besides the job operations' host."""
+
+    def check_in_touch(self) -> None: ...
+
+
+def leader_forwarding(rt: ClusterRuntime, host: ForwardingHost) -> Middleware:
+    """The dispatcher middleware that, on a member that is not the scheduler, relays
+    tenant job operations (LEADER_OPS) to the leader; on the leader (or for a request
+    a member relayed) they are answered here."""
+
+    async def forwarding(caller: Caller, op: str, args: dict[str, Any], call_next: Next) -> Any:
+        if op not in LEADER_OPS:
+            return await call_next(caller, args)
+        if rt.is_leader() or caller.via == "forwarded":
+            if op not in LEADER_READS:
+                # A leader cut off from its majority would append a change that
+                # a new leader's log may overwrite: none is taken there.
+                host.check_in_touch()
+            else:
+                # A scheduler that has just taken over may not have applied every
+                # committed entry yet: what was acknowledged is answered.
+                await rt.catch_up()
+            return await call_next(caller, args)
+        host.check_in_touch()  # rather than a relay that waits 30 s for nothing
+        if op == "job.submit":
+            script = arg(args, "script", str)
+            job_api.check_script_size(job_api.script_bytes(script), host.options.job_script_max)
+            # The tenant's image is looked up here, where they submit it.
+            src = await job_api.submitted_image(
+                host,
+                caller,
+                args,
+                await job_api.directive_container(
+                    script, arg(args, "overrides", dict, {}), job_api.submit_options(args)
+                ),
+            )
+            if src is not None:
+                args = {**args, "container_source": src}
+        # Through a failover, to the new scheduler as soon as it is named.
+        return await relay(
+            rt.peers,
+            rt.leader,
+            op,
+            args,
+            {"name": caller.name, "uid": caller.uid, "admin": caller.admin},
+        )
+
+    return forwarding
+
+
+def register_relayed(
+    d: Dispatcher,
+    table: JobTable,
+    start: Callable[[dict[str, Any], int, int], Awaitable[None]],
+    rendezvous_port: Callable[[], int],
+) -> None:
+    """What other members ask of this one's job side: a tenant's request relayed to
+    the scheduler (``forward``), a part of a placed job to start (``job.dispatch``)
+    and a free rendezvous port (``job.rendezvous``)."""
+
+    async def forward(caller: Caller, args: dict[str, Any]) -> Any:
+        """A tenant's request relayed by another member (peers only)."""
+        if caller.via != "peer":
+            raise ApiError("only other members may relay requests", "forbidden")
+        c = arg(args, "caller", dict)
+        inner = Caller(str(c["name"]), int(c["uid"]), bool(c["admin"]), "forwarded")
+        answer = await d.handle(inner, {"op": arg(args, "op", str), "args": arg(args, "args", dict)})
+        if not answer["ok"]:
+            raise ApiError.from_answer(answer)
+        return answer["result"]
+
+    d.register("forward", forward)
+    d.register("job.dispatch", job_api.dispatch_op(table, start))
+    d.register("job.rendezvous", job_api.rendezvous_op(rendezvous_port))
 
 
 def _peer_only(caller: Caller) -> None:

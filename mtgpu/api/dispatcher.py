@@ -12,6 +12,13 @@ the caller is answered ``internal`` with that id, which the admin finds in the l
 Every handler gets an authenticated :class:`Caller`, never a
 claimed one: the transports establish it (SO_PEERCRED, the SSH login) before any
 request is read.
+
+Middleware wraps the handlers: each is called with the caller, the operation's name,
+its arguments and ``call_next`` (the rest of the chain, ending with the handler) and
+returns the result; it answers itself by not calling ``call_next``. The first one
+given is the outermost. It runs after the admin check and the guards, so what it
+answers is audited like the handler's own answer (leader forwarding in a cluster is
+one, :func:`mtgpu.api.cluster.leader_forwarding`).
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ Handler = Callable[[Caller, dict[str, Any]], Awaitable[Any] | Any]
 Auditor = Callable[[Caller, str, dict[str, Any], "str | None"], Awaitable[None]]
 #: A check run before an operation's handler; it refuses by raising ApiError.
 Guard = Callable[[Caller, dict[str, Any]], Awaitable[None] | None]
+#: The rest of the middleware chain, ending with the operation's handler.
+Next = Callable[[Caller, dict[str, Any]], Awaitable[Any]]
+#: Wraps handling: (caller, operation, arguments, the rest of the chain) -> result.
+Middleware = Callable[[Caller, str, dict[str, Any], Next], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -64,19 +75,34 @@ class _Op:
 class Dispatcher:
     """Maps operation names to handlers, enforces the admin flag and audits actions."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        auditor: Auditor | None = None,
+        starting: bool = False,
+        middleware: tuple[Middleware, ...] | list[Middleware] = (),
+    ) -> None:
         self._ops: dict[str, _Op] = {}
-        #: Set by the daemon once the replicated audit log exists.
-        self.auditor: Auditor | None = None
+        #: Writes the audit entries (the daemon's goes to the replicated audit log).
+        self.auditor: Auditor | None = auditor
         self._guards: dict[str, list[Guard]] = {}
+        self._middleware: list[Middleware] = list(middleware)
         #: A warning for the caller added to every successful answer (``notice``),
         #: such as being over USER_DISK_LIMIT; None for nothing to say.
         self.notice: Callable[[Caller], str | None] | None = None
         #: True while the daemon starts: its socket may already answer (peers need it
         #: to form the cluster) before every operation is registered, and an operation
         #: not registered yet is answered ``starting`` (the tools retry) rather than
-        #: ``unknown_op``.
+        #: ``unknown_op``. :meth:`started` ends it.
+        self.starting = starting
+
+    def started(self) -> None:
+        """Every operation is registered: one not known is now ``unknown_op``."""
         self.starting = False
+
+    def use(self, fn: Middleware) -> None:
+        """Add ``fn`` to the middleware chain, inside those added before it."""
+        self._middleware.append(fn)
 
     def guard(self, name: str, fn: Guard) -> None:
         """Run ``fn`` before the handler of ``name`` (kept when the handler is replaced)."""
@@ -137,9 +163,7 @@ class Dispatcher:
                 checked = check(caller, args)
                 if inspect.isawaitable(checked):
                     await checked
-            result = op.fn(caller, args)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await self._chain(name, op.fn, 0)(caller, args)
             answer = {"id": rid, "ok": True, "result": result}
             note = self.notice(caller) if self.notice is not None else None
             if note:
@@ -149,6 +173,22 @@ class Dispatcher:
             return refusal(exc, rid)
         except Exception:  # noqa: BLE001 - one bug must not take the daemon down
             return internal_error(name, caller, rid)
+
+    def _chain(self, name: str, fn: Handler, i: int) -> Next:
+        """Middleware ``i`` onwards, ending with the handler ``fn``."""
+        if i == len(self._middleware):
+
+            async def handler(caller: Caller, args: dict[str, Any]) -> Any:
+                result = fn(caller, args)
+                return await result if inspect.isawaitable(result) else result
+
+            return handler
+        mw, rest = self._middleware[i], self._chain(name, fn, i + 1)
+
+        async def wrapped(caller: Caller, args: dict[str, Any]) -> Any:
+            return await mw(caller, name, args, rest)
+
+        return wrapped
 
 
 def internal_error(name: str, caller: Caller, rid: Any = None) -> dict[str, Any]:

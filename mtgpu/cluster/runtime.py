@@ -74,7 +74,18 @@ class ClusterRuntime:
     """Everything a member does because it is in a cluster."""
 
     def __init__(
-        self, options: Options, identity: ClusterIdentity, inventory: Callable[[], NodeInventory | None]
+        self,
+        options: Options,
+        identity: ClusterIdentity,
+        inventory: Callable[[], NodeInventory | None],
+        *,
+        drains: Any = None,
+        on_store: Callable[[StateStore], None] | None = None,
+        on_leader: Callable[[bool], Awaitable[None]] | None = None,
+        on_report: Callable[[NodeInventory], None] | None = None,
+        grant: Callable[[str], float | None] | None = None,
+        unreported: Callable[[], list[str]] | None = None,
+        replica_digest: Callable[[], str] | None = None,
     ) -> None:
         self.options = options
         self.name = options.server_name
@@ -95,24 +106,24 @@ class ClusterRuntime:
         self.transport: SshRaftTransport | None = None
         self.store: StateStore | None = None
         self.coordinator: Coordinator | None = None
-        self.on_leader: Callable[[bool], Awaitable[None]] | None = None
-        self.on_report: Callable[[NodeInventory], None] | None = None
+        self.on_leader = on_leader
+        self.on_report = on_report
         #: This member's lease from the scheduler (see :mod:`mtgpu.cluster.lease`).
         from pathlib import Path
 
         self.lease = MemberLease(Path(options.state_dir) / "jobs", options.cluster_fence_grace)
         self.lease_seconds = lease_seconds(options.cluster_lost_after, options.cluster_fence_grace)
-        #: A digest of this member's replica of the job table (set by the daemon), so
-        #: that an admin can see that the replicas agree.
-        self.replica_digest: Callable[[], str] | None = None
+        #: A digest of this member's replica of the job table, so that an admin can
+        #: see that the replicas agree.
+        self.replica_digest = replica_digest
         #: On the scheduler: the lease for a member that just reported (None: none).
-        self.grant: Callable[[str], float | None] | None = None
-        #: The members the scheduler has not heard from (set by the daemon).
-        self.unreported: Callable[[], list[str]] | None = None
+        self.grant = grant
+        #: The members the scheduler has not heard from.
+        self.unreported = unreported
         self._pulls: set[str] = set()
         self.reports = ReportReader()
         #: Called with the new store after a role change (the daemon keeps a reference).
-        self.on_store: Callable[[StateStore], None] | None = None
+        self.on_store = on_store
         self._tasks: list[asyncio.Task[None]] = []
         self._was_leader = False
         self._blank: list[dict[str, Any]] = []
@@ -122,7 +133,7 @@ class ClusterRuntime:
         self._role_check: asyncio.Task[None] | None = None
         self._removed_logged = False
         #: The replicated drains (:class:`mtgpu.schedd.drains.Drains`), for the status.
-        self.drains: Any = None
+        self.drains = drains
         self.homes: HomesProbe | None = None
         #: The next read-index round (see :meth:`leader_index`) and the task running them.
         self._next_round: asyncio.Future[int] | None = None

@@ -84,6 +84,7 @@ class Sampler:
         probes: Sequence[GpuProbe] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        job_of: Callable[[], Callable[[int], str | None] | None] | None = None,
     ) -> None:
         self.options = options
         self.probes: list[GpuProbe] = list(probes) if probes is not None else default_probes(options)
@@ -98,9 +99,10 @@ class Sampler:
         self._unavailable_logged: set[str] = set()
         # The sampler and the VRAM watchdog call the probes from worker threads.
         self._probing = threading.Lock()
-        #: Gives, at each sample, which job a process belongs to (set by the job agent);
-        #: the VRAM held by processes of no job is reported as each GPU's ``vram_outside``.
-        self.job_of: Callable[[], Callable[[int], str | None]] | None = None
+        #: Gives, at each sample, which job a process belongs to (the job agent's; None
+        #: while there is none); the VRAM held by processes of no job is reported as
+        #: each GPU's ``vram_outside``.
+        self.job_of = job_of
         psutil.cpu_percent(interval=None)  # the first call only starts the measurement
 
     def _read_gpus(self, errors: list[str]) -> list[GpuInfo]:
@@ -121,8 +123,8 @@ class Sampler:
                 self._spans[n] = max(self._spans.get(n, 0), width)
                 base += self._spans[n]
             self._owners = owners
-        if self.job_of is not None:
-            job_of = self.job_of()
+        job_of = self.job_of() if self.job_of is not None else None
+        if job_of is not None:
             gpus = [
                 dataclasses.replace(
                     g, vram_outside=sum(p.used_memory for p in g.processes if job_of(p.pid) is None)

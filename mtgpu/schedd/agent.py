@@ -202,6 +202,13 @@ class Agent:
         *,
         address: str = "127.0.0.1",
         clock: Callable[[], float] = time.time,
+        address_of: Callable[[str], str | None] | None = None,
+        tools_dir: str = "",
+        api_socket: str = "",
+        on_change: Callable[[], None] | None = None,
+        prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None,
+        job_env: Callable[[JobUser], Mapping[str, str]] | None = None,
+        rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS,
     ) -> None:
         self.node = node
         self.table = table
@@ -210,12 +217,12 @@ class Agent:
         self.replicate = replicate
         self.user_for = user_for
         self.address = address
-        #: A member's address (host) by name, for MASTER_ADDR; the daemon sets it in a cluster.
-        self.address_of: Callable[[str], str | None] = lambda name: None
+        #: A member's address (host) by name, for MASTER_ADDR; the daemon gives it in a cluster.
+        self.address_of: Callable[[str], str | None] = address_of or (lambda name: None)
         #: The tenants' commands (srun, mt-job) and the API socket, for jobs' PATH and
-        #: MTGPU_API_SOCKET; the daemon sets them.
-        self.tools_dir = ""
-        self.api_socket = ""
+        #: MTGPU_API_SOCKET; the daemon gives them.
+        self.tools_dir = tools_dir
+        self.api_socket = api_socket
         self.clock = clock
         self.cores: dict[str, tuple[int, ...]] = {}
         #: The (term, attempt) each part here was started with: a requeued job started
@@ -228,20 +235,24 @@ class Agent:
         self._ends: Any = None
         self._ended: set[str] = set()
         self._wake = asyncio.Event()
-        self.on_change: Callable[[], None] = lambda: None
+        self.on_change: Callable[[], None] = on_change or (lambda: None)
         #: Containerized jobs: gets the image here and makes the part's ``podman run``
-        #: (the workspaces layer sets it); called with the job, the launch and a
+        #: (the workspaces layer's); called with the job, the launch and a
         #: progress reporter, returns the launch to start.
-        self.prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None
+        self.prepare_container = prepare_container
         #: Variables this member gives every job of a tenant (where their podman keeps
         #: its storage here); the job's own and the scheduler's come after.
-        self.job_env: Callable[[JobUser], Mapping[str, str]] | None = None
+        self.job_env = job_env
         #: Parts getting their image before they start, by job id.
         self.preparing: dict[str, asyncio.Task[None]] = {}
         self._starts: asyncio.Semaphore | None = None
         #: RENDEZVOUS_PORTS: where rendezvous ports of jobs with rank 0 here come from.
-        self.rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS
+        self.rendezvous_ports = rendezvous_ports
         self._old_runs_checked = 0.0
+
+    def use_rendezvous_ports(self, ports: tuple[int, int]) -> None:
+        """RENDEZVOUS_PORTS changed (a reload): jobs started from now on take theirs there."""
+        self.rendezvous_ports = ports
 
     # ------------------------------------------------------------ dispatch
 

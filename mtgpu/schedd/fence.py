@@ -37,6 +37,7 @@ root's (cgroup files, ``RUN_DIR``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -626,8 +627,11 @@ def memory_limit(spec: int | str | None, total: int) -> int | None:
     return spec
 
 
-def from_options(options: Options, *, extra_keep: Iterable[str] = ()) -> TenantFence:
-    """The fence a daemon with ``options`` (an :class:`mtgpu.config.Options`) puts up."""
+def from_options(
+    options: Options, *, extra_keep: Iterable[str] = (), loop: asyncio.AbstractEventLoop | None = None
+) -> TenantFence:
+    """The fence a daemon with ``options`` (an :class:`mtgpu.config.Options`) puts up;
+    ``loop`` runs its network's DNS relays."""
     import psutil
 
     o = options
@@ -657,6 +661,10 @@ def from_options(options: Options, *, extra_keep: Iterable[str] = ()) -> TenantF
         cgroups.detect(), limits, ns_dir, tmp_size=o.private_tmp_size if o.private_tmp else None, keep=keep
     )
     f.network = TenantNetwork(
-        ns_dir, o.tenant_network_subnet, wanted=o.tenant_network == "private", prepare=f._prepare_dir
+        ns_dir,
+        o.tenant_network_subnet,
+        wanted=o.tenant_network == "private",
+        prepare=f._prepare_dir,
+        loop=loop,
     )
     return f

@@ -136,6 +136,7 @@ class TenantNetwork:
         wanted: bool = True,
         prepare: Callable[[], None] | None = None,
         resolv_conf: str = "/etc/resolv.conf",
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.ns_dir = ns_dir
         self.subnet = ipaddress.IPv4Network(subnet)
@@ -156,8 +157,8 @@ class TenantNetwork:
         self._forwarding_was: str | None = None
         #: Multi-member jobs with rendezvous rules here (None: not looked up yet).
         self._jobs: set[str] | None = None
-        #: The daemon's event loop, which runs the DNS relays (set at start).
-        self.loop: asyncio.AbstractEventLoop | None = None
+        #: The daemon's event loop, which runs the DNS relays.
+        self.loop = loop
 
     # ------------------------------------------------------------ reporting
 

@@ -261,6 +261,12 @@ class Runner:
         *,
         cgroup_version: str = "auto",
         memory: str = "auto",
+        workdir_help: Callable[[str], str] | None = None,
+        tenant_namespace: Callable[[int], str | None] | None = None,
+        tenant_net_namespace: Callable[[int], str | None] | None = None,
+        job_network_on: Callable[[JobLaunch], None] | None = None,
+        job_network_off: Callable[[str], None] | None = None,
+        tenant_env: Callable[[int, int], Mapping[str, str]] | None = None,
     ) -> None:
         if memory not in ("auto", "watchdog"):
             raise ValueError("memory must be 'auto' or 'watchdog'")
@@ -279,21 +285,21 @@ class Runner:
         #: None makes supervisors fork their jobs from Python.
         self.jobinit: Any = _BUILD
         #: Given a job's working directory, what to do if it is missing here (see
-        #: JobLaunch.workdir_help); the daemon sets it in a cluster.
-        self.workdir_help: Callable[[str], str] | None = None
+        #: JobLaunch.workdir_help); the daemon gives it in a cluster.
+        self.workdir_help = workdir_help
         #: Given a tenant's uid, the file of its private mount namespace (see
         #: mtgpu.schedd.fence), which its jobs enter; None leaves jobs in ours.
-        self.tenant_namespace: Callable[[int], str | None] | None = None
+        self.tenant_namespace = tenant_namespace
         #: Given a tenant's uid, the file of its private network namespace
         #: (mtgpu.schedd.netns), which its jobs enter; None leaves jobs in ours.
-        self.tenant_net_namespace: Callable[[int], str | None] | None = None
+        self.tenant_net_namespace = tenant_net_namespace
         #: A multi-member job starts here (its launch) and ends (its id): the daemon walls
         #: its rendezvous port off from everyone but the job's own ranks.
-        self.job_network_on: Callable[[JobLaunch], None] | None = None
-        self.job_network_off: Callable[[str], None] | None = None
+        self.job_network_on = job_network_on
+        self.job_network_off = job_network_off
         #: Given a tenant's uid and gid, variables its jobs get as its sessions do
         #: (where its tmux server listens), over the job's own.
-        self.tenant_env: Callable[[int, int], Mapping[str, str]] | None = None
+        self.tenant_env = tenant_env
         self._active: set[str] = set()
         #: (job id, attempt) of the results poll() returned: a requeued job started
         #: here again is a new attempt, whose end is reported in its turn.

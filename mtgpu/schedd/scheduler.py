@@ -174,6 +174,14 @@ class Scheduler:
         clock: Callable[[], float] | None = None,
         policy: QueuePolicy | None = None,
         aging_per_hour: float = 10.0,
+        drains: Drains | None = None,
+        members: Callable[[], Collection[str]] | None = None,
+        own_name: str | None = None,
+        state_current: Callable[[], bool] | None = None,
+        grace: float = 0.0,
+        lost_after: float | None = None,
+        lease: float | None = None,
+        takeover_wait: float = 0.0,
     ) -> None:
         self.table = table
         self.replicate = replicate
@@ -186,8 +194,8 @@ class Scheduler:
         self.policy = policy or QueuePolicy()
         self.nodes: dict[str, NodeInventory] = {}
         self.node_state: dict[str, NodeState] = {}
-        #: The admins' drains (replicated; see mtgpu.schedd.drains), set by the daemon.
-        self.drains: Drains | None = None
+        #: The admins' drains (replicated; see mtgpu.schedd.drains), given by the daemon.
+        self.drains = drains
         self.age_weight = aging_per_hour / 3600
         self.queue = PendingQueue(self.age_weight)
         self.pending_info: dict[str, PendingInfo] = {}
@@ -206,15 +214,15 @@ class Scheduler:
         self._seen_version = 0
         #: The members the inventory must hold to be complete (the replicated member
         #: list, in a cluster); None: the reports alone (a standalone host).
-        self.members: Callable[[], Collection[str]] | None = None
+        self.members = members
         #: This member's own name: never dropped from the inventory.
-        self.own_name: str | None = None
+        self.own_name = own_name
         #: Whether this member's replica has applied every change committed before it
         #: became the scheduler (until then its member list may lack members).
-        self.state_current: Callable[[], bool] | None = None
+        self.state_current = state_current
         #: The longest a submission that does not fit what has reported waits for the
         #: members that have not (seconds); after that it is accepted and re-checked.
-        self.grace = 0.0
+        self.grace = grace
         #: Members taken out of the member list, and when this scheduler saw it: their
         #: running jobs are ended as a lost member's are, ``lost_after`` later.
         self._gone: dict[str, float] = {}
@@ -234,12 +242,12 @@ class Scheduler:
         #: requeued. None: never (a standalone host is its own only member). In a
         #: cluster it is the lease bound: a member's lease plus its fencing grace and
         #: a margin (see :mod:`mtgpu.cluster.lease`).
-        self.lost_after: float | None = None
+        self.lost_after = lost_after
         #: The lease granted with each report (seconds); None: no leases.
-        self.lease: float | None = None
+        self.lease = lease
         #: How long a deposed scheduler may still have granted leases after this one
         #: took over (Raft's leader fall-back time): every member's clock starts then.
-        self.takeover_wait = 0.0
+        self.takeover_wait = takeover_wait
         self._last_old_runs = float("-inf")
         #: Each member's snapshot, made when a pass first needs it, with the report it
         #: stands for: a report that is not the member's latest makes it stale (and

@@ -62,6 +62,11 @@ class Penalties:
         self._count: dict[tuple[str, str], int] = {}
         self._until: dict[tuple[str, str], float] = {}
 
+    def configure(self, failures: int, seconds: float) -> None:
+        """New SSH_PENALTY_FAILURES and SSH_PENALTY_SECONDS (a reload), from the next failure on."""
+        self.failures = failures
+        self.seconds = seconds
+
     def penalized(self, addr: str, user: str) -> float:
         """Seconds left of the penalty of ``user`` from ``addr`` (0 if none)."""
         key = (addr, user)

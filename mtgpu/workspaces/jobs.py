@@ -116,15 +116,21 @@ class ImageCache:
 class JobContainers:
     """The workspaces layer's part in containerized jobs."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(
+        self,
+        ws: Any,
+        *,
+        connect: Callable[[str], Awaitable[Any]] | None = None,
+        homes_shared_with: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.ws = ws  # the Workspaces service: tenants, policy, GPUs, podman, archives
         o = ws.options
         self.node = o.server_name
         self.cache = ImageCache(str(Path(o.state_dir) / "images"), o.containers.image_cache)
-        #: Set by the daemon in a cluster: an open connection to a member, and which
-        #: members share this member's homes.
-        self.connect: Callable[[str], Awaitable[Any]] | None = None
-        self.homes_shared_with: Callable[[], list[str]] = lambda: []
+        #: Given in a cluster: an open connection to a member, and which members share
+        #: this member's homes.
+        self.connect = connect
+        self.homes_shared_with: Callable[[], list[str]] = homes_shared_with or (lambda: [])
         self._fetching: dict[str, asyncio.Lock] = {}
 
     @property

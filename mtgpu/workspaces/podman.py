@@ -113,13 +113,15 @@ class ContainerRuntime:
 class Podman(ContainerRuntime):
     """Rootless podman as the tenant."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(
+        self, binary: str | None = None, *, tenant_netns: Callable[[int], str | None] | None = None
+    ) -> None:
         self.binary = binary or real_podman()
         #: Given a uid, the file of the tenant's private network namespace
         #: (TENANT_NETWORK: private), None where tenants share the host's. Podman runs
         #: in it, so a workspace's published ports are on the tenant's own loopback,
         #: where the tenant's sessions and ``ssh -L`` reach them, as with mt-podman.
-        self.tenant_netns: Callable[[int], str | None] | None = None
+        self.tenant_netns = tenant_netns
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, *args]

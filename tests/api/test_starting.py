@@ -14,12 +14,11 @@ ROOT = Caller("root", 0, True, "socket")
 
 
 def test_an_operation_not_registered_yet_is_starting_then_unknown():
-    d = Dispatcher()
-    d.starting = True
+    d = Dispatcher(starting=True)
     r = asyncio.run(d.handle(ROOT, {"op": "job.submit", "args": {}, "id": 1}))
     assert not r["ok"] and r["code"] == "starting" and "retry" in r["error"]
     d.register("job.submit", lambda caller, args: {"job_id": "1"})
-    d.starting = False
+    d.started()
     assert asyncio.run(d.handle(ROOT, {"op": "job.submit", "args": {}, "id": 2}))["ok"]
     r = asyncio.run(d.handle(ROOT, {"op": "no.such", "args": {}, "id": 3}))
     assert r["code"] == "unknown_op"

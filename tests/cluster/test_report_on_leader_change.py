@@ -56,7 +56,9 @@ def link(member: ClusterRuntime, schedulers: dict[str, Dispatcher]) -> None:
 
     async def call(target: str, op: str, /, **kw: Any) -> Any:
         kw.pop("timeout", None)
-        r = schedulers[target]._ops[op].fn(Caller(f"mtgpu-peer.{member.name}", 0, False, "peer"), kw)
+        handler = schedulers[target].op(op)
+        assert handler is not None, op
+        r = handler.fn(Caller(f"mtgpu-peer.{member.name}", 0, False, "peer"), kw)
         return await r if inspect.isawaitable(r) else r
 
     member.peers.call = call  # type: ignore[method-assign]

@@ -259,7 +259,9 @@ def test_a_member_cannot_renew_another_members_lease_with_its_report(tmp_path):
     rt.grant = lambda name: granted.append(name) or 6.0
     seen = []
     rt.on_report = lambda inv: seen.append(inv.name)
-    report = d._ops["node.report"].fn
+    op = d.op("node.report")
+    assert op is not None
+    report = op.fn
     body = {"inventory": inv("m2").to_dict(processes=False)}
     r = report(Caller("mtgpu-peer.m3", 0, False, "peer"), body)
     assert "lease" not in r and granted == [] and seen == ["m2"]
