@@ -4,9 +4,11 @@
 in the shape of Nomad's generic stack::
 
     candidates   from an index, best fit first (see below), or the pinned servers
-      filters    filters.check_node: pin, GPU model, drain state, whole members
-                 (--exclusive), CPUs, RAM, GPU count, VRAM for the mode; each refusal
-                 counted under the filter's name
+      filters    filters.FILTERS, one object per rule: pin, reservation, GPU model,
+                 drain state, whole members (--exclusive), CPUs, RAM, GPU count,
+                 VRAM for the mode; each refusal counted under the filter's name. The
+                 same filters against total capacity answer "could it ever run"
+                 (BadConstraints), and their texts make the pending reason
       limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
                  size, at least 2, as Nomad ranks log2 n candidates)
       rankers    rankers.score_node: best fit, then a tie-break seeded by the job id
@@ -26,8 +28,9 @@ request needs it and kept up to date by ``commit``/``release``:
   the tightest fit first;
 - CPU-only jobs: members bucketed by free CPUs, members without GPUs first.
 
-Only members that are up are in the indexes. The indexes offer a superset of the
-members that fit, so a refusal is exact: when ``place`` says no, no member fits.
+Only members that are up are in the indexes. The indexes only narrow the candidates:
+whether a member fits is the filters' answer. They offer a superset of the members
+that fit, so a refusal is exact: when ``place`` says no, no member fits.
 ``exhaustive=True`` skips the indexes and the limit and checks every member: that is
 what ``explain`` uses to give exact per-filter counts, and what the tests compare the
 indexed path against.
@@ -40,10 +43,21 @@ import math
 import zlib
 from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from itertools import islice
 
-from mtgpu.config.units import format_size
 from mtgpu.schedd.features import satisfies
-from mtgpu.schedd.filters import Layout, Usage, apply_member, check_node, member_fits
+from mtgpu.schedd.filters import (
+    BY_NAME,
+    EVER_ORDER,
+    Check,
+    Layout,
+    Usage,
+    active,
+    apply_member,
+    choose_gpus,
+    member_fits,
+    run,
+)
 from mtgpu.schedd.rankers import score_node
 from mtgpu.schedd.types import (
     Allocation,
@@ -59,19 +73,6 @@ from mtgpu.schedd.types import (
 )
 
 _EXCLUSIVE = GpuMode.EXCLUSIVE
-
-_FILTER_TEXT = {
-    "server_pin": "are not among the pinned servers",
-    "gpu_model": "have too few {label} GPUs",
-    "node_state": "are down or drained",
-    "member_held": "are held whole by another job (--exclusive)",
-    "member_busy": "run other jobs (it asks for whole members, --exclusive)",
-    "gpu_count": "have too few free {label} GPUs",
-    "vram": "lack free VRAM",
-    "cpus": "lack free CPUs",
-    "ram": "lack free RAM",
-    "reserved": "are reserved for a higher-priority job",
-}
 
 
 class _IdleIndex:
@@ -374,20 +375,26 @@ class Plan:
         counts: dict[str, int] = {}
         seed = zlib.crc32(job.job_id.encode() + b"\0")
         use = self.use
+        check = Check(layout, use, req, match, excluded)
+        filters = active(check)
         found: list[tuple[float, int, tuple[int, ...]]] = []
-        for i in self._candidates(req, match, exhaustive):
-            if i in excluded:
-                counts["reserved"] = counts.get("reserved", 0) + 1
-                continue
-            failed, chosen = check_node(layout, use, i, req, match)
-            if failed is not None:
-                counts[failed] = counts.get(failed, 0) + 1
-                continue
-            found.append((-score_node(layout, use, i, req, chosen, match, seed)[0], i, chosen))
-            if len(found) >= limit:
+        candidates = self._candidates(req, match, exhaustive)
+        # The filters run on batches of candidates in the index's order; the first
+        # ``limit`` that pass are ranked, as if they had been checked one by one.
+        # ``limit - found`` at first (enough if they all pass), then batches that grow.
+        want, step = int(min(limit, len(layout))), 0
+        while len(found) < limit:
+            batch = list(islice(candidates, max(want - len(found), step)))
+            if not batch:
                 break
+            for i in run(check, batch, filters, counts):
+                chosen = choose_gpus(check, i)
+                found.append((-score_node(layout, use, i, req, chosen, match, seed)[0], i, chosen))
+                if len(found) >= limit:
+                    break
+            step = max(8, 2 * step)
         if len(found) < need:
-            return self._reason(req, counts, len(found), exhaustive, match, excluded)
+            return self._reason(check, counts, len(found), exhaustive)
         found.sort()
         members = tuple(
             MemberPlacement(
@@ -449,16 +456,8 @@ class Plan:
             self._ever[key] = _feasible_ever(self.layout, req, up_only)
         return self._ever[key]
 
-    def _reason(
-        self,
-        req: ResourceRequest,
-        counts: dict[str, int],
-        found: int,
-        exhaustive: bool,
-        match: Sequence[tuple[int, ...]],
-        excluded: Collection[int] = (),
-    ) -> Reason:
-        layout = self.layout
+    def _reason(self, check: Check, counts: dict[str, int], found: int, exhaustive: bool) -> Reason:
+        layout, req = self.layout, check.req
         never = self.never(req)
         if never is not None:
             return never
@@ -468,18 +467,13 @@ class Plan:
             # held whole by another job is not "lack free VRAM"). A refusal is rarer than
             # a placement, and the queue keeps it per request shape for the pass.
             counts = {}
-            for i in range(len(layout)):
-                if i in excluded:
-                    counts["reserved"] = counts.get("reserved", 0) + 1
-                    continue
-                failed, _ = check_node(layout, self.use, i, req, match)
-                if failed is not None:
-                    counts[failed] = counts.get(failed, 0) + 1
+            run(check, list(range(len(layout))), active(check), counts)
         down = None if layout.all_up else self.never(req, up_only=True)
         if down is not None:
-            names = [
-                layout.names[i] for i in self._pool(req) if not layout.up[i] and _could_ever(layout, req, i)
-            ]
+            # The members that could ever run it, by the same filters on an empty cluster.
+            ever = Check(layout, layout.empty, req, check.match)
+            could = set(run_ever(ever, self._pool(req)))
+            names = [layout.names[i] for i in self._pool(req) if not layout.up[i] and i in could]
             shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
             return Reason(
                 "ReqNodeNotAvail",
@@ -493,7 +487,7 @@ class Plan:
         counts = {k: v for k, v in counts.items() if v}
         label = req.gpu_label() if req.gpu_label() != "any" else ""
         parts = [
-            f"{v} {_FILTER_TEXT[k].format(label=label).replace('  ', ' ')}"
+            f"{v} {BY_NAME[k].text.format(label=label).replace('  ', ' ')}"
             for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
         ]
         have = (
@@ -512,13 +506,11 @@ class Plan:
         return list(range(len(self.layout)))
 
 
-def _could_ever(layout: Layout, req: ResourceRequest, i: int) -> bool:
-    if layout.cpus[i] < req.cpus or layout.ram_total[i] < req.ram:
-        return False
-    if not req.gpus:
-        return True
-    ids = layout.matching(req.gpu_brand, req.gpu_type)[i]
-    return sum(1 for g in ids if layout.gpu_total[g] >= req.vram) >= req.gpus
+def run_ever(check: Check, members: list[int]) -> list[int]:
+    """The ``members`` that pass every filter's "ever" rule (``check.use`` is ``Layout.empty``)."""
+    for f in EVER_ORDER:
+        members = f.ever(check, members)
+    return members
 
 
 def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reason | None:
@@ -555,96 +547,51 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
             f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
             {"server_pin": len(layout)},
         )
-    # (weight, CPUs, RAM, VRAM of each matching GPU, largest first) per kind of host.
-    pool: list[tuple[int, int, int, tuple[int, ...]]] = []
+    # The members to consider, each standing for ``weight[i]`` members: the pinned
+    # servers, or one member per hardware profile (the rules below read only hardware).
+    weight: dict[int, int] = {}
+    pool: list[int] = []
     if req.servers:
         for s in req.servers:
             i = layout.index_of.get(s)
             if i is not None and (layout.up[i] or not up_only):
-                cards = [layout.gpu_total[g] for g in layout.matching(req.gpu_brand, req.gpu_type)[i]]
-                pool.append((1, layout.cpus[i], layout.ram_total[i], tuple(sorted(cards, reverse=True))))
+                pool.append(i)
+                weight[i] = 1
     else:
-        for all_, up, cpus, ram, sizes in layout.profiles_for(req.gpu_brand, req.gpu_type):
-            weight = up if up_only else all_
-            if weight:
-                pool.append((weight, cpus, ram, sizes))
-    k, v, need, want_cpus, want_ram = req.gpus, req.vram, req.nodes, req.cpus, req.ram
-    # One pass, counting members (weights) that survive each stage in filter order.
-    most = largest = has_model = enough = big = with_cpus = with_ram = most_cpus = most_ram = 0
-    for weight, cpus, ram, vram in pool:
-        if k:
-            m = len(vram)
-            if not m:
-                continue
-            most = max(most, m)
-            largest = max(largest, vram[0])
-            has_model += weight
-            if m < k:
-                continue
-            enough += weight
-            if vram[k - 1] < v:  # the k-th largest card is too small
-                continue
-            big += weight
-        most_cpus = max(most_cpus, cpus)
-        if cpus < want_cpus:
-            continue
-        with_cpus += weight
-        most_ram = max(most_ram, ram)
-        if ram < want_ram:
-            continue
-        with_ram += weight
-    label = "" if req.gpu_label() == "any" else req.gpu_label() + " "
-    stages: list[tuple[str, int, str]] = []
-    if k:
-        kinds = sorted({f"{b}:{t}" for b, t in layout.classes}) if not has_model else []
-        none_here = f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)"
-        stages += [
-            ("gpu_model", has_model, f"no member has {label}GPUs{none_here}"),
-            ("gpu_model", enough, f"no member has {k} {label}GPUs; the most on one member is {most}"),
-            (
-                "vram",
-                big,
-                (
-                    f"no {label}GPU has {format_size(v)} of VRAM; the largest has {format_size(largest)}"
-                    if k == 1 or largest < v
-                    else f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"
-                ),
-            ),
-        ]
-    stages += [
-        ("cpus", with_cpus, f"no member that fits the rest has {want_cpus} CPUs; the most is {most_cpus}"),
-        (
-            "ram",
-            with_ram,
-            (
-                f"no member that fits the rest has {format_size(want_ram)} of RAM; "
-                f"the most is {format_size(most_ram)}"
-            ),
-        ),
-    ]
-    for name, passed, message in stages:
+        for i, all_, up in layout.profiles:
+            if up if up_only else all_:
+                pool.append(i)
+                weight[i] = up if up_only else all_
+    check = Check(layout, layout.empty, req)
+    need, n = req.nodes, len(layout)
+    reached = pool
+    # Each filter's "ever" rule in turn, counting the members (weights) that pass it.
+    for f in EVER_ORDER:
+        kept = f.ever(check, reached)
+        passed = sum(weight[i] for i in kept)
         if passed == 0:
-            return Reason("BadConstraints", message, {name: len(layout)})
-        if passed < need and passed == len(layout) and not req.servers:
+            return Reason("BadConstraints", f.never(check, pool, reached), {f.name: n})
+        if passed < need and passed == n and not req.servers:
             # Every member could take a part: the cluster is simply too small.
             where = (
                 "this is a standalone host (a cluster of one member)"
-                if len(layout) == 1
-                else f"this cluster has {len(layout)} members"
+                if n == 1
+                else f"this cluster has {n} members"
             )
             return Reason(
                 "BadConstraints",
                 f"nodes={need} needs {need} members, and {where}; "
-                f"submit it with nodes={len(layout)} or fewer, or add members to the cluster",
-                {"cluster_size": len(layout)},
+                f"submit it with nodes={n} or fewer, or add members to the cluster",
+                {"cluster_size": n},
             )
         if passed < need:
             return Reason(
                 "BadConstraints",
                 f"only {passed} member(s) could ever take one member of it "
                 f"({req.describe()}), but nodes={need} needs {need}",
-                {name: len(layout) - passed},
+                {f.name: n - passed},
             )
+        reached = kept
     return None
 
 
