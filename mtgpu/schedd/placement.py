@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 import zlib
 from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -225,7 +226,8 @@ class Plan:
     (list copies), for what-if plans such as a reservation.
     """
 
-    snapshot: ClusterSnapshot
+    #: The allocations running in the snapshot the plan started from.
+    running: tuple[Allocation, ...]
     layout: Layout
     use: Usage
     candidate_limit: int
@@ -237,7 +239,7 @@ class Plan:
 
     def __init__(self, snapshot: ClusterSnapshot, *, candidate_limit: int | None = None) -> None:
         base = _base_plan(snapshot)
-        self.snapshot = snapshot
+        self.running = snapshot.running
         self.layout = base.layout
         self.use = base.use.copy()
         self.candidate_limit = candidate_limit or base.candidate_limit
@@ -249,7 +251,7 @@ class Plan:
     @classmethod
     def _build(cls, snapshot: ClusterSnapshot) -> Plan:
         plan = cls.__new__(cls)
-        plan.snapshot = snapshot
+        plan.running = snapshot.running
         plan.layout = Layout(snapshot)
         plan.use = Usage(snapshot)
         plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
@@ -260,7 +262,7 @@ class Plan:
     def copy(self) -> Plan:
         """An independent plan with the same state."""
         new = Plan.__new__(Plan)
-        new.snapshot, new.layout, new.use = self.snapshot, self.layout, self.use.copy()
+        new.running, new.layout, new.use = self.running, self.layout, self.use.copy()
         new.candidate_limit = self.candidate_limit
         new._idle = {k: v.copy() for k, v in self._idle.items()}
         new._vram = {k: v.copy() for k, v in self._vram.items()}
@@ -317,7 +319,7 @@ class Plan:
         Measured use in it is the plan's estimate (measured plus what was placed).
         """
         nodes = [self._node_snapshot(i) for i in range(len(self.layout))]
-        return ClusterSnapshot(nodes=tuple(nodes), running=self.snapshot.running + tuple(new))
+        return ClusterSnapshot(nodes=tuple(nodes), running=self.running + tuple(new))
 
     def _node_snapshot(self, i: int) -> NodeSnapshot:
         layout, use = self.layout, self.use
@@ -595,21 +597,69 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
     return None
 
 
-_BASE_ATTR = "_mtgpu_base_plan"
-#: The measured nodes a snapshot_with_allocations snapshot was made from.
-_INPUTS_ATTR = "_mtgpu_inputs"
-#: Per member with allocations: (measured node, its allocations, the node as committed).
-_MADE_ATTR = "_mtgpu_made"
+class _Derived:
+    """What placing derived from one snapshot: its plan and, for a snapshot made by
+    :func:`snapshot_with_allocations`, what the next one may take over."""
+
+    __slots__ = ("inputs", "made", "plan", "ref")
+
+    def __init__(
+        self,
+        ref: weakref.ref[ClusterSnapshot],
+        plan: Plan,
+        inputs: tuple[NodeSnapshot, ...] | None = None,
+        made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+    ) -> None:
+        self.ref, self.plan = ref, plan
+        #: The measured nodes the snapshot was made from.
+        self.inputs = inputs
+        #: Per member with allocations: (measured node, its allocations, the node as committed).
+        self.made = made or {}
+
+
+class SnapshotCache:
+    """Plans built from snapshots, kept beside them (the snapshots stay immutable) and
+    dropped when the snapshot is. Nothing here holds a snapshot alive."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, _Derived] = {}
+
+    def get(self, snapshot: ClusterSnapshot) -> _Derived | None:
+        got = self._by_id.get(id(snapshot))
+        return got if got is not None and got.ref() is snapshot else None
+
+    def put(
+        self,
+        snapshot: ClusterSnapshot,
+        plan: Plan,
+        inputs: tuple[NodeSnapshot, ...] | None = None,
+        made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+    ) -> None:
+        key, by_id = id(snapshot), self._by_id
+
+        def gone(ref: weakref.ref[ClusterSnapshot]) -> None:
+            got = by_id.get(key)
+            if got is not None and got.ref is ref:
+                del by_id[key]
+
+        by_id[key] = _Derived(weakref.ref(snapshot, gone), plan, inputs, made)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+#: The plans of the snapshots alive in this process.
+SNAPSHOTS = SnapshotCache()
 
 
 def _base_plan(snapshot: ClusterSnapshot) -> Plan:
-    """The plan built from ``snapshot`` once, kept on it; callers copy before writing."""
-    base = snapshot.__dict__.get(_BASE_ATTR)
-    if base is None:
+    """The plan built from ``snapshot`` once, kept beside it; callers copy before writing."""
+    got = SNAPSHOTS.get(snapshot)
+    if got is None:
         base = Plan._build(snapshot)
-        # The snapshot is immutable, so what is derived from it can be kept with it.
-        object.__setattr__(snapshot, _BASE_ATTR, base)
-    return base
+        SNAPSHOTS.put(snapshot, base)
+        return base
+    return got.plan
 
 
 def snapshot_with_allocations(
@@ -624,7 +674,7 @@ def snapshot_with_allocations(
     use from heartbeats: measured use in ``nodes`` is kept as it is (it already shows the
     running work), and CPUs, RAM, VRAM and GPU holders are committed per allocation.
 
-    The plan that placing needs is built here once and kept with the snapshot. With
+    The plan that placing needs is built here once and kept beside the snapshot. With
     ``previous`` (the last snapshot made this way), what depends only on the members'
     hardware and states (the layout and its caches) is taken over when those are
     unchanged, and members without allocations keep their ``NodeSnapshot`` objects:
@@ -632,12 +682,11 @@ def snapshot_with_allocations(
     """
     nodes = tuple(nodes)
     measured = ClusterSnapshot(nodes=nodes)
-    old: Plan | None = previous.__dict__.get(_BASE_ATTR) if previous is not None else None
-    old_inputs = previous.__dict__.get(_INPUTS_ATTR) if previous is not None else None
+    was = SNAPSHOTS.get(previous) if previous is not None else None
     plan = Plan.__new__(Plan)
-    plan.snapshot = measured
-    if old is not None and old_inputs is not None and _same_layout(old.layout, old_inputs, nodes):
-        plan.layout, plan._ever = old.layout, old._ever
+    plan.running = ()
+    if was is not None and was.inputs is not None and _same_layout(was.plan.layout, was.inputs, nodes):
+        plan.layout, plan._ever = was.plan.layout, was.plan._ever
     else:
         plan.layout, plan._ever = Layout(measured), {}
     plan.use = Usage(measured)
@@ -653,26 +702,24 @@ def snapshot_with_allocations(
     # A member's committed snapshot is made again only when its report or its
     # allocations changed since ``previous``.
     made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] = {}
-    kept = previous.__dict__.get(_MADE_ATTR, {}) if previous is not None else {}
+    kept = was.made if was is not None else {}
     for i, allocs in on.items():
         node = nodes[i]
-        was = kept.get(node.name)
+        old = kept.get(node.name)
         if (
-            was is not None
-            and was[0] is node
-            and len(was[1]) == len(allocs)
-            and all(a is b for a, b in zip(was[1], allocs))
+            old is not None
+            and old[0] is node
+            and len(old[1]) == len(allocs)
+            and all(a is b for a, b in zip(old[1], allocs))
         ):
-            out[i] = was[2]
+            out[i] = old[2]
         else:
             out[i] = plan._node_snapshot(i)
         made[node.name] = (node, allocs, out[i])
     snapshot = ClusterSnapshot(nodes=tuple(out), running=tuple(allocations))
     # The plan's figures are those the snapshot shows, so it is the snapshot's own.
-    plan.snapshot = snapshot
-    object.__setattr__(snapshot, _BASE_ATTR, plan)
-    object.__setattr__(snapshot, _INPUTS_ATTR, nodes)
-    object.__setattr__(snapshot, _MADE_ATTR, made)
+    plan.running = snapshot.running
+    SNAPSHOTS.put(snapshot, plan, nodes, made)
     return snapshot
 
 
