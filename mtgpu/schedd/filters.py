@@ -424,14 +424,18 @@ class GpuCount(Filter):
         # free() inlined: on a refusal this runs for every member of the cluster.
         k, match, holder, shared, known = c.req.gpus, c.match, c.use.gpu_holder, c.use.gpu_shared, c.free
         out = []
-        for i in members:
-            if c.req.gpu_mode is _EXCLUSIVE:
+        if c.req.gpu_mode is _EXCLUSIVE:
+            for i in members:
                 got = [g for g in match[i] if holder[g] is None and not shared[g]]
-            else:
+                if len(got) >= k:
+                    known[i] = got
+                    out.append(i)
+        else:
+            for i in members:
                 got = [g for g in match[i] if holder[g] is None]
-            if len(got) >= k:
-                known[i] = got
-                out.append(i)
+                if len(got) >= k:
+                    known[i] = got
+                    out.append(i)
         return out
 
 
@@ -445,32 +449,35 @@ class Vram(Filter):
     def applies(self, c: Check) -> bool:
         return c.req.gpus > 0
 
-    def fit(self, c: Check, i: int) -> list[tuple[int, int]]:
-        """(best-fit key, GPU id) of member ``i``'s GPUs that are free and big enough."""
-        got = c.fits.get(i)
-        if got is not None:
-            return got
-        v, mode = c.req.vram, c.req.gpu_mode
-        total, used = c.layout.gpu_total, c.use.gpu_used
-        free = GPU_COUNT.free(c, i)
-        if mode is _EXCLUSIVE:
-            # The least used first.
-            got = [(used[g], g) for g in free if not v or total[g] - used[g] >= v]
-        elif mode is _SHARED:
-            committed = c.use.gpu_committed
-            got = [(left, g) for g in free if (left := total[g] - max(used[g], committed[g])) >= v]
-        else:
-            got = [(left, g) for g in free if (left := total[g] - used[g]) >= v]
-        c.fits[i] = got
-        return got
-
     def keep(self, c: Check, members: list[int]) -> list[int]:
-        k, fit = c.req.gpus, self.fit
-        return [i for i in members if len(fit(c, i)) >= k]
+        k, v, mode = c.req.gpus, c.req.vram, c.req.gpu_mode
+        total, used, committed = c.layout.gpu_total, c.use.gpu_used, c.use.gpu_committed
+        known, fits, free = c.free, c.fits, GPU_COUNT.free
+        out = []
+        for i in members:
+            ids = known.get(i)
+            if ids is None:
+                ids = free(c, i)
+            # (best-fit key, GPU id): exclusive the least used first; shared and
+            # overcommit the least VRAM left.
+            if mode is _EXCLUSIVE:
+                got = [(used[g], g) for g in ids if not v or total[g] - used[g] >= v]
+            elif mode is _SHARED:
+                got = [(left, g) for g in ids if (left := total[g] - max(used[g], committed[g])) >= v]
+            else:
+                got = [(left, g) for g in ids if (left := total[g] - used[g]) >= v]
+            if len(got) >= k:
+                fits[i] = got
+                out.append(i)
+        return out
 
     def choose(self, c: Check, i: int) -> tuple[int, ...]:
-        """The GPUs member ``i`` gives (it passed): the best fit, least VRAM left first."""
-        fit = sorted(self.fit(c, i))
+        """The GPUs member ``i`` gives (it passed): the best fit."""
+        fit = c.fits.get(i)
+        if fit is None:
+            self.keep(c, [i])
+            fit = c.fits[i]
+        fit.sort()
         return tuple(g for _, g in fit[: c.req.gpus])
 
     def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
