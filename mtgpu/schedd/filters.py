@@ -8,11 +8,17 @@ The planner keeps the cluster in two parts so that copying it for a what-if is c
 - :class:`Usage` is what placing and releasing change (free CPUs, committed RAM and
   VRAM, GPU holders), kept in flat lists so a copy is a handful of list copies.
 
-:func:`check_node` runs the filters in order, cheapest first, and names the first one
-that turns the member away. The names are the keys of ``Reason.per_filter_counts``:
+Each placement rule is one :class:`Filter` (as in Nomad's scheduler stack), defined
+once and used for three questions: does a member fit now (free capacity), could it ever
+(the same rule against total capacity, :meth:`Layout.empty`), and what the pending
+reason says about the members it turns away. :data:`FILTERS` is the registry, in the
+order a decision runs them; the first that turns a member away is counted under its
+name in ``Reason.per_filter_counts``:
 
 ===============  ==========================================================
 ``server_pin``   the job is pinned to other servers
+``reserved``     kept for the job at the head of the queue (see the queue), or left
+                 out by --exclude or --constraint
 ``gpu_model``    fewer GPUs of the asked brand/type than the job needs, at all
 ``node_state``   the member is down or drained
 ``member_held``  another job holds the whole member (sbatch's --exclusive)
@@ -24,38 +30,28 @@ that turns the member away. The names are the keys of ``Reason.per_filter_counts
 ``vram``         too few with the VRAM the mode needs (shared: total minus the larger
                  of measured and committed; overcommit: total minus measured;
                  exclusive with ``vram=``: total minus measured)
-``reserved``     kept for the job at the head of the queue (see the queue)
 ===============  ==========================================================
 
 Pin, model and drain state are static and cheap, and drained members are left out of
 the planner's indexes entirely. CPU and RAM come before the GPU count and VRAM because
 they are two comparisons where the GPU checks scan every GPU of the member; on a busy
-cluster most members that the GPU index offers are turned away by them.
+cluster most members that the GPU index offers are turned away by them. Filters run on
+a batch of members at a time (a list comprehension each), which is what keeps a
+refusal's scan of the whole cluster cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import ClassVar
 
+from mtgpu.config.units import format_size
 from mtgpu.schedd.types import (
     ClusterSnapshot,
     GpuMode,
     MemberPlacement,
     NodeState,
     ResourceRequest,
-)
-
-FILTERS = (
-    "server_pin",
-    "gpu_model",
-    "node_state",
-    "member_held",
-    "member_busy",
-    "cpus",
-    "ram",
-    "gpu_count",
-    "vram",
-    "reserved",
 )
 
 _EXCLUSIVE = GpuMode.EXCLUSIVE
@@ -116,50 +112,31 @@ class Layout:
                 kind = (self.gpu_brand[gid], self.gpu_type[gid], self.gpu_total[gid])
                 kinds[kind] = kinds.get(kind, 0) + 1
             gpus = tuple(sorted(k + (n,) for k, n in kinds.items()))
-            counts = profiles.setdefault((self.cpus[i], self.ram_total[i], gpus), [0, 0])
-            counts[0] += 1
-            counts[1] += self.up[i]
-        #: (members, members up, CPUs, RAM, GPUs as (brand, type, VRAM, how many)) per profile.
-        self.profiles: list[tuple[int, int, int, int, tuple[tuple[str, str, int, int], ...]]] = [
-            (all_, up, cpus, ram, gpus) for (cpus, ram, gpus), (all_, up) in profiles.items()
-        ]
+            counts = profiles.setdefault((self.cpus[i], self.ram_total[i], gpus), [i, 0, 0])
+            counts[1] += 1
+            counts[2] += self.up[i]
+        #: (one member of the profile, members, members up) per hardware profile.
+        self.profiles: list[tuple[int, int, int]] = [(i, all_, up) for i, all_, up in profiles.values()]
         self._match: dict[tuple[str | None, str | None], list[tuple[int, ...]]] = {}
-        self._profiles_for: dict[
-            tuple[str | None, str | None], list[tuple[int, int, int, int, tuple[int, ...]]]
-        ] = {}
+        self._empty: Usage | None = None
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def profiles_for(
-        self, brand: str | None, type_: str | None
-    ) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
-        """Per host profile: (members, members up, CPUs, RAM, VRAM of matching GPUs largest first). Cached."""
-        key = (brand, type_)
-        got = self._profiles_for.get(key)
-        if got is None:
-            got = [
-                (
-                    all_,
-                    up,
-                    cpus,
-                    ram,
-                    tuple(
-                        sorted(
-                            (
-                                t
-                                for b, ty, t, n in gpus
-                                if (brand is None or b == brand) and (type_ is None or ty == type_)
-                                for _ in range(n)
-                            ),
-                            reverse=True,
-                        )
-                    ),
-                )
-                for all_, up, cpus, ram, gpus in self.profiles
-            ]
-            self._profiles_for[key] = got
-        return got
+    @property
+    def empty(self) -> Usage:
+        """Use on an empty cluster (nothing measured or committed): what the filters read
+        to answer "could it ever run". Built once; never written."""
+        if self._empty is None:
+            u = Usage()
+            g = len(self.gpu_total)
+            u.cpus_free = self.cpus.copy()
+            u.ram_used, u.ram_committed = [0] * len(self), [0] * len(self)
+            u.gpu_used, u.gpu_committed, u.gpu_shared = [0] * g, [0] * g, [0] * g
+            u.gpu_holder = [None] * g
+            u.whole = [None] * len(self)
+            self._empty = u
+        return self._empty
 
     def class_matches(self, brand: str | None, type_: str | None) -> list[bool]:
         """For each GPU class, whether it satisfies this brand/type constraint."""
@@ -248,80 +225,359 @@ class Usage:
         return layout.gpu_total[g] - self.gpu_used[g]
 
 
-def check_node(
-    layout: Layout, use: Usage, i: int, req: ResourceRequest, match: Sequence[tuple[int, ...]]
-) -> tuple[str | None, tuple[int, ...]]:
-    """Run the filters for member ``i``: (first filter that fails or None, chosen GPU ids).
+class Check:
+    """One request against one state of the cluster: everything a filter reads.
 
-    ``match`` is ``layout.matching(req.gpu_brand, req.gpu_type)``. The chosen GPUs are
-    the best fit on the member: for shared and overcommit the GPUs with the least
-    VRAM that still fits, for exclusive the ones with the least measured use.
+    ``use`` is free capacity for "does it fit now", or :meth:`Layout.empty` for "could
+    it ever fit" (the same rules, against total capacity). ``match`` is, per member, the
+    GPU ids the request may use (``layout.matching`` of its brand/type, or the exact
+    GPUs of a placement being checked). ``excluded`` are members kept out of this
+    decision (a reservation, ``--exclude``, ``--constraint``).
     """
-    k = req.gpus
-    if k and len(match[i]) < k:
-        return "gpu_model", ()
-    if not layout.up[i]:
-        return "node_state", ()
-    if use.whole[i] is not None:
-        return "member_held", ()
-    if req.whole_member and not use.idle(layout, i):
-        return "member_busy", ()
-    # CPU and RAM are two comparisons; the GPU checks below scan the member's GPUs.
-    if use.cpus_free[i] < req.cpus:
-        return "cpus", ()
-    if layout.ram_total[i] - max(use.ram_used[i], use.ram_committed[i]) < req.ram:
-        return "ram", ()
-    if not k:
-        return None, ()
-    mode = req.gpu_mode
-    holder = use.gpu_holder
-    if mode is _EXCLUSIVE:
-        shared = use.gpu_shared
-        free = [g for g in match[i] if holder[g] is None and not shared[g]]
-    else:
-        free = [g for g in match[i] if holder[g] is None]
-    if len(free) < k:
-        return "gpu_count", ()
-    v = req.vram
-    total = layout.gpu_total
-    used = use.gpu_used
-    if mode is _EXCLUSIVE:
-        fit = [(used[g], g) for g in free if not v or total[g] - used[g] >= v]
-    elif mode is _SHARED:
-        committed = use.gpu_committed
-        fit = [(left, g) for g in free if (left := total[g] - max(used[g], committed[g])) >= v]
-    else:
-        fit = [(left, g) for g in free if (left := total[g] - used[g]) >= v]
-    if len(fit) < k:
-        return "vram", ()
-    fit.sort()
-    return None, tuple(g for _, g in fit[:k])
+
+    __slots__ = ("excluded", "fits", "free", "layout", "match", "pinned", "req", "use")
+
+    def __init__(
+        self,
+        layout: Layout,
+        use: Usage,
+        req: ResourceRequest,
+        match: Sequence[tuple[int, ...]] | Mapping[int, tuple[int, ...]] | None = None,
+        excluded: Collection[int] = frozenset(),
+    ) -> None:
+        self.layout, self.use, self.req = layout, use, req
+        if match is None:
+            match = layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else layout.node_gpus
+        self.match = match
+        self.excluded = excluded
+        self.pinned = frozenset(req.servers)
+        # What the GPU filters found per member, for the filter after them and for
+        # choosing the GPUs (a check is for one decision: the use does not change).
+        self.free: dict[int, list[int]] = {}
+        self.fits: dict[int, list[tuple[int, int]]] = {}
+
+
+class Filter:
+    """One placement rule, defined once and used three ways:
+
+    - :meth:`keep` on a :class:`Check` of free capacity: who can take a member now;
+    - :meth:`ever` on a :class:`Check` of :meth:`Layout.empty` (total capacity): who
+      could ever take one (for most rules the same code, see :meth:`ever`);
+    - :attr:`text` and :meth:`never`: what a pending reason says about those it turns
+      away now, and when nobody could ever pass it.
+    """
+
+    #: The key in ``Reason.per_filter_counts``.
+    name: ClassVar[str]
+    #: The pending reason's words for members it turns away now: "``<count> <text>``";
+    #: ``{label}`` is the GPU kind asked for.
+    text: ClassVar[str]
+    #: Its place in the "could it ever run" stages: GPU rules first, so the CPU and RAM
+    #: messages can speak of members "that fit the rest".
+    ever_order: ClassVar[int]
+
+    def applies(self, c: Check) -> bool:
+        """Whether the rule can turn any member away for this request: a decision skips
+        the others (a shortcut only, :meth:`keep` is right either way)."""
+        return True
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        """The ``members`` (member indices, order kept) that pass now."""
+        raise NotImplementedError
+
+    def ever(self, c: Check, members: list[int]) -> list[int]:
+        """The ``members`` that could pass on an empty cluster; ``c.use`` is ``Layout.empty``."""
+        return self.keep(c, members)
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        """Why nobody could ever pass: ``pool`` is every member considered, ``reached``
+        those that passed the rules before this one."""
+        return f"no member could ever pass the {self.name} filter"
+
+
+class ServerPin(Filter):
+    name, text, ever_order = "server_pin", "are not among the pinned servers", 0
+
+    def applies(self, c: Check) -> bool:
+        return bool(c.req.servers)
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        names, pinned = c.layout.names, c.pinned
+        return [i for i in members if names[i] in pinned] if pinned else members
+
+
+class Reserved(Filter):
+    name, text, ever_order = "reserved", "are reserved for a higher-priority job", 1
+
+    def applies(self, c: Check) -> bool:
+        return bool(c.excluded)
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        excluded = c.excluded
+        return [i for i in members if i not in excluded]
+
+
+class GpuModel(Filter):
+    name, text, ever_order = "gpu_model", "have too few {label} GPUs", 2
+
+    def applies(self, c: Check) -> bool:
+        return c.req.gpus > 0
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        match, k = c.match, c.req.gpus
+        return [i for i in members if len(match[i]) >= k]
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        label = _label(c.req)
+        most = max((len(c.match[i]) for i in pool), default=0)
+        if most:
+            return f"no member has {c.req.gpus} {label}GPUs; the most on one member is {most}"
+        kinds = sorted({f"{b}:{t}" for b, t in c.layout.classes})
+        none_here = f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)"
+        return f"no member has {label}GPUs{none_here}"
+
+
+class Drained(Filter):
+    name, text, ever_order = "node_state", "are down or drained", 5
+
+    def applies(self, c: Check) -> bool:
+        return not c.layout.all_up
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        up = c.layout.up
+        return [i for i in members if up[i]]
+
+    def ever(self, c: Check, members: list[int]) -> list[int]:
+        # A member down or drained now may come back.
+        return members
+
+
+class MemberHeld(Filter):
+    name, text, ever_order = "member_held", "are held whole by another job (--exclusive)", 6
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        whole = c.use.whole
+        return [i for i in members if whole[i] is None]
+
+
+class MemberBusy(Filter):
+    name, text, ever_order = "member_busy", "run other jobs (it asks for whole members, --exclusive)", 7
+
+    def applies(self, c: Check) -> bool:
+        return c.req.whole_member
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        layout, use = c.layout, c.use
+        return [i for i in members if use.idle(layout, i)] if c.req.whole_member else members
+
+
+class Cpus(Filter):
+    name, text, ever_order = "cpus", "lack free CPUs", 8
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        free, want = c.use.cpus_free, c.req.cpus
+        return [i for i in members if free[i] >= want]
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        most = max((c.layout.cpus[i] for i in reached), default=0)
+        return f"no member that fits the rest has {c.req.cpus} CPUs; the most is {most}"
+
+
+class Ram(Filter):
+    name, text, ever_order = "ram", "lack free RAM", 9
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        total, used, committed, want = c.layout.ram_total, c.use.ram_used, c.use.ram_committed, c.req.ram
+        return [i for i in members if total[i] - max(used[i], committed[i]) >= want]
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        most = max((c.layout.ram_total[i] for i in reached), default=0)
+        return (
+            f"no member that fits the rest has {format_size(c.req.ram)} of RAM; "
+            f"the most is {format_size(most)}"
+        )
+
+
+class GpuCount(Filter):
+    """Free for the mode: exclusive needs an untouched GPU, shared and overcommit one
+    nobody holds whole."""
+
+    name, text, ever_order = "gpu_count", "have too few free {label} GPUs", 3
+
+    def applies(self, c: Check) -> bool:
+        return c.req.gpus > 0
+
+    def free(self, c: Check, i: int) -> list[int]:
+        """Member ``i``'s matching GPUs that are free for the request's mode."""
+        got = c.free.get(i)
+        if got is None:
+            holder = c.use.gpu_holder
+            if c.req.gpu_mode is _EXCLUSIVE:
+                shared = c.use.gpu_shared
+                got = [g for g in c.match[i] if holder[g] is None and not shared[g]]
+            else:
+                got = [g for g in c.match[i] if holder[g] is None]
+            c.free[i] = got
+        return got
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        # free() inlined: on a refusal this runs for every member of the cluster.
+        k, match, holder, shared, known = c.req.gpus, c.match, c.use.gpu_holder, c.use.gpu_shared, c.free
+        out = []
+        if c.req.gpu_mode is _EXCLUSIVE:
+            for i in members:
+                got = [g for g in match[i] if holder[g] is None and not shared[g]]
+                if len(got) >= k:
+                    known[i] = got
+                    out.append(i)
+        else:
+            for i in members:
+                got = [g for g in match[i] if holder[g] is None]
+                if len(got) >= k:
+                    known[i] = got
+                    out.append(i)
+        return out
+
+
+class Vram(Filter):
+    """Of the free GPUs, those with the VRAM the mode needs (shared: total minus the
+    larger of measured and committed; overcommit, and exclusive with ``vram=``: total
+    minus measured)."""
+
+    name, text, ever_order = "vram", "lack free VRAM", 4
+
+    def applies(self, c: Check) -> bool:
+        return c.req.gpus > 0
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        k, v, mode = c.req.gpus, c.req.vram, c.req.gpu_mode
+        total, used, committed = c.layout.gpu_total, c.use.gpu_used, c.use.gpu_committed
+        known, fits, free = c.free, c.fits, GPU_COUNT.free
+        out = []
+        for i in members:
+            ids = known.get(i)
+            if ids is None:
+                ids = free(c, i)
+            # (best-fit key, GPU id): exclusive the least used first; shared and
+            # overcommit the least VRAM left.
+            if mode is _EXCLUSIVE:
+                got = [(used[g], g) for g in ids if not v or total[g] - used[g] >= v]
+            elif mode is _SHARED:
+                got = [(left, g) for g in ids if (left := total[g] - max(used[g], committed[g])) >= v]
+            else:
+                got = [(left, g) for g in ids if (left := total[g] - used[g]) >= v]
+            if len(got) >= k:
+                fits[i] = got
+                out.append(i)
+        return out
+
+    def choose(self, c: Check, i: int) -> tuple[int, ...]:
+        """The GPUs member ``i`` gives (it passed): the best fit."""
+        fit = c.fits.get(i)
+        if fit is None:
+            self.keep(c, [i])
+            fit = c.fits[i]
+        fit.sort()
+        return tuple(g for _, g in fit[: c.req.gpus])
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        k, v, label = c.req.gpus, c.req.vram, _label(c.req)
+        total = c.layout.gpu_total
+        largest = max((total[g] for i in pool for g in c.match[i]), default=0)
+        if k == 1 or largest < v:
+            return f"no {label}GPU has {format_size(v)} of VRAM; the largest has {format_size(largest)}"
+        return f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"
+
+
+def _label(req: ResourceRequest) -> str:
+    return "" if req.gpu_label() == "any" else req.gpu_label() + " "
+
+
+SERVER_PIN, RESERVED, GPU_MODEL, NODE_STATE = ServerPin(), Reserved(), GpuModel(), Drained()
+MEMBER_HELD, MEMBER_BUSY, CPUS, RAM = MemberHeld(), MemberBusy(), Cpus(), Ram()
+GPU_COUNT, VRAM = GpuCount(), Vram()
+
+#: Every filter, in the order a decision runs them (cheapest first; the first that
+#: turns a member away is the one counted). Pin, model and drain state are static and
+#: cheap; CPU and RAM are two comparisons where the GPU rules scan the member's GPUs.
+FILTERS: tuple[Filter, ...] = (
+    SERVER_PIN,
+    RESERVED,
+    GPU_MODEL,
+    NODE_STATE,
+    MEMBER_HELD,
+    MEMBER_BUSY,
+    CPUS,
+    RAM,
+    GPU_COUNT,
+    VRAM,
+)
+#: The same filters in the order of the "could it ever run" stages.
+EVER_ORDER: tuple[Filter, ...] = tuple(sorted(FILTERS, key=lambda f: f.ever_order))
+BY_NAME: dict[str, Filter] = {f.name: f for f in FILTERS}
+
+
+def active(c: Check) -> list[Filter]:
+    """The filters that can turn a member away for ``c``'s request, in decision order."""
+    return [f for f in FILTERS if f.applies(c)]
+
+
+def run(
+    c: Check, members: list[int], filters: Sequence[Filter], counts: dict[str, int] | None = None
+) -> list[int]:
+    """The ``members`` that pass every filter of ``filters`` (order kept); each one
+    turned away is counted in ``counts`` under the first filter that refused it."""
+    for f in filters:
+        if not members:
+            break
+        kept = f.keep(c, members)
+        if counts is not None and len(kept) != len(members):
+            counts[f.name] = counts.get(f.name, 0) + len(members) - len(kept)
+        members = kept
+    return members
+
+
+def choose_gpus(c: Check, i: int) -> tuple[int, ...]:
+    """The GPU ids member ``i`` (which passed the filters) gives the request."""
+    return VRAM.choose(c, i) if c.req.gpus else ()
+
+
+def check_node(
+    layout: Layout, use: Usage, i: int, req: ResourceRequest, match: Sequence[tuple[int, ...]] | None = None
+) -> tuple[str | None, tuple[int, ...]]:
+    """The filters for one member: (first filter that fails or None, chosen GPU ids)."""
+    c = Check(layout, use, req, match)
+    counts: dict[str, int] = {}
+    if not run(c, [i], active(c), counts):
+        return next(iter(counts)), ()
+    return None, choose_gpus(c, i)
 
 
 def member_fits(
     layout: Layout, use: Usage, member: MemberPlacement, mode: GpuMode, whole: bool = False
 ) -> bool:
     """True if this exact member placement (node, GPU indices) fits ``use`` as it stands;
-    ``whole``: it takes the whole member, which must then run nothing else."""
+    ``whole``: it takes the whole member, which must then run nothing else.
+
+    The filters run on a request made of the member's figures, with its own GPUs as
+    the only ones it may use.
+    """
     i = layout.index_of.get(member.node)
-    if i is None or not layout.up[i] or use.whole[i] is not None:
+    if i is None:
         return False
-    if whole and not use.idle(layout, i):
+    by_index = layout.gpu_by_index[i]
+    if any(x not in by_index for x in member.gpu_indices):
         return False
-    if use.cpus_free[i] < member.cpus or use.ram_free(layout, i) < member.ram:
-        return False
-    for index in member.gpu_indices:
-        g = layout.gpu_by_index[i].get(index)
-        if g is None or use.gpu_holder[g] is not None:
-            return False
-        if mode is _EXCLUSIVE:
-            if use.gpu_shared[g] or (
-                member.vram_per_gpu and use.gpu_free(layout, g, mode) < member.vram_per_gpu
-            ):
-                return False
-        elif use.gpu_free(layout, g, mode) < member.vram_per_gpu:
-            return False
-    return True
+    req = ResourceRequest(
+        gpus=len(member.gpu_indices),
+        gpu_mode=mode,
+        vram=member.vram_per_gpu,
+        cpus=member.cpus,
+        ram=member.ram,
+        whole_member=whole,
+    )
+    c = Check(layout, use, req, {i: tuple(by_index[x] for x in member.gpu_indices)})
+    return bool(run(c, [i], active(c)))
 
 
 def apply_member(

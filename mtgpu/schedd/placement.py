@@ -4,9 +4,11 @@
 in the shape of Nomad's generic stack::
 
     candidates   from an index, best fit first (see below), or the pinned servers
-      filters    filters.check_node: pin, GPU model, drain state, whole members
-                 (--exclusive), CPUs, RAM, GPU count, VRAM for the mode; each refusal
-                 counted under the filter's name
+      filters    filters.FILTERS, one object per rule: pin, reservation, GPU model,
+                 drain state, whole members (--exclusive), CPUs, RAM, GPU count,
+                 VRAM for the mode; each refusal counted under the filter's name. The
+                 same filters against total capacity answer "could it ever run"
+                 (BadConstraints), and their texts make the pending reason
       limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
                  size, at least 2, as Nomad ranks log2 n candidates)
       rankers    rankers.score_node: best fit, then a tie-break seeded by the job id
@@ -26,8 +28,9 @@ request needs it and kept up to date by ``commit``/``release``:
   the tightest fit first;
 - CPU-only jobs: members bucketed by free CPUs, members without GPUs first.
 
-Only members that are up are in the indexes. The indexes offer a superset of the
-members that fit, so a refusal is exact: when ``place`` says no, no member fits.
+Only members that are up are in the indexes. The indexes only narrow the candidates:
+whether a member fits is the filters' answer. They offer a superset of the members
+that fit, so a refusal is exact: when ``place`` says no, no member fits.
 ``exhaustive=True`` skips the indexes and the limit and checks every member: that is
 what ``explain`` uses to give exact per-filter counts, and what the tests compare the
 indexed path against.
@@ -37,13 +40,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 import zlib
 from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from itertools import islice
 
-from mtgpu.config.units import format_size
 from mtgpu.schedd.features import satisfies
-from mtgpu.schedd.filters import Layout, Usage, apply_member, check_node, member_fits
+from mtgpu.schedd.filters import (
+    BY_NAME,
+    EVER_ORDER,
+    Check,
+    Layout,
+    Usage,
+    active,
+    apply_member,
+    choose_gpus,
+    member_fits,
+    run,
+)
 from mtgpu.schedd.rankers import score_node
 from mtgpu.schedd.types import (
     Allocation,
@@ -59,19 +74,6 @@ from mtgpu.schedd.types import (
 )
 
 _EXCLUSIVE = GpuMode.EXCLUSIVE
-
-_FILTER_TEXT = {
-    "server_pin": "are not among the pinned servers",
-    "gpu_model": "have too few {label} GPUs",
-    "node_state": "are down or drained",
-    "member_held": "are held whole by another job (--exclusive)",
-    "member_busy": "run other jobs (it asks for whole members, --exclusive)",
-    "gpu_count": "have too few free {label} GPUs",
-    "vram": "lack free VRAM",
-    "cpus": "lack free CPUs",
-    "ram": "lack free RAM",
-    "reserved": "are reserved for a higher-priority job",
-}
 
 
 class _IdleIndex:
@@ -224,7 +226,8 @@ class Plan:
     (list copies), for what-if plans such as a reservation.
     """
 
-    snapshot: ClusterSnapshot
+    #: The allocations running in the snapshot the plan started from.
+    running: tuple[Allocation, ...]
     layout: Layout
     use: Usage
     candidate_limit: int
@@ -236,7 +239,7 @@ class Plan:
 
     def __init__(self, snapshot: ClusterSnapshot, *, candidate_limit: int | None = None) -> None:
         base = _base_plan(snapshot)
-        self.snapshot = snapshot
+        self.running = snapshot.running
         self.layout = base.layout
         self.use = base.use.copy()
         self.candidate_limit = candidate_limit or base.candidate_limit
@@ -248,7 +251,7 @@ class Plan:
     @classmethod
     def _build(cls, snapshot: ClusterSnapshot) -> Plan:
         plan = cls.__new__(cls)
-        plan.snapshot = snapshot
+        plan.running = snapshot.running
         plan.layout = Layout(snapshot)
         plan.use = Usage(snapshot)
         plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
@@ -259,7 +262,7 @@ class Plan:
     def copy(self) -> Plan:
         """An independent plan with the same state."""
         new = Plan.__new__(Plan)
-        new.snapshot, new.layout, new.use = self.snapshot, self.layout, self.use.copy()
+        new.running, new.layout, new.use = self.running, self.layout, self.use.copy()
         new.candidate_limit = self.candidate_limit
         new._idle = {k: v.copy() for k, v in self._idle.items()}
         new._vram = {k: v.copy() for k, v in self._vram.items()}
@@ -316,7 +319,7 @@ class Plan:
         Measured use in it is the plan's estimate (measured plus what was placed).
         """
         nodes = [self._node_snapshot(i) for i in range(len(self.layout))]
-        return ClusterSnapshot(nodes=tuple(nodes), running=self.snapshot.running + tuple(new))
+        return ClusterSnapshot(nodes=tuple(nodes), running=self.running + tuple(new))
 
     def _node_snapshot(self, i: int) -> NodeSnapshot:
         layout, use = self.layout, self.use
@@ -374,20 +377,26 @@ class Plan:
         counts: dict[str, int] = {}
         seed = zlib.crc32(job.job_id.encode() + b"\0")
         use = self.use
+        check = Check(layout, use, req, match, excluded)
+        filters = active(check)
         found: list[tuple[float, int, tuple[int, ...]]] = []
-        for i in self._candidates(req, match, exhaustive):
-            if i in excluded:
-                counts["reserved"] = counts.get("reserved", 0) + 1
-                continue
-            failed, chosen = check_node(layout, use, i, req, match)
-            if failed is not None:
-                counts[failed] = counts.get(failed, 0) + 1
-                continue
-            found.append((-score_node(layout, use, i, req, chosen, match, seed)[0], i, chosen))
-            if len(found) >= limit:
+        candidates = self._candidates(req, match, exhaustive)
+        # The filters run on batches of candidates in the index's order; the first
+        # ``limit`` that pass are ranked, as if they had been checked one by one.
+        # ``limit - found`` at first (enough if they all pass), then batches that grow.
+        want, step = int(min(limit, len(layout))), 0
+        while len(found) < limit:
+            batch = list(islice(candidates, max(want - len(found), step)))
+            if not batch:
                 break
+            for i in run(check, batch, filters, counts):
+                chosen = choose_gpus(check, i)
+                found.append((-score_node(layout, use, i, req, chosen, match, seed)[0], i, chosen))
+                if len(found) >= limit:
+                    break
+            step = max(8, 2 * step)
         if len(found) < need:
-            return self._reason(req, counts, len(found), exhaustive, match, excluded)
+            return self._reason(check, counts, len(found), exhaustive)
         found.sort()
         members = tuple(
             MemberPlacement(
@@ -449,16 +458,8 @@ class Plan:
             self._ever[key] = _feasible_ever(self.layout, req, up_only)
         return self._ever[key]
 
-    def _reason(
-        self,
-        req: ResourceRequest,
-        counts: dict[str, int],
-        found: int,
-        exhaustive: bool,
-        match: Sequence[tuple[int, ...]],
-        excluded: Collection[int] = (),
-    ) -> Reason:
-        layout = self.layout
+    def _reason(self, check: Check, counts: dict[str, int], found: int, exhaustive: bool) -> Reason:
+        layout, req = self.layout, check.req
         never = self.never(req)
         if never is not None:
             return never
@@ -468,18 +469,13 @@ class Plan:
             # held whole by another job is not "lack free VRAM"). A refusal is rarer than
             # a placement, and the queue keeps it per request shape for the pass.
             counts = {}
-            for i in range(len(layout)):
-                if i in excluded:
-                    counts["reserved"] = counts.get("reserved", 0) + 1
-                    continue
-                failed, _ = check_node(layout, self.use, i, req, match)
-                if failed is not None:
-                    counts[failed] = counts.get(failed, 0) + 1
+            run(check, list(range(len(layout))), active(check), counts)
         down = None if layout.all_up else self.never(req, up_only=True)
         if down is not None:
-            names = [
-                layout.names[i] for i in self._pool(req) if not layout.up[i] and _could_ever(layout, req, i)
-            ]
+            # The members that could ever run it, by the same filters on an empty cluster.
+            ever = Check(layout, layout.empty, req, check.match)
+            could = set(run_ever(ever, self._pool(req)))
+            names = [layout.names[i] for i in self._pool(req) if not layout.up[i] and i in could]
             shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
             return Reason(
                 "ReqNodeNotAvail",
@@ -493,7 +489,7 @@ class Plan:
         counts = {k: v for k, v in counts.items() if v}
         label = req.gpu_label() if req.gpu_label() != "any" else ""
         parts = [
-            f"{v} {_FILTER_TEXT[k].format(label=label).replace('  ', ' ')}"
+            f"{v} {BY_NAME[k].text.format(label=label).replace('  ', ' ')}"
             for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
         ]
         have = (
@@ -512,13 +508,11 @@ class Plan:
         return list(range(len(self.layout)))
 
 
-def _could_ever(layout: Layout, req: ResourceRequest, i: int) -> bool:
-    if layout.cpus[i] < req.cpus or layout.ram_total[i] < req.ram:
-        return False
-    if not req.gpus:
-        return True
-    ids = layout.matching(req.gpu_brand, req.gpu_type)[i]
-    return sum(1 for g in ids if layout.gpu_total[g] >= req.vram) >= req.gpus
+def run_ever(check: Check, members: list[int]) -> list[int]:
+    """The ``members`` that pass every filter's "ever" rule (``check.use`` is ``Layout.empty``)."""
+    for f in EVER_ORDER:
+        members = f.ever(check, members)
+    return members
 
 
 def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reason | None:
@@ -555,114 +549,117 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
             f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
             {"server_pin": len(layout)},
         )
-    # (weight, CPUs, RAM, VRAM of each matching GPU, largest first) per kind of host.
-    pool: list[tuple[int, int, int, tuple[int, ...]]] = []
+    # The members to consider, each standing for ``weight[i]`` members: the pinned
+    # servers, or one member per hardware profile (the rules below read only hardware).
+    weight: dict[int, int] = {}
+    pool: list[int] = []
     if req.servers:
         for s in req.servers:
             i = layout.index_of.get(s)
             if i is not None and (layout.up[i] or not up_only):
-                cards = [layout.gpu_total[g] for g in layout.matching(req.gpu_brand, req.gpu_type)[i]]
-                pool.append((1, layout.cpus[i], layout.ram_total[i], tuple(sorted(cards, reverse=True))))
+                pool.append(i)
+                weight[i] = 1
     else:
-        for all_, up, cpus, ram, sizes in layout.profiles_for(req.gpu_brand, req.gpu_type):
-            weight = up if up_only else all_
-            if weight:
-                pool.append((weight, cpus, ram, sizes))
-    k, v, need, want_cpus, want_ram = req.gpus, req.vram, req.nodes, req.cpus, req.ram
-    # One pass, counting members (weights) that survive each stage in filter order.
-    most = largest = has_model = enough = big = with_cpus = with_ram = most_cpus = most_ram = 0
-    for weight, cpus, ram, vram in pool:
-        if k:
-            m = len(vram)
-            if not m:
-                continue
-            most = max(most, m)
-            largest = max(largest, vram[0])
-            has_model += weight
-            if m < k:
-                continue
-            enough += weight
-            if vram[k - 1] < v:  # the k-th largest card is too small
-                continue
-            big += weight
-        most_cpus = max(most_cpus, cpus)
-        if cpus < want_cpus:
-            continue
-        with_cpus += weight
-        most_ram = max(most_ram, ram)
-        if ram < want_ram:
-            continue
-        with_ram += weight
-    label = "" if req.gpu_label() == "any" else req.gpu_label() + " "
-    stages: list[tuple[str, int, str]] = []
-    if k:
-        kinds = sorted({f"{b}:{t}" for b, t in layout.classes}) if not has_model else []
-        none_here = f" (there are {', '.join(kinds[:8])})" if kinds else " (no member has any GPU)"
-        stages += [
-            ("gpu_model", has_model, f"no member has {label}GPUs{none_here}"),
-            ("gpu_model", enough, f"no member has {k} {label}GPUs; the most on one member is {most}"),
-            (
-                "vram",
-                big,
-                (
-                    f"no {label}GPU has {format_size(v)} of VRAM; the largest has {format_size(largest)}"
-                    if k == 1 or largest < v
-                    else f"no member has {k} {label}GPUs with {format_size(v)} of VRAM each"
-                ),
-            ),
-        ]
-    stages += [
-        ("cpus", with_cpus, f"no member that fits the rest has {want_cpus} CPUs; the most is {most_cpus}"),
-        (
-            "ram",
-            with_ram,
-            (
-                f"no member that fits the rest has {format_size(want_ram)} of RAM; "
-                f"the most is {format_size(most_ram)}"
-            ),
-        ),
-    ]
-    for name, passed, message in stages:
+        for i, all_, up in layout.profiles:
+            if up if up_only else all_:
+                pool.append(i)
+                weight[i] = up if up_only else all_
+    check = Check(layout, layout.empty, req)
+    need, n = req.nodes, len(layout)
+    reached = pool
+    # Each filter's "ever" rule in turn, counting the members (weights) that pass it.
+    for f in EVER_ORDER:
+        kept = f.ever(check, reached)
+        passed = sum(weight[i] for i in kept)
         if passed == 0:
-            return Reason("BadConstraints", message, {name: len(layout)})
-        if passed < need and passed == len(layout) and not req.servers:
+            return Reason("BadConstraints", f.never(check, pool, reached), {f.name: n})
+        if passed < need and passed == n and not req.servers:
             # Every member could take a part: the cluster is simply too small.
             where = (
                 "this is a standalone host (a cluster of one member)"
-                if len(layout) == 1
-                else f"this cluster has {len(layout)} members"
+                if n == 1
+                else f"this cluster has {n} members"
             )
             return Reason(
                 "BadConstraints",
                 f"nodes={need} needs {need} members, and {where}; "
-                f"submit it with nodes={len(layout)} or fewer, or add members to the cluster",
-                {"cluster_size": len(layout)},
+                f"submit it with nodes={n} or fewer, or add members to the cluster",
+                {"cluster_size": n},
             )
         if passed < need:
             return Reason(
                 "BadConstraints",
                 f"only {passed} member(s) could ever take one member of it "
                 f"({req.describe()}), but nodes={need} needs {need}",
-                {name: len(layout) - passed},
+                {f.name: n - passed},
             )
+        reached = kept
     return None
 
 
-_BASE_ATTR = "_mtgpu_base_plan"
-#: The measured nodes a snapshot_with_allocations snapshot was made from.
-_INPUTS_ATTR = "_mtgpu_inputs"
-#: Per member with allocations: (measured node, its allocations, the node as committed).
-_MADE_ATTR = "_mtgpu_made"
+class _Derived:
+    """What placing derived from one snapshot: its plan and, for a snapshot made by
+    :func:`snapshot_with_allocations`, what the next one may take over."""
+
+    __slots__ = ("inputs", "made", "plan", "ref")
+
+    def __init__(
+        self,
+        ref: weakref.ref[ClusterSnapshot],
+        plan: Plan,
+        inputs: tuple[NodeSnapshot, ...] | None = None,
+        made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+    ) -> None:
+        self.ref, self.plan = ref, plan
+        #: The measured nodes the snapshot was made from.
+        self.inputs = inputs
+        #: Per member with allocations: (measured node, its allocations, the node as committed).
+        self.made = made or {}
+
+
+class SnapshotCache:
+    """Plans built from snapshots, kept beside them (the snapshots stay immutable) and
+    dropped when the snapshot is. Nothing here holds a snapshot alive."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, _Derived] = {}
+
+    def get(self, snapshot: ClusterSnapshot) -> _Derived | None:
+        got = self._by_id.get(id(snapshot))
+        return got if got is not None and got.ref() is snapshot else None
+
+    def put(
+        self,
+        snapshot: ClusterSnapshot,
+        plan: Plan,
+        inputs: tuple[NodeSnapshot, ...] | None = None,
+        made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+    ) -> None:
+        key, by_id = id(snapshot), self._by_id
+
+        def gone(ref: weakref.ref[ClusterSnapshot]) -> None:
+            got = by_id.get(key)
+            if got is not None and got.ref is ref:
+                del by_id[key]
+
+        by_id[key] = _Derived(weakref.ref(snapshot, gone), plan, inputs, made)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+#: The plans of the snapshots alive in this process.
+SNAPSHOTS = SnapshotCache()
 
 
 def _base_plan(snapshot: ClusterSnapshot) -> Plan:
-    """The plan built from ``snapshot`` once, kept on it; callers copy before writing."""
-    base = snapshot.__dict__.get(_BASE_ATTR)
-    if base is None:
+    """The plan built from ``snapshot`` once, kept beside it; callers copy before writing."""
+    got = SNAPSHOTS.get(snapshot)
+    if got is None:
         base = Plan._build(snapshot)
-        # The snapshot is immutable, so what is derived from it can be kept with it.
-        object.__setattr__(snapshot, _BASE_ATTR, base)
-    return base
+        SNAPSHOTS.put(snapshot, base)
+        return base
+    return got.plan
 
 
 def snapshot_with_allocations(
@@ -677,7 +674,7 @@ def snapshot_with_allocations(
     use from heartbeats: measured use in ``nodes`` is kept as it is (it already shows the
     running work), and CPUs, RAM, VRAM and GPU holders are committed per allocation.
 
-    The plan that placing needs is built here once and kept with the snapshot. With
+    The plan that placing needs is built here once and kept beside the snapshot. With
     ``previous`` (the last snapshot made this way), what depends only on the members'
     hardware and states (the layout and its caches) is taken over when those are
     unchanged, and members without allocations keep their ``NodeSnapshot`` objects:
@@ -685,12 +682,11 @@ def snapshot_with_allocations(
     """
     nodes = tuple(nodes)
     measured = ClusterSnapshot(nodes=nodes)
-    old: Plan | None = previous.__dict__.get(_BASE_ATTR) if previous is not None else None
-    old_inputs = previous.__dict__.get(_INPUTS_ATTR) if previous is not None else None
+    was = SNAPSHOTS.get(previous) if previous is not None else None
     plan = Plan.__new__(Plan)
-    plan.snapshot = measured
-    if old is not None and old_inputs is not None and _same_layout(old.layout, old_inputs, nodes):
-        plan.layout, plan._ever = old.layout, old._ever
+    plan.running = ()
+    if was is not None and was.inputs is not None and _same_layout(was.plan.layout, was.inputs, nodes):
+        plan.layout, plan._ever = was.plan.layout, was.plan._ever
     else:
         plan.layout, plan._ever = Layout(measured), {}
     plan.use = Usage(measured)
@@ -706,26 +702,24 @@ def snapshot_with_allocations(
     # A member's committed snapshot is made again only when its report or its
     # allocations changed since ``previous``.
     made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] = {}
-    kept = previous.__dict__.get(_MADE_ATTR, {}) if previous is not None else {}
+    kept = was.made if was is not None else {}
     for i, allocs in on.items():
         node = nodes[i]
-        was = kept.get(node.name)
+        old = kept.get(node.name)
         if (
-            was is not None
-            and was[0] is node
-            and len(was[1]) == len(allocs)
-            and all(a is b for a, b in zip(was[1], allocs))
+            old is not None
+            and old[0] is node
+            and len(old[1]) == len(allocs)
+            and all(a is b for a, b in zip(old[1], allocs))
         ):
-            out[i] = was[2]
+            out[i] = old[2]
         else:
             out[i] = plan._node_snapshot(i)
         made[node.name] = (node, allocs, out[i])
     snapshot = ClusterSnapshot(nodes=tuple(out), running=tuple(allocations))
     # The plan's figures are those the snapshot shows, so it is the snapshot's own.
-    plan.snapshot = snapshot
-    object.__setattr__(snapshot, _BASE_ATTR, plan)
-    object.__setattr__(snapshot, _INPUTS_ATTR, nodes)
-    object.__setattr__(snapshot, _MADE_ATTR, made)
+    plan.running = snapshot.running
+    SNAPSHOTS.put(snapshot, plan, nodes, made)
     return snapshot
 
 

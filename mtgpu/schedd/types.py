@@ -296,12 +296,14 @@ class Allocation:
     array_id: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ClusterSnapshot:
     """The whole cluster at one moment: members and the allocations running on them.
 
     The committed figures in each :class:`NodeSnapshot` are the authority for what is
     free now; ``running`` is used for the future (when things end) and array limits.
+    Nothing is kept on a snapshot: what placing derives from one (its plan) is kept
+    beside it, in :data:`mtgpu.schedd.placement.SNAPSHOTS`, by its weak reference.
     """
 
     nodes: tuple[NodeSnapshot, ...]
