@@ -454,6 +454,10 @@ class Daemon:
                 link.symlink_to(src)
 
     async def start(self) -> None:
+        """Start this host's daemon: wire() makes its parts and starts them."""
+        await self.wire()
+
+    async def wire(self) -> None:
         """Make this host's parts and start them, top to bottom: the daemon's one
         composition root. Each part gets what it uses in its constructor; the one
         cycle (the cluster runtime and the scheduler) goes through _SchedulerSide."""

@@ -61,6 +61,26 @@ def test_the_daemon_sets_no_attribute_of_a_part_after_making_it():
     assert not wrong, "give these to the part's constructor instead:\n" + "\n".join(wrong)
 
 
+#: The parts the daemon makes; each is made in one place, Daemon.wire.
+PARTS = frozenset(
+    {"Gateway", "ClusterRuntime", "StateStore", "Runner", "Workspaces", "JobContainers", "Agent"}
+    | {"Scheduler", "VramWatch", "Podman"}
+)
+
+
+def test_every_part_is_made_in_wire_the_one_composition_root():
+    tree = ast.parse(SERVER.read_text(), str(SERVER))
+    made: dict[str, list[str]] = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PARTS:
+                    made.setdefault(node.func.id, []).append(f"{cls.name}.{fn.name}")
+    assert set(made) == PARTS, f"parts not made in server.py: {sorted(PARTS - set(made))}"
+    elsewhere = {part: where for part, where in made.items() if where != ["Daemon.wire"]}
+    assert not elsewhere, f"parts made outside Daemon.wire, or twice: {elsewhere}"
+
+
 def _dispatcher_private() -> set[str]:
     """The private attributes the dispatcher keeps (``self._name = ...`` in its class)."""
     tree = ast.parse(DISPATCHER.read_text())
