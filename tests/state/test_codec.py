@@ -4,49 +4,21 @@ newer format is refused before anything is written; a damaged record is named.""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pysyncobj import pickle as raft_pickle
+from state_testing import FIXTURE, copy_fixture, load_jobs
 
 import mtgpu
-from mtgpu.accounts.registry import Registry
 from mtgpu.errors import MtgpuError
 from mtgpu.jobstate import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobState
-from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobtable import JobTable
 from mtgpu.server import Daemon
 from mtgpu.state import codec
-from mtgpu.state.audit import AuditLog
-from mtgpu.state.store import StateStore
 
 pytestmark = pytest.mark.timeout(120)
-
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "state-format-1"
-
-
-def _copy(kind: str, to: Path) -> Path:
-    d = to / kind
-    shutil.copytree(FIXTURE / kind, d)
-    return d
-
-
-def _load(state_dir: Path) -> JobTable:
-    table = JobTable()
-
-    async def go() -> None:
-        store = StateStore("testhost", [Registry((1, 2)), table, Drains(), AuditLog()], str(state_dir))
-        try:
-            await store.wait_ready(30)
-        finally:
-            store.close()
-
-    asyncio.run(go())
-    return table
 
 
 def _bytes(d: Path) -> dict[str, bytes]:
@@ -71,7 +43,7 @@ def test_the_format_is_two() -> None:
 
 @pytest.mark.parametrize("kind", ["journal", "snapshot"])
 def test_state_of_format_1_loads_with_every_job_and_its_fields(tmp_path: Path, kind: str) -> None:
-    table = _load(_copy(kind, tmp_path))
+    table = load_jobs(copy_fixture(kind, tmp_path))
     listed = [line.split() for line in (FIXTURE / "jobs.txt").read_text().splitlines()]
     ids = {what: jid for jid, what, _ in listed}
     assert sorted(table.jobs) == sorted(
@@ -110,7 +82,7 @@ def test_state_of_format_1_loads_with_every_job_and_its_fields(tmp_path: Path, k
 
 
 def test_the_typed_record_is_made_once_per_change(tmp_path: Path) -> None:
-    table = _load(_copy("snapshot", tmp_path))
+    table = load_jobs(copy_fixture("snapshot", tmp_path))
     first = table.record("5")
     assert first is not None and table.record("5") is first
     table._put({**table.jobs["5"], "held": False})
@@ -122,7 +94,7 @@ def test_the_typed_record_is_made_once_per_change(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("where", ["dump", "release.json"])
 def test_state_of_a_newer_format_is_refused_and_left_as_it_was(tmp_path: Path, where: str) -> None:
-    d = _copy("snapshot", tmp_path)
+    d = copy_fixture("snapshot", tmp_path)
     if where == "dump":
         _rewrite_dump(d, lambda t: t.update(state_format=3))
     else:
@@ -137,7 +109,7 @@ def test_state_of_a_newer_format_is_refused_and_left_as_it_was(tmp_path: Path, w
 
 
 def test_a_damaged_record_names_the_job_and_the_field(tmp_path: Path) -> None:
-    d = _copy("snapshot", tmp_path)
+    d = copy_fixture("snapshot", tmp_path)
     _rewrite_dump(d, lambda t: t["jobs"]["2"].update(exit_code="three"))
     before = _bytes(d)
     with pytest.raises(
@@ -158,7 +130,7 @@ def test_a_damaged_record_names_the_job_and_the_field(tmp_path: Path) -> None:
     ],
 )
 def test_decode_names_what_is_wrong(tmp_path: Path, change: Any, problem: str) -> None:
-    table = _load(_copy("snapshot", tmp_path))
+    table = load_jobs(copy_fixture("snapshot", tmp_path))
     j = {
         **table.jobs["3"],
         "spec": {**table.jobs["3"]["spec"], "request": dict(table.jobs["3"]["spec"]["request"])},
