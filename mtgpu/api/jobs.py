@@ -499,11 +499,11 @@ def register(d: Dispatcher, host: JobHost) -> None:
         if "error" in seen:
             raise ApiError(seen["error"], "rejected")
         tasks = seen["tasks"]
-        j = host.jobs.get(tasks[0]) if tasks else None
+        rec = host.jobs.record(tasks[0]) if tasks else None
         return {
             "job_id": seen["job_id"],
             "tasks": len(tasks) or 1,
-            "warnings": list(j["spec"].get("warnings", ())) if j else [],
+            "warnings": list(rec.warnings) if rec else [],
             "duplicate": True,
         }
 
@@ -693,16 +693,18 @@ def register(d: Dispatcher, host: JobHost) -> None:
             done = [jid for jid, j in zip(r["stopping"], ends, strict=True) if j is not None]
             r["cancelled"] = r["cancelled"] + done
             r["stopping"] = [jid for jid in r["stopping"] if jid not in done]
-        r["ended_states"] = {jid: (host.jobs.get(jid) or {}).get("state") for jid in r["ended"]}
+        ended = {jid: host.jobs.record(jid) for jid in r["ended"]}
+        r["ended_states"] = {jid: rec.state.value if rec else None for jid, rec in ended.items()}
         return r
 
     def nodes(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU."""
         held: dict[str, dict[int, list[str]]] = {}
         for j in host.jobs.active():
-            for m in (j.get("placement") or {}).get("members", []):
-                for i in m["gpu_indices"]:
-                    held.setdefault(m["node"], {}).setdefault(i, []).append(j["job_id"])
+            rec = host.jobs.typed(j)
+            for m in rec.members:
+                for i in m.gpu_indices:
+                    held.setdefault(m.node, {}).setdefault(i, []).append(rec.job_id)
         out = []
         drains = host.scheduler.drains
         for name, inv in sorted(host.scheduler.nodes.items()):
