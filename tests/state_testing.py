@@ -23,14 +23,17 @@ def copy_fixture(kind: str, to: Path) -> Path:
     return d
 
 
-def load_jobs(state_dir: Path) -> JobTable:
-    """The job table as a standalone daemon would hold it once ``state_dir`` is loaded."""
+def load_jobs(state_dir: Path, dump: bool = False) -> JobTable:
+    """The job table as a standalone daemon would hold it once ``state_dir`` is loaded;
+    with ``dump``, the state is then written out as a full dump again."""
     table = JobTable()
 
     async def go() -> None:
         store = StateStore("testhost", [Registry((1, 2)), table, Drains(), AuditLog()], str(state_dir))
         try:
             await store.wait_ready(30)
+            if dump:
+                assert await asyncio.to_thread(store.snapshot, 10)
         finally:
             store.close()
 

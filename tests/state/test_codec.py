@@ -81,6 +81,15 @@ def test_state_of_format_1_loads_with_every_job_and_its_fields(tmp_path: Path, k
     assert table.pending_by_user == {"fixture": 2}
 
 
+@pytest.mark.parametrize("kind", ["journal", "snapshot"])
+def test_the_converted_state_is_dumped_in_format_2(tmp_path: Path, kind: str) -> None:
+    d = copy_fixture(kind, tmp_path)
+    load_jobs(d, dump=True)
+    assert codec.check_state_dir(d) == 2
+    again = load_jobs(d)
+    assert again.state_format == 2 and len(again.jobs) == 9 and again.record("2").exit_code == 3  # type: ignore[union-attr]
+
+
 def test_the_typed_record_is_made_once_per_change(tmp_path: Path) -> None:
     table = load_jobs(copy_fixture("snapshot", tmp_path))
     first = table.record("5")
