@@ -394,20 +394,28 @@ class Daemon:
 
     def _check_state_format(self) -> None:
         """Refuse state written by a newer MTGPU in a format this one cannot read
-        (``release.json``, written by mtgpu-setup install)."""
+        (``release.json``, written by mtgpu-setup install, or the job table's full
+        dump), or a dump with a damaged job record, before anything opens it. State of
+        an older format is converted as the store loads it (mtgpu.state.codec)."""
         import json
+
+        from mtgpu.state import codec
 
         stamp = Path(self.options.state_dir) / "release.json"
         try:
             data = json.loads(stamp.read_text())
             fmt, by = int(data.get("state_format", 1)), str(data.get("version", "?"))
         except (OSError, ValueError, AttributeError, TypeError):
-            return
+            fmt, by = 1, ""
         if fmt > mtgpu.STATE_FORMAT:
-            raise MtgpuError(
-                f"STATE_DIR {self.options.state_dir} holds state format {fmt}, written by "
-                f"MTGPU {by}; this is MTGPU {mtgpu.__version__}, which reads format "
-                f"{mtgpu.STATE_FORMAT}. Run MTGPU {by} or newer (mtgpu-setup install)"
+            raise MtgpuError(codec.newer_text(f"STATE_DIR {self.options.state_dir}", fmt, by))
+        try:
+            dumped = codec.check_state_dir(self.options.state_dir)
+        except codec.StateFormatError as exc:
+            raise MtgpuError(str(exc)) from exc
+        if dumped is not None and dumped < mtgpu.STATE_FORMAT:
+            log.info(
+                "STATE_DIR holds state format %d; converting it to format %d", dumped, mtgpu.STATE_FORMAT
             )
 
     def _prepare_dirs(self) -> None:

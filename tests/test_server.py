@@ -49,6 +49,31 @@ def test_state_of_a_newer_format_is_refused(make_host):
     assert "Run MTGPU 9.0.0 or newer" in str(info.value)
 
 
+@pytest.mark.parametrize("kind", ["journal", "snapshot"])
+def test_state_of_format_1_is_converted_at_start(make_host, kind):
+    """A daemon started on the state a format-1 daemon left (tests/data/state-format-1)
+    serves its jobs; from a dump, it says it converts it."""
+    import shutil
+
+    from state_testing import FIXTURE
+
+    host = make_host(start=False, name="testhost")
+    shutil.copytree(FIXTURE / kind, host.state_dir)
+    os.chmod(host.state_dir, 0o700)
+    host.start()
+    listed = [line.split() for line in (FIXTURE / "jobs.txt").read_text().splitlines()]
+    for jid, what, state in listed:
+        # The running job's supervisor is gone with the host that made the state: this
+        # host ends it, and the job waiting for it to succeed with it.
+        if what not in ("running", "dependency"):
+            assert host.api("job.show", job_id=jid)["result"]["state"] == state, jid
+    failed = host.api("job.show", job_id="2")["result"]
+    assert (failed["exit_code"], failed["user"]) == (3, "fixture")
+    assert [t["numeric_id"] for t in host.api("job.show", job_id="6")["result"]["tasks"]] == ["7", "8", "9"]
+    if kind == "snapshot":
+        assert "STATE_DIR holds state format 1; converting it to format 2" in host.log()
+
+
 def test_sighup_reloads_or_keeps_the_old_config(make_host):
     host = make_host()
     key = host.add_user("hup")

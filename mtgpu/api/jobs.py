@@ -23,6 +23,7 @@ from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file, s
 from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_to_dict
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import KNOWN_BRANDS
+from mtgpu.state.codec import JobRecord
 from mtgpu.state.store import CommitTimeout
 from mtgpu.text import natural_key
 
@@ -191,34 +192,48 @@ async def directive_container(
     return spec.container
 
 
-#: Views by job: a record is replaced whole when its job changes, so a view made from
-#: the same record object is still right (pollers list the same jobs many times a second).
-_views: dict[str, tuple[dict[str, Any], JobUser, dict[str, Any]]] = {}
+class JobViews:
+    """The public form of a job table's records (``mt-job show --json``), kept per job.
 
+    A record is replaced whole when its job changes, and the table gives the same
+    :class:`JobRecord` for the same record, so a view made from that record is still
+    right (pollers list the same jobs many times a second). At most ``limit`` views
+    are kept, the oldest made dropped first.
+    """
 
-def job_view(j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[str, Any]:
-    """The public form of a job record (``mt-job show --json``)."""
-    hit = _views.get(j["job_id"])
-    if hit is not None and hit[0] is j and hit[1] == user:
-        view = dict(hit[2])
-    else:
-        view = _base_view(j, user)
-        if len(_views) > 200_000:
-            _views.clear()
-        _views[j["job_id"]] = (j, user, view)
-        view = dict(view)
-    if j["state"] == PENDING and sched is not None:
-        info = sched.pending_info.get(j["job_id"]) or (
-            sched.pending_info.get(j["array_id"]) if j.get("array_id") else None
-        )
-        if info is not None:
-            view["position"] = info.position
-            view["reason"] = info.reason
-            view["reason_detail"] = private_reason(info.message, j.get("uid"), sched.table.get)
+    def __init__(self, table: JobTable, limit: int = 200_000) -> None:
+        self.table = table
+        self.limit = limit
+        self._views: dict[str, tuple[JobRecord, JobUser, dict[str, Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def view(self, j: dict[str, Any], sched: Scheduler | None, user: JobUser) -> dict[str, Any]:
+        """The view of ``j`` (one of the table's records) for its owner ``user``."""
+        rec = self.table.typed(j)
+        hit = self._views.get(rec.job_id)
+        if hit is not None and hit[0] is rec and hit[1] == user:
+            view = dict(hit[2])
         else:
-            view["position"] = None
-            view["reason"] = view["reason"] or "None"
-    return view
+            base = base_view(rec, user)
+            self._views.pop(rec.job_id, None)
+            while len(self._views) >= self.limit:
+                del self._views[next(iter(self._views))]
+            self._views[rec.job_id] = (rec, user, base)
+            view = dict(base)
+        if rec.state == PENDING and sched is not None:
+            info = sched.pending_info.get(rec.job_id) or (
+                sched.pending_info.get(rec.array_id) if rec.array_id else None
+            )
+            if info is not None:
+                view["position"] = info.position
+                view["reason"] = info.reason
+                view["reason_detail"] = private_reason(info.message, rec.uid, sched.table.get)
+            else:
+                view["position"] = None
+                view["reason"] = view["reason"] or "None"
+        return view
 
 
 #: Where a pending reason names other jobs: "reserved for job 17", "once jobs 4, 5 end".
@@ -249,74 +264,70 @@ def private_reason(message: str, uid: int | None, job: Callable[[str], dict[str,
     return _NAMED_JOBS.sub(one, message)
 
 
-def _base_view(j: dict[str, Any], user: JobUser) -> dict[str, Any]:
-    stdout, stderr = job_output_paths(j, user)
-    p = j.get("placement") or {}
-    members = p.get("members", [])
+def base_view(rec: JobRecord, user: JobUser) -> dict[str, Any]:
+    """The public form of a job's record, without what the scheduler adds to a pending
+    job's (its position and reason)."""
+    stdout, stderr = job_output_paths(dict(rec.raw), user)
     view = {
-        "job_id": j["job_id"],
-        "array_id": j.get("array_id"),
-        "array_task": j.get("array_task"),
+        "job_id": rec.job_id,
+        "array_id": rec.array_id,
+        "array_task": rec.array_task,
         # An array task's own numeric id (its SLURM_JOB_ID); a job's own id otherwise.
-        "numeric_id": j.get("numeric_id") or (j["job_id"] if j.get("array_id") is None else None),
-        "name": j["name"],
-        "user": j["user"],
-        "state": j["state"],
-        "nodes": [m["node"] for m in members],
-        "gpus": [{"node": m["node"], "index": i} for m in members for i in m["gpu_indices"]],
-        "cpus": j["spec"]["request"]["cpus"],
-        "ram": j["spec"]["request"]["ram"],
+        "numeric_id": rec.numeric_id or (rec.job_id if rec.array_id is None else None),
+        "name": rec.name,
+        "user": rec.user,
+        "state": rec.state.value,
+        "nodes": rec.nodes,
+        "gpus": [{"node": m.node, "index": i} for m in rec.members for i in m.gpu_indices],
+        "cpus": rec.cpus,
+        "ram": rec.ram,
         # sbatch's --exclusive: the job holds its members whole.
-        "exclusive": bool(j["spec"]["request"].get("whole_member")),
-        "exit_code": j.get("exit_code"),
-        "reason": j.get("reason") or "",
-        "submit_time": j["submit_time"],
-        "start_time": j.get("start_time"),
-        "end_time": j.get("end_time"),
-        "workdir": j["workdir"],
+        "exclusive": rec.exclusive,
+        "exit_code": rec.exit_code,
+        "reason": rec.reason,
+        "submit_time": rec.submit_time,
+        "start_time": rec.start_time,
+        "end_time": rec.end_time,
+        "workdir": rec.workdir,
         "stdout": stdout,
         "stderr": stderr,
-        "priority": j["spec"]["priority"],
-        "time_limit": j["spec"].get("time_limit"),
-        "warnings": list(j["spec"].get("warnings", ())),
-        "container": (j.get("container") or {}).get("ref"),
-        "image_id": (j.get("container") or {}).get("id"),
-        "progress": dict(j.get("progress") or {}),
-        "requeues": j.get("requeues", 0),
-        "requeue_reason": j.get("requeue_reason"),
+        "priority": rec.priority,
+        "time_limit": rec.time_limit,
+        "warnings": list(rec.warnings),
+        "container": rec.container_ref,
+        "image_id": rec.image_id,
+        "progress": dict(rec.progress),
+        "requeues": rec.requeues,
+        "requeue_reason": rec.requeue_reason,
         # Which start this is (0 first; each requeue adds one), as Slurm's restart count.
-        "attempt": attempt_of(j),
-        "cancel_requested": bool(j.get("cancel_requested")),
+        "attempt": rec.attempt,
+        "cancel_requested": rec.cancel_requested,
     }
-    view.update(accounting_view(j))
+    view.update(accounting_view(rec))
     return view
 
 
-def accounting_view(j: dict[str, Any]) -> dict[str, Any]:
+def accounting_view(rec: JobRecord) -> dict[str, Any]:
     """A job's accounting fields (Slurm's ``sacct``): what it was given, where, and
     what it used; the ``gpus`` list with each GPU's UUID and type."""
-    p = j.get("placement") or {}
-    members = p.get("members", [])
-    info = j.get("gpu_info") or {}
-    used = j.get("usage") or {}
-    rows = []
-    for m in members:
-        known = {g["index"]: g for g in info.get(m["node"]) or ()}
+    rows: list[dict[str, Any]] = []
+    for m in rec.members:
+        known = {g["index"]: g for g in rec.gpu_info.get(m.node) or ()}
         gpus = [
             {
-                "node": m["node"],
+                "node": m.node,
                 "index": i,
                 "uuid": (known.get(i) or {}).get("uuid") or None,
                 "type": (known.get(i) or {}).get("type") or None,
             }
-            for i in m["gpu_indices"]
+            for i in m.gpu_indices
         ]
-        rows.append({"node": m["node"], "rank": m["rank"], "cpus": m["cpus"], "ram": m["ram"], "gpus": gpus})
-    parts = [used.get(m["node"]) or {} for m in members]
+        rows.append({"node": m.node, "rank": m.rank, "cpus": m.cpus, "ram": m.ram, "gpus": gpus})
+    parts = [rec.usage.get(m.node) or {} for m in rec.members]
     signals = [u["signal"] for u in parts if u.get("signal")]
     sig = signals[0] if signals else None
-    code = j.get("exit_code")
-    start, end = j.get("start_time"), j.get("end_time")
+    code = rec.exit_code
+    start, end = rec.start_time, rec.end_time
 
     def total(name: str) -> float | None:
         vals = [u[name] for u in parts if u.get(name) is not None]
@@ -346,7 +357,7 @@ def accounting_view(j: dict[str, Any]) -> dict[str, Any]:
         "total_cpu": round((user_s or 0) + (sys_s or 0), 3)
         if user_s is not None or sys_s is not None
         else None,
-        "restarts": attempt_of(j),
+        "restarts": rec.attempt,
     }
 
 
@@ -469,6 +480,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
         return caller.admin or j["user"] == caller.name
 
     limits = SubmitLimits(None, None, None)
+    job_views = JobViews(host.jobs)
 
     def set_limits() -> None:
         o = host.options  # read each time: SIGHUP may have changed them
@@ -487,11 +499,11 @@ def register(d: Dispatcher, host: JobHost) -> None:
         if "error" in seen:
             raise ApiError(seen["error"], "rejected")
         tasks = seen["tasks"]
-        j = host.jobs.get(tasks[0]) if tasks else None
+        rec = host.jobs.record(tasks[0]) if tasks else None
         return {
             "job_id": seen["job_id"],
             "tasks": len(tasks) or 1,
-            "warnings": list(j["spec"].get("warnings", ())) if j else [],
+            "warnings": list(rec.warnings) if rec else [],
             "duplicate": True,
         }
 
@@ -603,7 +615,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
             who = (j["user"], j["uid"])
             if who not in users:
                 users[who] = host.job_user(*who)
-            view = job_view(j, host.scheduler, users[who])
+            view = job_views.view(j, host.scheduler, users[who])
             view["cluster"] = host.options.cluster_name
             out.append(view)
         # Ids in natural order within a submission: task 113_2 before 113_10.
@@ -620,7 +632,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
         cluster = host.options.cluster_name
 
         def view(t: dict[str, Any]) -> dict[str, Any]:
-            v = {**job_view(t, host.scheduler, host.job_user(t["user"], t["uid"])), "cluster": cluster}
+            v = {**job_views.view(t, host.scheduler, host.job_user(t["user"], t["uid"])), "cluster": cluster}
             return {**v, "steps": steps.of(t["job_id"])} if steps is not None else v
 
         if len(tasks) == 1 and jid in (tasks[0]["job_id"], tasks[0].get("numeric_id")):
@@ -681,16 +693,18 @@ def register(d: Dispatcher, host: JobHost) -> None:
             done = [jid for jid, j in zip(r["stopping"], ends, strict=True) if j is not None]
             r["cancelled"] = r["cancelled"] + done
             r["stopping"] = [jid for jid in r["stopping"] if jid not in done]
-        r["ended_states"] = {jid: (host.jobs.get(jid) or {}).get("state") for jid in r["ended"]}
+        ended = {jid: host.jobs.record(jid) for jid in r["ended"]}
+        r["ended_states"] = {jid: rec.state.value if rec else None for jid, rec in ended.items()}
         return r
 
     def nodes(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
         """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU."""
         held: dict[str, dict[int, list[str]]] = {}
         for j in host.jobs.active():
-            for m in (j.get("placement") or {}).get("members", []):
-                for i in m["gpu_indices"]:
-                    held.setdefault(m["node"], {}).setdefault(i, []).append(j["job_id"])
+            rec = host.jobs.typed(j)
+            for m in rec.members:
+                for i in m.gpu_indices:
+                    held.setdefault(m.node, {}).setdefault(i, []).append(rec.job_id)
         out = []
         drains = host.scheduler.drains
         for name, inv in sorted(host.scheduler.nodes.items()):

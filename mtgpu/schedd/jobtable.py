@@ -6,7 +6,9 @@ member, so a new scheduler rebuilds its queue from here after a failover and nob
 resubmits anything. Methods are deterministic: callers pass ``now``.
 
 Records are plain dicts (stable to pickle across versions) replaced as a whole, so
-readers on the event-loop thread always see a complete record.
+readers on the event-loop thread always see a complete record. Their fields, their
+format version and their typed form (:class:`~mtgpu.state.codec.JobRecord`, which
+:meth:`JobTable.record` gives) are :mod:`mtgpu.state.codec`'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from mtgpu.jobstate import ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, FINAL_ST
 from mtgpu.schedd import submitkeys, usage
 from mtgpu.schedd.jobenv import JOB_ID_RE
 from mtgpu.schedd.types import GpuMode, JobSpec, ResourceRequest
+from mtgpu.state import codec
+from mtgpu.state.codec import JobRecord
 
 
 def attempt_of(job: dict[str, Any]) -> int:
@@ -59,7 +63,11 @@ class JobTable(SyncObjConsumer):
         # the replicated state: who waits for which job, on this member only.
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._wait_lock = threading.Lock()  # the log is applied on PySyncObj's thread
+        # The typed form of each record, made once per change of the job (see record()).
+        self._records: dict[str, JobRecord] = {}
         super().__init__()
+        #: The format of the records (mtgpu.state.codec); a dump without it is format 1.
+        self.state_format = codec.FORMAT
         self.jobs: dict[str, dict[str, Any]] = {}
         self.next_id = 1
         self.submit_keys: submitkeys.Keys = {}
@@ -84,7 +92,13 @@ class JobTable(SyncObjConsumer):
         self.numeric_ids: dict[str, str] = {}
 
     def _deserialize(self, data: dict[str, Any]) -> None:
+        # Checked before anything is taken from it: a dump of a newer format leaves
+        # the table as it was (the daemon refuses such a STATE_DIR before opening it:
+        # mtgpu.state.codec.check_state_dir).
+        fmt = data.get("state_format", 1)
+        data = {**data, "jobs": codec.upgrade_jobs(data.get("jobs") or {}, fmt), "state_format": codec.FORMAT}
         super()._deserialize(data)
+        self._records.clear()
         # State from before keys had outcomes and ages ("UID:token" -> job id): those
         # keys are not kept (a retry across the upgrade is a new submission).
         self.__dict__.pop("tokens", None)
@@ -212,6 +226,25 @@ class JobTable(SyncObjConsumer):
     def get(self, job_id: str) -> dict[str, Any] | None:
         return self.jobs.get(job_id)
 
+    def record(self, job_id: str) -> JobRecord | None:
+        """The job's typed record, decoded once per change of the job (records are
+        replaced whole, so one made from the same dict is still right). The cache
+        holds one entry per job in the table, and loses it when the job is purged."""
+        j = self.jobs.get(job_id)
+        if j is None:
+            return None
+        return self.typed(j)
+
+    def typed(self, j: dict[str, Any]) -> JobRecord:
+        """The typed form of ``j``, one of this table's records."""
+        hit = self._records.get(j["job_id"])
+        if hit is not None and hit.raw is j:
+            return hit
+        rec = codec.decode_job(j)
+        if self.jobs.get(rec.job_id) is j:  # a record since replaced is not kept
+            self._records[rec.job_id] = rec
+        return rec
+
     def digest(self) -> str:
         """A digest of every job's id, state and attempt (replicas that agree have the
         same one)."""
@@ -306,6 +339,7 @@ class JobTable(SyncObjConsumer):
         if numbered:
             self.next_id += len(tasks or ())
         base = {
+            **codec.FORMAT_2_DEFAULTS,
             **record,
             "state": PENDING,
             "submit_time": now,
@@ -630,6 +664,7 @@ class JobTable(SyncObjConsumer):
             j = self.jobs.get(jid)
             if j is not None and j["state"] in FINAL_STATES:
                 del self.jobs[jid]
+                self._records.pop(jid, None)
                 if j.get("numeric_id"):
                     self.numeric_ids.pop(j["numeric_id"], None)
                 self.active_ids.pop(jid, None)

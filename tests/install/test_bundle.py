@@ -85,7 +85,7 @@ def test_bundle_holds_mtgpu_and_every_dependency_as_wheels(bundles):
     with tarfile.open(new) as tar:
         names = tar.getnames()
         manifest = json.loads(tar.extractfile("mtgpu-0.1.0/BUNDLE.json").read())
-    assert manifest["version"] == "0.1.0" and manifest["state_format"] == 1
+    assert manifest["version"] == "0.1.0" and manifest["state_format"] == 2
     assert manifest["python"] == "{}.{}".format(*sys.version_info[:2])
     wheels = {n.split("/")[-1] for n in names if n.startswith("mtgpu-0.1.0/wheels/")}
     assert wheels == set(manifest["wheels"]) and all(w.endswith(".whl") for w in wheels)
@@ -198,7 +198,7 @@ def test_offline_install_then_upgrade_keeps_terminal_and_job_and_older_refuses(b
         assert "tmux sessions and running jobs are kept" in r.stdout
         assert host._server_pid() != first_pid and _version(host) == "0.1.0"
         stamp = json.loads((host.state_dir / "release.json").read_text())
-        assert (stamp["version"], stamp["state_format"]) == ("0.1.0", 1)
+        assert (stamp["version"], stamp["state_format"]) == ("0.1.0", 2)
 
         # The job ran on through the upgrade, and completes now.
         assert _job(host, key, jid)["state"] == "RUNNING"

@@ -265,7 +265,7 @@ def test_an_array_journalled_before_tasks_were_numbered_replays_with_the_ids_it_
     t = JobTable()
     t.submit(dict(RECORD), [0, 1], 1.0, _doApply=True)
     assert t.submit(dict(RECORD), None, 1.0, _doApply=True)["job_id"] == "2"
-    assert "numeric_id" not in t.jobs["1_0"] and t.tasks_of("2") == [t.jobs["2"]]
+    assert t.jobs["1_0"]["numeric_id"] is None and t.tasks_of("2") == [t.jobs["2"]]
 
 
 def test_numeric_ids_survive_a_state_dump_and_a_replay_alike():

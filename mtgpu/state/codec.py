@@ -1,0 +1,297 @@
+"""The replicated job records, their format version, and their typed form.
+
+The job table replicates plain dicts (they pickle the same in every release); this
+module is the one place that knows their fields. :func:`decode_job` turns a record
+into a :class:`JobRecord` once, checking each field, and the readers (the API's
+views) use that instead of picking the dict apart again.
+
+The format of the state is :data:`mtgpu.STATE_FORMAT`. The job table keeps the format
+its records are in (``state_format`` in its full dump; a dump without it is format 1)
+and converts older records when it loads them (:func:`upgrade_jobs`). Journal entries
+are replicated calls, the same in every format: the records they make are of the
+format of the code applying them.
+
+- Format 1: records hold only the keys their job needed when they were written
+  (``requeues``, ``held``, ``numeric_id``, ``placed_time`` may be missing).
+- Format 2: every record holds each of those keys (:data:`FORMAT_2_DEFAULTS`).
+
+:func:`check_state_dir` looks at a STATE_DIR before the store opens it, so that state
+of a newer format, or a damaged record in the dump, is refused with what to do and
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import pickle as raft_pickle
+
+import mtgpu
+from mtgpu.errors import StateError
+from mtgpu.jobstate import JobState
+
+#: The format this release reads and writes.
+FORMAT = mtgpu.STATE_FORMAT
+#: The oldest format it converts at start.
+OLDEST = 1
+
+#: What a format-2 record holds that a format-1 record may lack.
+FORMAT_2_DEFAULTS: dict[str, Any] = {"requeues": 0, "held": False, "numeric_id": None, "placed_time": None}
+
+
+class StateFormatError(StateError):
+    """The state is of a format this release cannot read, or a record in it is damaged."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "state_format")
+
+
+def upgrade_job(record: dict[str, Any], fmt: int) -> dict[str, Any]:
+    """``record`` (of format ``fmt``) in :data:`FORMAT`; the same object if nothing changes."""
+    if fmt < 2 and any(k not in record for k in FORMAT_2_DEFAULTS):
+        record = {**FORMAT_2_DEFAULTS, **record}
+    return record
+
+
+def upgrade_jobs(jobs: dict[str, dict[str, Any]], fmt: int) -> dict[str, dict[str, Any]]:
+    """A job table's records (of format ``fmt``) in :data:`FORMAT`."""
+    if fmt > FORMAT:
+        raise StateFormatError(newer_text("the job table", fmt))
+    if fmt == FORMAT:
+        return jobs
+    return {jid: upgrade_job(j, fmt) for jid, j in jobs.items()}
+
+
+def newer_text(where: str, fmt: int, by: str = "") -> str:
+    """The refusal of state of format ``fmt`` (newer than this release's)."""
+    who = f"MTGPU {by}" if by else "a newer MTGPU"
+    run = f"Run MTGPU {by} or newer" if by else "Run the MTGPU that wrote it, or a newer one"
+    return (
+        f"{where} holds state format {fmt}, written by {who}; this is MTGPU {mtgpu.__version__}, "
+        f"which reads formats {OLDEST} to {FORMAT}. Nothing was changed. {run} (mtgpu-setup install)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of a job's placement."""
+
+    node: str
+    rank: int
+    cpus: int
+    ram: int
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to a job, as its record says, checked once.
+
+    ``raw`` is the record it was made from (the table replaces a record whole when its
+    job changes, so a JobRecord made from the same dict is still right).
+    """
+
+    job_id: str
+    array_id: str | None
+    array_task: int | None
+    numeric_id: str | None
+    name: str
+    user: str
+    uid: int
+    state: JobState
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    placed_time: float | None
+    members: tuple[Member, ...]
+    exit_code: int | None
+    reason: str
+    term: int | None
+    cancel_requested: bool
+    held: bool
+    requeues: int
+    requeue_reason: str | None
+    workdir: str
+    cpus: int
+    ram: int
+    exclusive: bool
+    priority: int
+    time_limit: float | None
+    warnings: tuple[str, ...]
+    container_ref: str | None
+    image_id: str | None
+    progress: Mapping[str, str]
+    usage: Mapping[str, Mapping[str, Any]]
+    gpu_info: Mapping[str, tuple[Mapping[str, Any], ...]]
+    raw: Mapping[str, Any]
+
+    @property
+    def attempt(self) -> int:
+        """Which start this is (0 first, one more per requeue)."""
+        return self.requeues
+
+    @property
+    def nodes(self) -> list[str]:
+        return [m.node for m in self.members]
+
+
+_NUM = (int, float)
+
+
+def _field(
+    j: Mapping[str, Any], key: str, kind: Any, default: Any = ..., *, of: Any = None, within: str = ""
+) -> Any:
+    """``j[key]``, checked to be a ``kind`` (None allowed where ``default`` is None);
+    ``of``: the record ``j`` is part of (for the job's id in the message)."""
+    jid = (of if of is not None else j).get("job_id", "?")
+    if key not in j:
+        if default is ...:
+            raise StateFormatError(f"the record of job {jid!r} has no {within + key!r}")
+        return default
+    v = j[key]
+    if v is None and default is None:
+        return None
+    if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+        raise StateFormatError(
+            f"the record of job {jid!r} has {within + key!r} = {v!r:.80}, not {_kind(kind)}"
+        )
+    return v
+
+
+def _kind(kind: Any) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _mapping(v: Any) -> Mapping[str, Any]:
+    return types.MappingProxyType(dict(v or {}))
+
+
+def decode_job(j: Mapping[str, Any]) -> JobRecord:
+    """The typed form of a job record (of :data:`FORMAT`, or older: missing keys take
+    their defaults). Raises StateFormatError naming the job and the field that is wrong."""
+    if not isinstance(j, Mapping):
+        raise StateFormatError(f"a job record is a {type(j).__name__}, not a mapping")
+    jid = _field(j, "job_id", str)
+    state_name = _field(j, "state", str)
+    try:
+        state = JobState(state_name)
+    except ValueError:
+        raise StateFormatError(
+            f"the record of job {jid!r} has the state {state_name!r:.40}, which is no job state"
+        ) from None
+    spec = _field(j, "spec", Mapping)
+    request = _field(spec, "request", Mapping, of=j, within="spec.")
+    placement = _field(j, "placement", Mapping, None) or {}
+    members = []
+    for m in placement.get("members", ()):
+        try:
+            members.append(
+                Member(
+                    str(m["node"]),
+                    int(m["rank"]),
+                    int(m["cpus"]),
+                    int(m["ram"]),
+                    tuple(int(i) for i in m["gpu_indices"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFormatError(
+                f"the record of job {jid!r} has a damaged placement member {m!r:.80}: {exc!r}"
+            ) from None
+    container = _field(j, "container", Mapping, None) or {}
+    return JobRecord(
+        job_id=jid,
+        array_id=_field(j, "array_id", str, None),
+        array_task=_field(j, "array_task", int, None),
+        numeric_id=_field(j, "numeric_id", str, None),
+        name=_field(j, "name", str),
+        user=_field(j, "user", str),
+        uid=_field(j, "uid", int),
+        state=state,
+        submit_time=_field(j, "submit_time", _NUM),
+        start_time=_field(j, "start_time", _NUM, None),
+        end_time=_field(j, "end_time", _NUM, None),
+        placed_time=_field(j, "placed_time", _NUM, None),
+        members=tuple(members),
+        exit_code=_field(j, "exit_code", int, None),
+        reason=_field(j, "reason", str, None) or "",
+        term=_field(j, "term", int, None),
+        cancel_requested=bool(j.get("cancel_requested")),
+        held=bool(j.get("held")),
+        requeues=int(_field(j, "requeues", int, None) or 0),
+        requeue_reason=_field(j, "requeue_reason", str, None),
+        workdir=_field(j, "workdir", str),
+        cpus=_field(request, "cpus", int, of=j, within="spec.request."),
+        ram=_field(request, "ram", int, of=j, within="spec.request."),
+        exclusive=bool(request.get("whole_member")),
+        priority=_field(spec, "priority", int, of=j, within="spec."),
+        time_limit=_field(spec, "time_limit", _NUM, None, of=j, within="spec."),
+        warnings=tuple(spec.get("warnings") or ()),
+        container_ref=container.get("ref"),
+        image_id=container.get("id"),
+        progress=_mapping(j.get("progress")),
+        usage=types.MappingProxyType({n: _mapping(u) for n, u in (j.get("usage") or {}).items()}),
+        gpu_info=types.MappingProxyType(
+            {n: tuple(_mapping(g) for g in gs or ()) for n, gs in (j.get("gpu_info") or {}).items()}
+        ),
+        raw=j,
+    )
+
+
+def _is_job_table(data: Any) -> bool:
+    return isinstance(data, dict) and "jobs" in data and "next_id" in data
+
+
+def read_dump(state_dir: str | Path) -> Any:
+    """The full dump under ``state_dir`` as PySyncObj wrote it, or None if there is none."""
+    path = Path(state_dir) / "raft.dump"
+    try:
+        with gzip.open(path, "rb") as f:
+            return raft_pickle.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, ValueError) as exc:
+        raise StateFormatError(f"{path} cannot be read: {exc}; restore it from a backup") from exc
+
+
+def check_state_dir(state_dir: str | Path) -> int | None:
+    """Refuse (StateFormatError) a STATE_DIR whose full dump is of a newer format than
+    :data:`FORMAT` or holds a damaged job record; reads only. Returns the dump's format
+    (None without a dump): an older one is converted as the store loads it."""
+    data = read_dump(state_dir)
+    if data is None:
+        return None
+    where = f"STATE_DIR {state_dir}"
+    try:
+        parts = data[0] if isinstance(data[0], list) else [data[0]]
+    except (TypeError, IndexError, KeyError):
+        raise StateFormatError(
+            f"the full dump in {where} is not PySyncObj's; restore it from a backup"
+        ) from None
+    tables = [p for p in parts if _is_job_table(p)]
+    if not tables:
+        return None
+    table = tables[0]
+    fmt = table.get("state_format", 1)
+    if not isinstance(fmt, int) or fmt < OLDEST:
+        raise StateFormatError(f"the job table in {where} claims state format {fmt!r}, which no MTGPU wrote")
+    if fmt > FORMAT:
+        raise StateFormatError(newer_text(where, fmt))
+    jobs = table["jobs"]
+    if not isinstance(jobs, dict):
+        raise StateFormatError(
+            f"the job table in {where} holds {type(jobs).__name__} for its jobs, not a mapping"
+        )
+    for jid, j in jobs.items():
+        rec = decode_job(j)
+        if rec.job_id != jid:
+            raise StateFormatError(
+                f"the job table in {where} keeps the record of job {rec.job_id!r} as {jid!r}"
+            )
+    return int(fmt)
