@@ -210,3 +210,31 @@ def test_a_start_lost_with_its_connection_says_it_may_have_started():
     lost, refused = asyncio.run(go())
     # Only the unanswered one may be asked again (a member starts a part once).
     assert isinstance(lost, StartUnanswered) and not isinstance(refused, StartUnanswered)
+
+
+def test_a_start_refused_for_now_says_nothing_was_done():
+    from mtgpu.cluster.starts import StartRefusedForNow, StartUnanswered
+
+    answers = [
+        ApiError("the MTGPU daemon is starting (loading its state)", "starting"),
+        ApiError("no such job", "not_found"),
+    ]
+
+    async def call(member, op, **kw):
+        raise answers.pop(0)
+
+    async def go() -> list[BaseException]:
+        b = StartBatcher(call, in_flight=1)
+        got = []
+        for jid in ("1", "2"):
+            try:
+                await b.start("m1", jid, 1)
+            except MtgpuError as exc:
+                got.append(exc)
+        return got
+
+    starting, refused = asyncio.run(go())
+    # A member loading its state after a restart did nothing: its start is asked again
+    # (a scheduler that failed the job there lost it to the failover).
+    assert isinstance(starting, StartRefusedForNow) and not isinstance(starting, StartUnanswered)
+    assert not isinstance(refused, StartRefusedForNow)
