@@ -251,7 +251,7 @@ def submit_once(api: Any, **args: Any) -> dict[str, Any]:
                 if doubt is not None:
                     raise SubmissionUnknown(str(doubt)) from exc
                 raise ApiError(f"not submitted: {exc}", code) from exc
-            if not told:
+            if not told and code != "starting":  # as ApiClient waits: silently, as the C client does
                 print(f"mt-job: {exc}; retrying", file=sys.stderr)
                 told = True
             time.sleep(0.5)

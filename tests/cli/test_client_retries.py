@@ -69,6 +69,17 @@ def test_a_submission_is_retried_through_an_election_with_one_token(tmp_path, cl
     assert len({req["args"]["token"] for req in seen}) == 1  # never a second job
 
 
+def test_a_daemon_loading_its_state_is_waited_for_silently(tmp_path, client_argv):
+    # A member just restarted (after a failover, say) answers "starting" for a few
+    # seconds: neither client tells the tenant, as neither does for its other requests.
+    sock = tmp_path / "api.sock"
+    _, seen = fake_daemon(sock, [_refusal("starting", "the daemon is starting"), OK])
+    r = run_client(client_argv, sock, "submit", "--parsable", "-")
+    assert r.returncode == 0 and r.stdout == b"7\n", r
+    assert r.stderr == b"", r.stderr
+    assert len(seen) == 2
+
+
 @pytest.mark.parametrize(
     "answer",
     [
