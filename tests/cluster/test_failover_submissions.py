@@ -204,4 +204,9 @@ def test_submissions_through_repeated_scheduler_kills_see_no_error(cluster, mtjo
     try:
         wait_for(completed, timeout=240, interval=2.0, what="every job completed")
     except AssertionError:
-        raise AssertionError(f"{len(left)} jobs not completed: {left[:10]}") from None
+        # What the first few wrote on stderr (read as the tenant), to say why.
+        why = {
+            jid: c.hosts[0].ssh("ida", key, f"tail -c 600 ~/.mtgpu/jobs/lab/{jid}/stderr.log").stdout.decode()
+            for jid, *_ in left[:3]
+        }
+        raise AssertionError(f"{len(left)} jobs not completed: {left[:10]}; their stderr: {why}") from None
