@@ -49,7 +49,7 @@ from mtgpu.clock import PolicyClock
 from mtgpu.cluster.homes import layout as homes_layout
 from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.cluster.lease import lease_seconds, remove_lease
-from mtgpu.cluster.starts import StartBatcher, StartUnanswered
+from mtgpu.cluster.starts import StartBatcher, StartRefusedForNow, StartUnanswered
 from mtgpu.cmdline import with_examples
 from mtgpu.config import Options, load, show
 from mtgpu.config.options import plan_reload
@@ -84,6 +84,9 @@ log = logging.getLogger("mtgpu.server")
 SETTLE_MAX = 20.0
 #: How many times a start a member did not answer is asked for.
 START_TRIES = 5
+#: How long a start a member refuses for now (``starting``: it is loading its state
+#: after a restart) is asked for again (seconds), as ApiClient waits for a starting daemon.
+START_REFUSED_WAIT = 120.0
 
 SYSTEM_UID_MAX = 999
 #: ``nobody`` (the kernel's overflow UID, shared by unprivileged daemons and squashed
@@ -727,14 +730,27 @@ class Daemon:
                 assert self.cluster is not None
                 if self._starts is None:
                     self._starts = StartBatcher(self.cluster.peers.call)
-                for attempt in range(START_TRIES):
+                loop = asyncio.get_running_loop()
+                refused_until = loop.time() + START_REFUSED_WAIT
+                attempt = 0
+                while True:
                     try:
                         await self._starts.start(node, job["job_id"], term, attempt_of(job), port)
                         return
+                    except StartRefusedForNow as exc:
+                        # Nothing was done there: a member restarted after a failover
+                        # (its scheduler's start is asked for again) is loading its state.
+                        if loop.time() >= refused_until:
+                            raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
+                        log.info(
+                            "%s refused the start of %s for now (%s); asking again", node, job["job_id"], exc
+                        )
+                        await asyncio.sleep(1.0)
                     except StartUnanswered as exc:
                         # Lost with its connection (the member changing role, say): it
                         # may have started; asking again starts it at most once.
-                        if attempt == START_TRIES - 1:
+                        attempt += 1
+                        if attempt == START_TRIES:
                             raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
                         log.info(
                             "no answer from %s to the start of %s (%s); asking again",

@@ -68,6 +68,7 @@
 #define TIMEOUT_S 60 /* as the Python client */
 #define STARTING_RETRY_S 120 /* ApiClient.STARTING_RETRY */
 #define SUBMIT_RETRY_S 60 /* mt-job's SUBMIT_RETRY (MTGPU_SUBMIT_RETRY overrides it) */
+#define SUBMIT_NOTICE_S 5 /* mt-job's SUBMIT_NOTICE: a failover's resends are not told */
 #define MAX_JOB_SCRIPT (2 << 20) /* the largest JOB_SCRIPT_MAX (mtgpu.config.options) */
 #define EXIT_UNKNOWN 75 /* mt-job's EXIT_UNKNOWN: the submission's outcome is unknown */
 
@@ -991,7 +992,7 @@ int main(int argc, char **argv) {
             }
             fail("not submitted: %s", why);
         }
-        if (!told && !starting) {
+        if (!told && !starting && now_s() - begun >= SUBMIT_NOTICE_S) {
             fprintf(stderr, "mt-job: %s; retrying\n", why);
             told = 1;
         }

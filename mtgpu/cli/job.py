@@ -203,6 +203,9 @@ def _retrying(fn: Any) -> Any:
 EXIT_UNKNOWN = 75
 #: How long a submission is retried (seconds), unless MTGPU_SUBMIT_RETRY says otherwise.
 SUBMIT_RETRY = 60.0
+#: After how long a submission still being retried says so on stderr (seconds): a
+#: failover's resends (an election, a leader change) end sooner and are not shown.
+SUBMIT_NOTICE = 5.0
 
 
 class SubmissionUnknown(Exception):
@@ -251,7 +254,9 @@ def submit_once(api: Any, **args: Any) -> dict[str, Any]:
                 if doubt is not None:
                     raise SubmissionUnknown(str(doubt)) from exc
                 raise ApiError(f"not submitted: {exc}", code) from exc
-            if not told:
+            # A failover is over in a few seconds: the tenant is told only of a longer
+            # wait (never of a daemon loading its state, which ApiClient waits out too).
+            if not told and code != "starting" and time.monotonic() - begun >= SUBMIT_NOTICE:
                 print(f"mt-job: {exc}; retrying", file=sys.stderr)
                 told = True
             time.sleep(0.5)

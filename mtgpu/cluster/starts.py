@@ -27,6 +27,11 @@ class StartUnanswered(MtgpuError):
     starts a part twice."""
 
 
+class StartRefusedForNow(MtgpuError):
+    """The member refused a start for now, having done nothing (a retryable refusal:
+    it is loading its state after a restart, say): the start may be asked for again."""
+
+
 class StartBatcher:
     """``await start(member, job_id, term, attempt, port)`` starts one part; see the module docstring."""
 
@@ -84,12 +89,15 @@ class StartBatcher:
                 )
                 errors = (answer.get("errors") or {}) if isinstance(answer, dict) else {}
             except Exception as exc:  # noqa: BLE001 - each part fails with the request
-                unanswered = isinstance(exc, ApiError) and exc.code == "unreachable"
+                kind = MtgpuError
+                if isinstance(exc, ApiError):
+                    if exc.code == "unreachable":
+                        kind = StartUnanswered
+                    elif exc.retryable:
+                        kind = StartRefusedForNow
                 for _, _, fut, _, _ in items:
                     if not fut.done():
-                        fut.set_exception(
-                            (StartUnanswered if unanswered else MtgpuError)(str(exc) or type(exc).__name__)
-                        )
+                        fut.set_exception(kind(str(exc) or type(exc).__name__))
                 return
             for job_id, _, fut, _, _ in items:
                 if fut.done():

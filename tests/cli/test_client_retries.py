@@ -67,6 +67,32 @@ def test_a_submission_is_retried_through_an_election_with_one_token(tmp_path, cl
     assert r.returncode == 0 and r.stdout == b"7\n", r
     assert len(seen) == 8, seen
     assert len({req["args"]["token"] for req in seen}) == 1  # never a second job
+    # Over within SUBMIT_NOTICE (7 resends, half a second apart): not shown to the tenant.
+    assert r.stderr == b"", r.stderr
+
+
+def test_a_submission_retried_longer_than_a_failover_says_so(tmp_path, client_argv):
+    from mtgpu.cli.job import SUBMIT_NOTICE
+
+    sock = tmp_path / "api.sock"
+    waits = int(SUBMIT_NOTICE / 0.5) + 4
+    script = [_refusal("no_leader", "no scheduler is elected right now", retryable=True)] * waits + [OK]
+    t, seen = fake_daemon(sock, script)
+    r = run_client(client_argv, sock, "submit", "--parsable", "-")
+    t.join(10)
+    assert r.returncode == 0 and r.stdout == b"7\n", r
+    assert r.stderr.decode() == "mt-job: no scheduler is elected right now; retrying\n", r.stderr
+
+
+def test_a_daemon_loading_its_state_is_waited_for_silently(tmp_path, client_argv):
+    # A member just restarted (after a failover, say) answers "starting" for a few
+    # seconds: neither client tells the tenant, as neither does for its other requests.
+    sock = tmp_path / "api.sock"
+    _, seen = fake_daemon(sock, [_refusal("starting", "the daemon is starting"), OK])
+    r = run_client(client_argv, sock, "submit", "--parsable", "-")
+    assert r.returncode == 0 and r.stdout == b"7\n", r
+    assert r.stderr == b"", r.stderr
+    assert len(seen) == 2
 
 
 @pytest.mark.parametrize(
@@ -99,7 +125,8 @@ def test_the_c_client_knows_the_same_codes_as_the_python_one():
     assert codes("RETRYABLE_CODES") == RETRYABLE_CODES
     assert codes("RESEND_CODES") == RESEND_CODES
     from mtgpu.api.client import ApiClient
-    from mtgpu.cli.job import SUBMIT_RETRY
+    from mtgpu.cli.job import SUBMIT_NOTICE, SUBMIT_RETRY
 
     assert f"#define SUBMIT_RETRY_S {SUBMIT_RETRY:g} " in src
+    assert f"#define SUBMIT_NOTICE_S {SUBMIT_NOTICE:g} " in src
     assert f"#define STARTING_RETRY_S {ApiClient.STARTING_RETRY:g} " in src

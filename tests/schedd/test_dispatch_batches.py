@@ -186,27 +186,44 @@ def test_a_start_of_an_attempt_requeued_since_is_stale() -> None:
     asyncio.run(go())
 
 
+def start_errors(*answers: ApiError) -> list[BaseException]:
+    """What one start each raises, the member answering each request with the next answer."""
+    left = list(answers)
+
+    async def call(member, op, **kw):
+        raise left.pop(0)
+
+    async def go() -> list[BaseException]:
+        b = StartBatcher(call, in_flight=1)
+        got: list[BaseException] = []
+        for jid in range(len(answers)):
+            try:
+                await b.start("m1", str(jid + 1), 1)
+            except MtgpuError as exc:
+                got.append(exc)
+        return got
+
+    return asyncio.run(go())
+
+
 def test_a_start_lost_with_its_connection_says_it_may_have_started():
     from mtgpu.cluster.starts import StartUnanswered
 
-    answers = [
-        ApiError("the connection to the member was lost", "unreachable"),
-        ApiError("no such job", "not_found"),
-    ]
-
-    async def call(member, op, **kw):
-        raise answers.pop(0)
-
-    async def go() -> tuple[BaseException, BaseException]:
-        b = StartBatcher(call, in_flight=1)
-        got = []
-        for jid in ("1", "2"):
-            try:
-                await b.start("m1", jid, 1)
-            except MtgpuError as exc:
-                got.append(exc)
-        return got[0], got[1]
-
-    lost, refused = asyncio.run(go())
+    lost, refused = start_errors(
+        ApiError("the connection to the member was lost", "unreachable"), ApiError("no such job", "not_found")
+    )
     # Only the unanswered one may be asked again (a member starts a part once).
     assert isinstance(lost, StartUnanswered) and not isinstance(refused, StartUnanswered)
+
+
+def test_a_start_refused_for_now_says_nothing_was_done():
+    from mtgpu.cluster.starts import StartRefusedForNow, StartUnanswered
+
+    starting, refused = start_errors(
+        ApiError("the MTGPU daemon is starting (loading its state)", "starting"),
+        ApiError("no such job", "not_found"),
+    )
+    # A member loading its state after a restart did nothing: its start is asked again
+    # (a scheduler that failed the job there lost it to the failover).
+    assert isinstance(starting, StartRefusedForNow) and not isinstance(starting, StartUnanswered)
+    assert not isinstance(refused, StartRefusedForNow)
