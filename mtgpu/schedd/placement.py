@@ -568,11 +568,17 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
     need, n = req.nodes, len(layout)
     reached = pool
     # Each filter's "ever" rule in turn, counting the members (weights) that pass it.
-    for f in EVER_ORDER:
+    # Too few members is told at the first rule that turns one away (or after the last,
+    # when none does): a rule every member passes says nothing about the request.
+    last = len(EVER_ORDER) - 1
+    for at, f in enumerate(EVER_ORDER):
         kept = f.ever(check, reached)
         passed = sum(weight[i] for i in kept)
         if passed == 0:
             return Reason("BadConstraints", f.never(check, pool, reached), {f.name: n})
+        if len(kept) == len(reached) and at < last:
+            reached = kept
+            continue
         if passed < need and passed == n and not req.servers:
             # Every member could take a part: the cluster is simply too small.
             where = (

@@ -787,3 +787,39 @@ def test_the_indexed_path_agrees_with_every_member_checked_for_whole_members() -
         if isinstance(fast, Placement):
             assert isinstance(slow, Placement)
             assert {n for n in fast.nodes} <= {"n0", "n6"} and {n for n in slow.nodes} <= {"n0", "n6"}
+
+
+RTX = dict(type_="rtx4090", vram=24)
+
+
+@pytest.mark.parametrize(
+    "members, expected",
+    [
+        # One member lacks the model: the GPU rule is the one that turns it away.
+        (
+            (
+                node("m1", gpus(1, type_="t4", vram=16)),
+                node("m2", gpus(2, **RTX)),
+                node("m3", gpus(3, **RTX)),
+            ),
+            "only 2",
+        ),
+        ((node("m1", gpus(1, type_="t4")), node("m2", gpus(1, **RTX)), node("m3", ())), "only 1"),
+        # Every member could take a part: the cluster is too small, whatever rule comes first.
+        (
+            (node("m2", gpus(2, **RTX)), node("m3", gpus(3, **RTX)), node("m4", gpus(1, **RTX))),
+            "this cluster has 3",
+        ),
+        (
+            (node("m2", gpus(2, **RTX)), node("m3", gpus(3, **RTX), state=NodeState.DRAIN)),
+            "this cluster has 2",
+        ),
+    ],
+)
+def test_a_multi_member_job_that_could_never_run_names_the_rule_that_turns_members_away(
+    members, expected
+) -> None:
+    req = ResourceRequest(gpus=1, gpu_type="rtx4090", cpus=1, ram=10 << 20, nodes=4)
+    r = feasible_ever(ClusterSnapshot(nodes=members), req)
+    assert isinstance(r, Reason) and r.code == "BadConstraints"
+    assert expected in r.message, r.message
