@@ -40,6 +40,10 @@ log = logging.getLogger("mtgpu.cluster")
 #: How long a member waits to catch up with the scheduler's log before it answers a
 #: read of replicated state (seconds); past it, the answer is a retryable error.
 CATCH_UP_TIMEOUT = 5.0
+#: The scheduler's answers to "what is your last log index?" that a moment mends:
+#: catching up asks again, every ``ASK_AGAIN_PAUSE`` seconds, until ``CATCH_UP_TIMEOUT``.
+ASK_AGAIN = frozenset({"no_leader", "not_leader", "unreachable", "starting"})
+ASK_AGAIN_PAUSE = 0.05
 
 #: A member that sees a new scheduler reports to it at once rather than at its next
 #: ``USAGE_SAMPLE_INTERVAL`` tick, at a random point within this many seconds, so that
@@ -306,16 +310,7 @@ class ClusterRuntime:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        try:
-            target = await asyncio.wait_for(self.leader_index(), timeout)
-        except TimeoutError:
-            target = None
-        except ApiError as exc:
-            raise ApiError(
-                f"this member cannot tell whether its copy of the cluster state is "
-                f"current ({exc}); retry in a few seconds",
-                "not_caught_up",
-            ) from exc
+        target = await self._ask_target(deadline)
         while target is None or self.store is None or self.store.sync.raftLastApplied < target:
             if loop.time() > deadline:
                 raise ApiError(
@@ -324,6 +319,31 @@ class ClusterRuntime:
                     "not_caught_up",
                 )
             await asyncio.sleep(0.005)
+
+    async def _ask_target(self, deadline: float) -> int | None:
+        """The scheduler's last log index, asked again every ``ASK_AGAIN_PAUSE`` while
+        the answer is one a moment mends (no scheduler elected yet, the role passing
+        between members, the scheduler out of reach): while a cluster forms, or after
+        the scheduler is lost, the first answer is often one of those. None when the
+        deadline passes; any other refusal ends the wait at once."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                return await asyncio.wait_for(self.leader_index(), remaining)
+            except TimeoutError:
+                return None
+            except (ApiError, OSError) as exc:
+                code = exc.code if isinstance(exc, ApiError) else "unreachable"
+                if code not in ASK_AGAIN or loop.time() + ASK_AGAIN_PAUSE >= deadline:
+                    raise ApiError(
+                        f"this member cannot tell whether its copy of the cluster state is "
+                        f"current ({exc}); retry in a few seconds",
+                        "not_caught_up",
+                    ) from exc
+            await asyncio.sleep(ASK_AGAIN_PAUSE)
 
     async def leader_index(self) -> int:
         """The scheduler's last log index, from a round begun after this call (callers
