@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from mtgpu_testing import wait_job
 from workspace_testing import IMAGE, podman_ready, start_workspace_host, stop_workspace_host
 
 pytestmark = [pytest.mark.root, pytest.mark.podman]
@@ -35,8 +36,19 @@ def test_a_released_workspace_keeps_its_tenant_from_the_lock() -> None:
         offset.write_text("0")
         h.env["MTGPU_CLOCK_OFFSET_FILE"] = str(offset)
         h.restart()
-        assert wh.mc("create", "keep", "--template", "busybox")["state"] == "RUNNING"
+        created = wh.mc("create", "keep", "--template", "busybox")
+        assert created["state"] == "RUNNING"
         assert wh.mc("stop", "keep", "--release")["state"] == "RELEASED"
+        # The release answers before the workspace's job has ended (as scancel does);
+        # until it has, the plan would say "blocked: running job" for another reason.
+        wait_job(
+            h,
+            wh.user,
+            wh.key,
+            str(created["reservation"]),
+            lambda j: j["state"] not in ("PENDING", "RUNNING"),
+            "the released workspace's job to end",
+        )
         offset.write_text(str(31 * DAY))
         dry = {s["user"]: s for s in json.loads(h.admin("retention", "--dry-run", "--json").stdout)["steps"]}
         assert "workspace(s) keep on" in dry["resting"].get("done", ""), dry["resting"]
