@@ -87,14 +87,24 @@ class Dispatcher:
         self.auditor: Auditor | None = auditor
         self._guards: dict[str, list[Guard]] = {}
         self._middleware: list[Middleware] = list(middleware)
-        #: A warning for the caller added to every successful answer (``notice``),
-        #: such as being over USER_DISK_LIMIT; None for nothing to say.
-        self.notice: Callable[[Caller], str | None] | None = None
+        #: What adds a warning for the caller to every successful answer (``notice``),
+        #: such as being over USER_DISK_LIMIT: see :meth:`add_notice`.
+        self._notices: list[Callable[[Caller], str | None]] = []
         #: True while the daemon starts: its socket may already answer (peers need it
         #: to form the cluster) before every operation is registered, and an operation
         #: not registered yet is answered ``starting`` (the tools retry) rather than
         #: ``unknown_op``. :meth:`started` ends it.
         self.starting = starting
+
+    def add_notice(self, fn: Callable[[Caller], str | None]) -> None:
+        """Add a warning source: ``fn(caller)`` says what every successful answer to
+        that caller should warn about (None or "" for nothing). Refusals carry none."""
+        self._notices.append(fn)
+
+    def notice(self, caller: Caller) -> str | None:
+        """Every source's warning for ``caller``, joined with "; ", or None."""
+        notes = [n for n in (fn(caller) for fn in self._notices) if n]
+        return "; ".join(notes) or None
 
     def started(self) -> None:
         """Every operation is registered: one not known is now ``unknown_op``."""
@@ -165,7 +175,7 @@ class Dispatcher:
                     await checked
             result = await self._chain(name, op.fn, 0)(caller, args)
             answer = {"id": rid, "ok": True, "result": result}
-            note = self.notice(caller) if self.notice is not None else None
+            note = self.notice(caller)
             if note:
                 answer["notice"] = note
             return answer

@@ -460,10 +460,11 @@ def register(d: Dispatcher, host: PolicyHost, retention: Retention) -> None:
     d.guard("job.submit", job_guard)
     d.guard("workspace.create", workspace_guard)
 
-    def notice(caller: Caller) -> str | None:
-        if caller.uid == 0:
-            return None
-        notes = [n for n in (host.quotas.notice(caller.name), retention.warning(caller.name)) if n]
-        return "; ".join(notes) or None
+    def quota_notice(caller: Caller) -> str | None:
+        return None if caller.uid == 0 else host.quotas.notice(caller.name)
 
-    d.notice = notice
+    def retention_notice(caller: Caller) -> str | None:
+        return None if caller.uid == 0 else retention.warning(caller.name)
+
+    d.add_notice(quota_notice)
+    d.add_notice(retention_notice)
