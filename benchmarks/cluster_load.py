@@ -160,18 +160,25 @@ class SleepRunner:
     def poll(self, only: Any = None) -> list[Any]:
         return [r for j, r in list(self.results.items()) if only is None or j in only]
 
-    def ack(self, job_id: str) -> None:
-        self.results.pop(job_id, None)
-        self.launches.pop(job_id, None)
+    def ack(self, job_id: str, attempt: int | None = None) -> None:
+        got = self.results.get(job_id)
+        if got is not None and (attempt is None or got.attempt == attempt):
+            self.results.pop(job_id, None)
+            self.launches.pop(job_id, None)
 
     def listen_ends(self) -> socket.socket:
         return self._read
 
-    def cancel(self, job_id: str, grace: float = 10.0) -> bool:
-        if job_id not in self.launches:
+    def cancel(self, job_id: str, grace: float = 10.0, attempt: int | None = None) -> bool:
+        if job_id not in self.launches or job_id in self.results:
+            return False
+        if attempt is not None and self.launch_run(job_id)[1] != attempt:
             return False
         self.loop.call_soon_threadsafe(self._end, job_id, self._final.CANCELLED)
         return True
+
+    def start_interrupted(self, job_id: str, wait: float = 10.0) -> bool:
+        return False  # a simulated start is never cut short
 
     def launch_run(self, job_id: str) -> tuple[int, int]:
         launch = self.launches[job_id][0]
@@ -546,7 +553,15 @@ class Worker:
                         "refused": len(errors),
                         "refusals": errors[:3] + errors[-3:] if len(errors) > 6 else errors,
                     }
-        return {"running_after": None}
+        states = [(self.jobs.get(jid) or {}).get("state", "not in the replica") for jid in ids[-5:]]
+        return {
+            "running_after": None,
+            "accepted": len(ids),
+            "refused": len(errors),
+            "refusals": errors[:3] + errors[-3:] if len(errors) > 6 else errors,
+            "last_states": states,
+            "replica_leader": self.leader(),
+        }
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
