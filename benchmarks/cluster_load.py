@@ -216,7 +216,7 @@ class SimMember:
 
     async def start(self) -> None:
         from mtgpu.api.dispatcher import Dispatcher
-        from mtgpu.api.jobs import dispatch_op
+        from mtgpu.api.jobs import dispatch_op, rendezvous_op
         from mtgpu.cluster.runtime import ClusterRuntime
         from mtgpu.config.options import replace
         from mtgpu.gpuinfo.sampler import Sampler
@@ -229,8 +229,11 @@ class SimMember:
         self.identity = w.identity
         self.dispatcher = Dispatcher()
         # Its own SSH server first, on a port the kernel picks: the address it joins with.
-        self.penalties = Penalties(self.options.ssh_penalty_failures, self.options.ssh_penalty_seconds)
-        self.server = await start_ssh_server(self, None)
+        # Kept across join attempts: a join that timed out here may have been recorded
+        # with this address, and the scheduler dials what it recorded.
+        if getattr(self, "server", None) is None:
+            self.penalties = Penalties(self.options.ssh_penalty_failures, self.options.ssh_penalty_seconds)
+            self.server = await start_ssh_server(self, None)
         port = self.server.sockets[0].getsockname()[1]
         o = self.options = replace(
             self.options, ssh_listen=(w.address, port), cluster_advertise=f"{w.address}:{port}"
@@ -267,6 +270,7 @@ class SimMember:
 
         # As the daemon's: the job from the replica, then the agent.
         self.dispatcher.register("job.dispatch", dispatch_op(w.jobs, self.agent.dispatch))
+        self.dispatcher.register("job.rendezvous", rendezvous_op(self.agent.rendezvous_port))
         try:
             await self.peers.call(
                 w.leader() or "m1",
@@ -277,7 +281,6 @@ class SimMember:
                 timeout=60,
             )
         except Exception:
-            self.server.close()
             self.peers.close()
             raise
         self.agent.start()
