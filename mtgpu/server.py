@@ -69,7 +69,9 @@ from mtgpu.schedd.vramwatch import VramWatch
 from mtgpu.scripts import TENANT_TOOLS
 from mtgpu.sshd.limits import Penalties
 from mtgpu.sshd.server import start_ssh_server
+from mtgpu.state import durable
 from mtgpu.state.audit import AuditLog
+from mtgpu.state.codec import StateFormatError
 from mtgpu.state.store import LEADER_FALLBACK, StateStore
 from mtgpu.tmux.runtime import LiveTerminals
 from mtgpu.tmux.runtime import session_env as tmux_session_env
@@ -79,6 +81,11 @@ from mtgpu.workspaces.service import Workspaces
 from mtgpu.workspaces.storage import LocalStores, local_root
 
 log = logging.getLogger("mtgpu.server")
+
+#: mtgpu-server's exit status for state of a format this release cannot read (at start,
+#: or sent by a scheduler of a newer release): systemd's unit does not restart it
+#: (RestartPreventExitStatus), since starting again would refuse again.
+EXIT_STATE_FORMAT = 3
 
 #: The longest a submission waits for members that have not reported (seconds).
 SETTLE_MAX = 20.0
@@ -164,6 +171,10 @@ class Daemon:
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
+        #: mtgpu-server's exit status once stopping is set (EXIT_STATE_FORMAT: state it
+        #: cannot read reached it from the scheduler).
+        self.exit_status = 0
+        self._unlisten: Callable[[], None] | None = None
         self.workspaces: Workspaces | None = None  # container workspaces
         self.job_containers: JobContainers | None = None  # containerized jobs
         #: Tenants' container stores on this member's disk (CONTAINERS.storage), or
@@ -411,11 +422,8 @@ class Daemon:
         except (OSError, ValueError, AttributeError, TypeError):
             fmt, by = 1, ""
         if fmt > mtgpu.STATE_FORMAT:
-            raise MtgpuError(codec.newer_text(f"STATE_DIR {self.options.state_dir}", fmt, by))
-        try:
-            dumped = codec.check_state_dir(self.options.state_dir)
-        except codec.StateFormatError as exc:
-            raise MtgpuError(str(exc)) from exc
+            raise codec.StateFormatError(codec.newer_text(f"STATE_DIR {self.options.state_dir}", fmt, by))
+        dumped = codec.check_state_dir(self.options.state_dir)
         if dumped is not None and dumped < mtgpu.STATE_FORMAT:
             log.info(
                 "STATE_DIR holds state format %d; converting it to format %d", dumped, mtgpu.STATE_FORMAT
@@ -475,6 +483,7 @@ class Daemon:
         self._prepare_dirs()
         o = self.options
         loop = asyncio.get_running_loop()
+        self._listen_for_refused_state(loop)
         # Its network runs the DNS relays on this loop.
         self.fence = fence.from_options(
             o, extra_keep=[sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)], loop=loop
@@ -1016,7 +1025,30 @@ class Daemon:
             self.sampler.simulated.set_process_used(i, pid, used, int(m["vram_per_gpu"]))
         return {"node": here, "job": jid, "gpus": list(m["gpu_indices"]), "pid": pid, "used": used}
 
+    def _listen_for_refused_state(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop (_stop_for_state) when the store refuses a dump from the scheduler;
+        the refusal comes on PySyncObj's thread."""
+
+        def refused(why: str) -> None:
+            loop.call_soon_threadsafe(self._stop_for_state, why)
+
+        self._unlisten = durable.on_refused_dump(refused)
+
+    def _stop_for_state(self, why: str) -> None:
+        """The scheduler sent state of a newer format (a newer release leads): stop
+        with EXIT_STATE_FORMAT, which systemd does not restart, rather than serve
+        from state this release would misread."""
+        log.critical(
+            "stopping: %s. This member serves nothing until it runs that release: "
+            "mtgpu-setup install on it, then start it again",
+            why,
+        )
+        self.exit_status = EXIT_STATE_FORMAT
+        self.stopping.set()
+
     async def stop(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
         for t in self._tasks:
             t.cancel()
         if self.cluster is not None:
@@ -1128,11 +1160,11 @@ async def serve(options: Options, config: str | None) -> int:
     except MtgpuError as exc:
         print(f"mtgpu-server: {exc}", file=sys.stderr)
         await daemon.stop()
-        return 1
+        return EXIT_STATE_FORMAT if isinstance(exc, StateFormatError) else 1
     await daemon.stopping.wait()
     log.info("stopping")
     await daemon.stop()
-    return 0
+    return daemon.exit_status
 
 
 def _raise_nofile(want: int = 65536) -> None:

@@ -68,6 +68,8 @@ class JobTable(SyncObjConsumer):
         super().__init__()
         #: The format of the records (mtgpu.state.codec); a dump without it is format 1.
         self.state_format = codec.FORMAT
+        #: The release that wrote the records: named when a member too old for them refuses them.
+        self.written_by = codec.RELEASE
         self.jobs: dict[str, dict[str, Any]] = {}
         self.next_id = 1
         self.submit_keys: submitkeys.Keys = {}
@@ -96,7 +98,12 @@ class JobTable(SyncObjConsumer):
         # the table as it was (the daemon refuses such a STATE_DIR before opening it:
         # mtgpu.state.codec.check_state_dir).
         fmt = data.get("state_format", 1)
-        data = {**data, "jobs": codec.upgrade_jobs(data.get("jobs") or {}, fmt), "state_format": codec.FORMAT}
+        data = {
+            **data,
+            "jobs": codec.upgrade_jobs(data.get("jobs") or {}, fmt),
+            "state_format": codec.FORMAT,
+            "written_by": codec.RELEASE,
+        }
         super()._deserialize(data)
         self._records.clear()
         # State from before keys had outcomes and ages ("UID:token" -> job id): those

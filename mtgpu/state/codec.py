@@ -7,7 +7,8 @@ views) use that instead of picking the dict apart again.
 
 The format of the state is :data:`mtgpu.STATE_FORMAT`. The job table keeps the format
 its records are in (``state_format`` in its full dump; a dump without it is format 1)
-and converts older records when it loads them (:func:`upgrade_jobs`). Journal entries
+and the release that wrote them (``written_by``), and converts older records when it
+loads them (:func:`upgrade_jobs`). Journal entries
 are replicated calls, the same in every format: the records they make are of the
 format of the code applying them.
 
@@ -37,6 +38,8 @@ from mtgpu.jobstate import JobState
 
 #: The format this release reads and writes.
 FORMAT = mtgpu.STATE_FORMAT
+#: The release writing it (a dump's ``written_by``).
+RELEASE = mtgpu.__version__
 #: The oldest format it converts at start.
 OLDEST = 1
 
@@ -250,7 +253,11 @@ def _is_job_table(data: Any) -> bool:
 
 def read_dump(state_dir: str | Path) -> Any:
     """The full dump under ``state_dir`` as PySyncObj wrote it, or None if there is none."""
-    path = Path(state_dir) / "raft.dump"
+    return read_dump_file(Path(state_dir) / "raft.dump")
+
+
+def read_dump_file(path: str | Path) -> Any:
+    """The full dump in ``path`` (PySyncObj's gzipped pickle), or None if there is none."""
     try:
         with gzip.open(path, "rb") as f:
             return raft_pickle.load(f)
@@ -264,10 +271,20 @@ def check_state_dir(state_dir: str | Path) -> int | None:
     """Refuse (StateFormatError) a STATE_DIR whose full dump is of a newer format than
     :data:`FORMAT` or holds a damaged job record; reads only. Returns the dump's format
     (None without a dump): an older one is converted as the store loads it."""
-    data = read_dump(state_dir)
+    return check_dump(read_dump(state_dir), f"STATE_DIR {state_dir}")
+
+
+def check_received_dump(path: str | Path) -> int | None:
+    """:func:`check_state_dir` for a full dump the scheduler sent (``path``, before it
+    replaces this member's): a member of an older release must not load, or keep on
+    disk, state it would misread."""
+    return check_dump(read_dump_file(path), "the full dump the scheduler sent")
+
+
+def check_dump(data: Any, where: str) -> int | None:
+    """The checks of :func:`check_state_dir` on a loaded dump (None: no dump)."""
     if data is None:
         return None
-    where = f"STATE_DIR {state_dir}"
     try:
         parts = data[0] if isinstance(data[0], list) else [data[0]]
     except (TypeError, IndexError, KeyError):
@@ -282,7 +299,8 @@ def check_state_dir(state_dir: str | Path) -> int | None:
     if not isinstance(fmt, int) or fmt < OLDEST:
         raise StateFormatError(f"the job table in {where} claims state format {fmt!r}, which no MTGPU wrote")
     if fmt > FORMAT:
-        raise StateFormatError(newer_text(where, fmt))
+        by = table.get("written_by")
+        raise StateFormatError(newer_text(where, fmt, by if isinstance(by, str) else ""))
     jobs = table["jobs"]
     if not isinstance(jobs, dict):
         raise StateFormatError(

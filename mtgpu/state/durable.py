@@ -143,8 +143,45 @@ def create_journal(journal_file: str | None = None) -> Any:
     return MemoryJournal() if journal_file is None else DurableJournal(journal_file)
 
 
+#: PySyncObj names a full dump received from the leader ``<dump>.1.tmp`` until it is
+#: complete (its own are ``<dump>.tmp``).
+RECEIVED_SUFFIX = ".1.tmp"
+#: Called (on PySyncObj's thread) with the refusal when a received dump is refused.
+_on_refused: list[Callable[[str], None]] = []
+
+
+def on_refused_dump(fn: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``fn(message)`` when a full dump from the leader is refused (its state is
+    of a newer format); returns what unregisters it."""
+    _on_refused.append(fn)
+    return lambda: _on_refused.remove(fn) if fn in _on_refused else None
+
+
+def replace_dump(src: str, dst: str) -> None:
+    """Move a full dump into place durably; one received from the leader is checked
+    first (:func:`mtgpu.state.codec.check_received_dump`). A dump of a newer format
+    is removed, this member's is left as it was, and the refusal is logged and told
+    to :func:`on_refused_dump`'s listeners: PySyncObj sees the rename fail and
+    does not load it."""
+    if src.endswith(RECEIVED_SUFFIX):
+        from mtgpu.state import codec
+
+        try:
+            codec.check_received_dump(src)
+        except codec.StateFormatError as exc:
+            try:
+                os.unlink(src)
+            except OSError:
+                pass
+            log.error("%s", exc)
+            for fn in list(_on_refused):
+                fn(str(exc))
+            raise
+    durable_replace(src, dst)
+
+
 parts.use_journal_factory(create_journal)
-parts.use_dump_replace(durable_replace)
+parts.use_dump_replace(replace_dump)
 
 
 class DurableSyncObj(SyncObj):

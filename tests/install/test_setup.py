@@ -175,6 +175,10 @@ def test_unit_passes_systemd_analyze_verify(tmp):
         .replace("@PREFIX@", str(fake))
         .replace("@CONFIG@", str(tmp / "mtgpu.yaml"))
     )
+    # State it cannot read makes the daemon exit 3; systemd does not start it again.
+    from mtgpu.server import EXIT_STATE_FORMAT
+
+    assert f"RestartPreventExitStatus={EXIT_STATE_FORMAT}" in text.splitlines()
     unit = tmp / "mtgpu.service"
     unit.write_text(text)
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)

@@ -4,6 +4,7 @@ newer format is refused before anything is written; a damaged record is named.""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import mtgpu
 from mtgpu.errors import MtgpuError
 from mtgpu.jobstate import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, JobState
 from mtgpu.server import Daemon
-from mtgpu.state import codec
+from mtgpu.state import codec, durable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,6 +116,92 @@ def test_state_of_a_newer_format_is_refused_and_left_as_it_was(tmp_path: Path, w
     assert "holds state format 3" in text and "reads formats 1 to 2" in text
     assert "Nothing was changed" in text and "mtgpu-setup install" in text
     assert _bytes(d) == before
+
+
+def _received(d: Path, fmt: int, by: str | None = "9.0.0") -> bytes:
+    """The fixture's dump made into one of format ``fmt`` written by ``by``, as the
+    bytes the scheduler would send."""
+    src = d.parent / f"sent-{fmt}"
+    src.mkdir()
+    (src / "raft.dump").write_bytes((d / "raft.dump").read_bytes())
+    _rewrite_dump(src, lambda t: t.update(state_format=fmt, **({"written_by": by} if by else {})))
+    return (src / "raft.dump").read_bytes()
+
+
+def _receive(d: Path, sent: bytes) -> bool:
+    """PySyncObj's own receiving code (its Serializer, as a follower runs it) given
+    ``sent`` in two parts: whether it took the dump."""
+    from pysyncobj.serializer import Serializer
+
+    s = Serializer(str(d / "raft.dump"), 1 << 20, False, None, None, None)
+    s.setTransmissionData((sent[:100], True, False))
+    return bool(s.setTransmissionData((sent[100:], False, True)))
+
+
+def test_a_dump_of_a_newer_format_from_the_scheduler_is_refused_before_it_replaces_this_members(
+    tmp_path: Path,
+) -> None:
+    """A member of an older release in a cluster a newer one leads: the full dump the
+    scheduler sends is refused (this member's stays as it was), the refusal names the
+    release that wrote it, and the daemon is told (it stops with exit status 3)."""
+    d = copy_fixture("snapshot", tmp_path)
+    sent = _received(d, 3)
+    before = _bytes(d)
+    heard: list[str] = []
+    unlisten = durable.on_refused_dump(heard.append)
+    try:
+        assert _receive(d, sent) is False
+    finally:
+        unlisten()
+    assert _bytes(d) == before  # neither replaced nor left behind as a part-file
+    assert len(heard) == 1
+    assert "the full dump the scheduler sent holds state format 3, written by MTGPU 9.0.0" in heard[0]
+    assert "Run MTGPU 9.0.0 or newer" in heard[0]
+
+
+def test_the_daemon_stops_with_exit_status_3_when_it_refuses_the_schedulers_dump(tmp_path: Path) -> None:
+    from mtgpu.config import load_text
+    from mtgpu.server import EXIT_STATE_FORMAT
+
+    d = copy_fixture("snapshot", tmp_path)
+    sent = _received(d, 3)
+    daemon = Daemon(load_text(f"STATE_DIR: {tmp_path / 'state'}\nRUN_DIR: {tmp_path / 'run'}\n"))
+
+    async def go() -> None:
+        daemon._listen_for_refused_state(asyncio.get_running_loop())
+        try:
+            # The refusal comes on PySyncObj's thread, as a follower receives the dump.
+            assert await asyncio.to_thread(_receive, d, sent) is False
+            await asyncio.wait_for(daemon.stopping.wait(), 10)
+        finally:
+            assert daemon._unlisten is not None
+            daemon._unlisten()
+
+    asyncio.run(go())
+    assert daemon.exit_status == EXIT_STATE_FORMAT == 3
+
+
+def test_a_dump_of_this_format_from_the_scheduler_is_taken(tmp_path: Path) -> None:
+    d = copy_fixture("snapshot", tmp_path)
+    sent = _received(d, 2, None)
+    heard: list[str] = []
+    unlisten = durable.on_refused_dump(heard.append)
+    try:
+        assert _receive(d, sent) is True
+    finally:
+        unlisten()
+    assert heard == [] and (d / "raft.dump").read_bytes() == sent
+    assert load_jobs(d).written_by == mtgpu.__version__  # loaded: the table is this release's
+
+
+def test_the_table_says_which_release_wrote_its_dump(tmp_path: Path) -> None:
+    d = copy_fixture("snapshot", tmp_path)
+    load_jobs(d, dump=True)
+    table = next(p for p in codec.read_dump(d)[0] if isinstance(p, dict) and "jobs" in p)
+    assert (table["state_format"], table["written_by"]) == (2, mtgpu.__version__)
+    _rewrite_dump(d, lambda t: t.update(state_format=3, written_by="9.1.0"))
+    with pytest.raises(codec.StateFormatError, match="written by MTGPU 9.1.0"):
+        codec.check_state_dir(d)
 
 
 def test_a_damaged_record_names_the_job_and_the_field(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pysyncobj.transport import Transport
 
 from mtgpu.errors import StateError
 from mtgpu.state import syncobj
-from mtgpu.state.durable import DurableJournal, DurableSyncObj, durable_replace
+from mtgpu.state.durable import DurableJournal, DurableSyncObj, durable_replace, replace_dump
 from mtgpu.state.store import StateStore
 
 NOOP = b"\x01"  # PySyncObj's _COMMAND_TYPE.NO_OP
@@ -228,7 +228,7 @@ def test_pysyncobj_renames_its_dumps_and_makes_journals_through_mtgpu(tmp_path: 
     import pysyncobj.serializer
     import pysyncobj.syncobj
 
-    assert pysyncobj.serializer.atomicReplace is durable_replace
+    assert pysyncobj.serializer.atomicReplace is replace_dump
     assert syncobj.missing_module_attributes() == []
     box = Box()
     store = StateStore("solo", [box], str(tmp_path))
