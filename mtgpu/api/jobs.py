@@ -14,7 +14,7 @@ from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.api.limits import SubmitLimits
 from mtgpu.config import Options
 from mtgpu.config.options import MAX_JOB_SCRIPT
-from mtgpu.errors import ApiError, JobError, ValidationError
+from mtgpu.errors import ApiError, JobError, MtgpuError, ValidationError
 from mtgpu.jobstate import FINAL_STATES, PENDING
 from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
@@ -377,7 +377,8 @@ def dispatch_op(
     sends the starts waiting for this member together), once this member's replica has
     the job placed with the scheduler's term and the attempt in ``attempts`` (10 s at
     most), ``start`` its part; a start of an attempt since requeued is stale. The
-    answer says, per job, what went wrong (``errors``). ``ports``: the rendezvous
+    answer says, per job, what went wrong (``errors``) and its code (``codes``: a
+    commit lost to a leader change is asked for again). ``ports``: the rendezvous
     port of multi-member jobs, by job id, as their rank-0 member picked it."""
 
     async def one(job_id: str, term: int, attempt: int | None, port: int) -> None:
@@ -413,13 +414,15 @@ def dispatch_op(
         results = await asyncio.gather(
             *(one(i, term, attempts.get(i), ports.get(i, 0)) for i in ids), return_exceptions=True
         )
-        errors = {}
+        errors, codes = {}, {}
         for i, r in zip(ids, results, strict=True):
             if isinstance(r, asyncio.CancelledError):
                 raise r
             if isinstance(r, BaseException):
                 errors[i] = str(r) or type(r).__name__
-        return {"started": [i for i in ids if i not in errors], "errors": errors}
+                if isinstance(r, MtgpuError):
+                    codes[i] = r.code
+        return {"started": [i for i in ids if i not in errors], "errors": errors, "codes": codes}
 
     return dispatch
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.errors import RETRYABLE_CODES, ApiError, MtgpuError
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -30,6 +30,20 @@ class StartUnanswered(MtgpuError):
 class StartRefusedForNow(MtgpuError):
     """The member refused a start for now, having done nothing (a retryable refusal:
     it is loading its state after a restart, say): the start may be asked for again."""
+
+
+def _kind(code: object) -> type[MtgpuError]:
+    """What a start that failed with ``code`` (a request's, or one part's) raises.
+
+    Lost on the way (``unreachable``), or its record lost to a leader change
+    (``leader_changed``: the member may have started the part, its commit did not
+    finish): unanswered, asked again. Refused with nothing done (``no_leader``,
+    ``busy``, ``starting``): refused for now. Anything else fails the job."""
+    if code in ("unreachable", "leader_changed"):
+        return StartUnanswered
+    if isinstance(code, str) and code in RETRYABLE_CODES:
+        return StartRefusedForNow
+    return MtgpuError
 
 
 class StartBatcher:
@@ -88,13 +102,11 @@ class StartBatcher:
                     **({"ports": ports} if ports else {}),
                 )
                 errors = (answer.get("errors") or {}) if isinstance(answer, dict) else {}
+                codes = (answer.get("codes") or {}) if isinstance(answer, dict) else {}
             except Exception as exc:  # noqa: BLE001 - each part fails with the request
-                kind = MtgpuError
-                if isinstance(exc, ApiError):
-                    if exc.code == "unreachable":
-                        kind = StartUnanswered
-                    elif exc.retryable:
-                        kind = StartRefusedForNow
+                kind = _kind(exc.code if isinstance(exc, ApiError) else None)
+                if kind is MtgpuError and isinstance(exc, ApiError) and exc.retryable:
+                    kind = StartRefusedForNow  # an answer that says it may be sent again
                 for _, _, fut, _, _ in items:
                     if not fut.done():
                         fut.set_exception(kind(str(exc) or type(exc).__name__))
@@ -103,7 +115,7 @@ class StartBatcher:
                 if fut.done():
                     continue
                 if job_id in errors:
-                    fut.set_exception(MtgpuError(str(errors[job_id])))
+                    fut.set_exception(_kind(codes.get(job_id))(str(errors[job_id])))
                 else:
                     fut.set_result(None)
         finally:

@@ -145,6 +145,8 @@ def _smallest_total(sampler: Sampler | None, gpus: tuple[int, ...]) -> int:
 def gpus_held(sampler: Sampler | None, gpus: list[int]) -> list[dict[str, Any]]:
     """The GPUs ``gpus`` (host indices) as a job's record keeps them: index, UUID and
     type from the last sample (what accounting reports GPU-hours by)."""
+    if not gpus:
+        return []
     inv = sampler.latest if sampler is not None else None
     out = []
     for i in gpus:
@@ -283,7 +285,12 @@ class Agent:
             raise RuntimeError(f"job {job['job_id']} has no part on {self.node}")
         jid = job["job_id"]
         if self.terms.get(jid) == (term, attempt_of(job)) and (jid in self.cores or jid in self.preparing):
-            return  # this part is started (or starting) here already: asked again
+            # This part is started (or starting) here already: asked again. A start
+            # whose record was lost (to a leader change, which the scheduler was told)
+            # is recorded now; one still starting records itself.
+            if jid not in self.preparing:
+                await self._record_start(job, attempt_of(job))
+            return
         user = await self.user_for(job["user"], job["uid"])
         cpus = self._pick_cores(job["job_id"], member["cpus"])
         members = job["placement"]["members"]
@@ -376,15 +383,21 @@ class Agent:
                 async with self._starts:
                     await asyncio.to_thread(self.runner.start, launch)
         except JobAlreadyStarted:
+            # Asked again: its start's record may have been lost (to a leader change),
+            # so it is recorded again below (the job table keeps the first start time).
             log.warning("job %s was already started here; not starting it twice", job["job_id"])
-            return
         except Exception:
             self.cores.pop(job["job_id"], None)
             raise
         self._declare()
+        await self._record_start(job, launch.attempt)
+
+    async def _record_start(self, job: dict[str, Any], attempt: int) -> None:
+        """Record that this member's part of ``job`` runs (again: the table keeps the
+        first start time, so a record asked for twice changes nothing)."""
         member = member_of(job, self.node) or {}
         held = gpus_held(self.sampler, list(member.get("gpu_indices") or ()))
-        await self.replicate(self.table.started, job["job_id"], self.node, self.clock(), launch.attempt, held)
+        await self.replicate(self.table.started, job["job_id"], self.node, self.clock(), attempt, held)
 
     async def _stop_earlier_run(self, jid: str) -> None:
         log.info("stopping the earlier run of job %s here before starting it again", jid)

@@ -227,3 +227,42 @@ def test_a_start_refused_for_now_says_nothing_was_done():
     # (a scheduler that failed the job there lost it to the failover).
     assert isinstance(starting, StartRefusedForNow) and not isinstance(starting, StartUnanswered)
     assert not isinstance(refused, StartRefusedForNow)
+
+
+def test_a_part_whose_start_record_was_lost_to_a_leader_change_is_asked_again() -> None:
+    """A member started the part, but the record of its start was lost to a leader
+    change (as a forming cluster's hand-off of the scheduler role does): the scheduler
+    asks again (the member never starts a part twice) rather than failing the job
+    "could not start"; a part refused with nothing done is refused for now; one that
+    failed for another reason fails."""
+    from mtgpu.cluster.starts import StartRefusedForNow, StartUnanswered
+    from mtgpu.errors import StateError
+
+    t = _table_with("1", "2", "3")
+    for jid in ("1", "2", "3"):
+        _place(t, jid, 5)
+
+    async def start(job, term, port):
+        why = {
+            "1": ("the leader changed before the command committed; retry", "leader_changed"),
+            "2": ("no scheduler is elected", "no_leader"),
+        }.get(job["job_id"])
+        if why:
+            raise StateError(*why)
+        raise RuntimeError("the account cannot be created")
+
+    op = dispatch_op(t, start)
+
+    async def go() -> list[BaseException | None]:
+        async def call(member, opname, *, jobs, term, timeout, attempts):
+            return await op(PEER, {"jobs": jobs, "term": term, "attempts": attempts})
+
+        answer = await op(PEER, {"jobs": ["1", "2", "3"], "term": 5})
+        assert answer["codes"] == {"1": "leader_changed", "2": "no_leader"}  # not a RuntimeError's
+        b = StartBatcher(call, in_flight=1)
+        return await asyncio.gather(*(b.start("m1", j, 5) for j in ("1", "2", "3")), return_exceptions=True)
+
+    lost, refused, failed = asyncio.run(go())
+    assert isinstance(lost, StartUnanswered) and "leader changed" in str(lost)
+    assert isinstance(refused, StartRefusedForNow) and not isinstance(refused, StartUnanswered)
+    assert type(failed) is MtgpuError and "account cannot be created" in str(failed)

@@ -359,5 +359,7 @@ def test_a_member_asked_again_for_a_part_it_runs_does_not_start_it_twice():
         await agent.dispatch(job, 2)
         return jid
 
-    asyncio.run(go())
+    jid = asyncio.run(go())
     assert starts == [], "the second ask started nothing"
+    # ... and recorded the start, which the first ask's record may have lost.
+    assert table.get(jid)["start_time"] is not None
