@@ -376,32 +376,46 @@ class ClusterRuntime:
         return int(r["index"])
 
     async def _watch(self) -> None:
-        """Follow leadership changes and keep the address book and local view fresh."""
+        """Follow leadership changes and keep the address book and local view fresh.
+
+        A failed round is logged and the next one runs: this task is what starts the
+        scheduler on a new leader, so it must outlive any one error (a Raft leader
+        whose watch had ended would take submissions and never place them)."""
         while True:
             await asyncio.sleep(0.1)
-            for m in self.members.all():
-                self.addresses[m["name"]] = m["address"]
-            leader = self.is_leader()
-            if leader and self.members.get(self.name) is None:
-                try:
-                    await self.replicate(
-                        self.members.upsert, self.name, self.address, self.score(), self.role, time.time()
-                    )
-                except Exception:  # noqa: BLE001
-                    pass
-            if leader != self._was_leader:
-                self._was_leader = leader
-                log.info("%s the scheduler", "now" if leader else "no longer")
-                if self.on_leader is not None:
-                    await self.on_leader(leader)
-                if leader:
-                    self._grant_self(lease_now())
-            voters = self.members.voters()
-            if voters and self.role == "voter" and self.name in voters:
-                view = self.view.load() or {}
-                if sorted(voters) != view.get("voters"):
-                    self._save(self.role, voters)
-            self._maybe_check_role()
+            try:
+                await self._watch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; the next round runs
+                log.exception("following the cluster's leadership failed; trying again")
+                await asyncio.sleep(1.0)
+
+    async def _watch_once(self) -> None:
+        """One round of :meth:`_watch`."""
+        for m in self.members.all():
+            self.addresses[m["name"]] = m["address"]
+        leader = self.is_leader()
+        if leader and self.members.get(self.name) is None:
+            try:
+                await self.replicate(
+                    self.members.upsert, self.name, self.address, self.score(), self.role, time.time()
+                )
+            except Exception:  # noqa: BLE001
+                pass
+        if leader != self._was_leader:
+            self._was_leader = leader
+            log.info("%s the scheduler", "now" if leader else "no longer")
+            if self.on_leader is not None:
+                await self.on_leader(leader)
+            if leader:
+                self._grant_self(lease_now())
+        voters = self.members.voters()
+        if voters and self.role == "voter" and self.name in voters:
+            view = self.view.load() or {}
+            if sorted(voters) != view.get("voters"):
+                self._save(self.role, voters)
+        self._maybe_check_role()
 
     def _maybe_check_role(self) -> None:
         """Without a leader for a while, ask the others whether this member still votes.
