@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
-from mtgpu.errors import StateError
+from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, StateError
 from mtgpu.gpuinfo.sampler import Sampler
 from mtgpu.jobstate import CANCELLED, FAILED, FINAL_STATES, NODE_FAIL, RUNNING
 from mtgpu.schedd.cgroups import job_cgroup_name
@@ -47,7 +47,8 @@ POLL_INTERVAL = 0.2
 END_BATCH = 0.02
 #: Parts this member starts at once (each forks a supervisor).
 STARTS_AT_ONCE = 4
-#: How long a job's end whose commit failed (a leader change) is retried (seconds).
+#: How long a job's end, or a start after a restart, whose commit failed (a leader
+#: change) is retried (seconds).
 RECORD_RETRY = 120.0
 
 
@@ -237,6 +238,10 @@ class Agent:
         self._ends: Any = None
         self._ended: set[str] = set()
         self._wake = asyncio.Event()
+        #: Set once the jobs of an earlier daemon are adopted (start()): a start asked
+        #: for meanwhile waits for it, so that a job whose start the earlier daemon
+        #: left half done is started once, by one of the two, and not taken as started.
+        self._adopted: asyncio.Event | None = None
         self.on_change: Callable[[], None] = on_change or (lambda: None)
         #: Containerized jobs: gets the image here and makes the part's ``podman run``
         #: (the workspaces layer's); called with the job, the launch and a
@@ -280,6 +285,11 @@ class Agent:
         """Start this member's part of a placed job. ``rendezvous_port``: the port the
         rank-0 member picked (a multi-member job); this member picks it if it is rank 0
         and none was given."""
+        if self._adopted is not None and not self._adopted.is_set():
+            await self._adopted.wait()
+        await self._dispatch(job, term, rendezvous_port)
+
+    async def _dispatch(self, job: dict[str, Any], term: int, rendezvous_port: int = 0) -> None:
         member = member_of(job, self.node)
         if member is None:
             raise RuntimeError(f"job {job['job_id']} has no part on {self.node}")
@@ -454,6 +464,7 @@ class Agent:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._adopted = asyncio.Event()
         # Supervisors say when a job has ended (runner.listen_ends); polling stays the
         # fallback for a lost message and for ends while no daemon listened.
         self._ends = self.runner.listen_ends()
@@ -480,7 +491,13 @@ class Agent:
         self._wake.set()
 
     async def _loop(self) -> None:
-        await self._adopt()
+        try:
+            await self._adopt()
+        except Exception:  # noqa: BLE001 - the jobs are watched whatever adoption did
+            log.exception("adopting the jobs of an earlier daemon failed")
+        finally:
+            if self._adopted is not None:
+                self._adopted.set()
         last_full = 0.0
         while True:
             # A full look at every running job now and then; in between, only at the
@@ -530,8 +547,9 @@ class Agent:
                 # Placed but never started (the daemon died in between), only an earlier
                 # attempt of it ran here, or its start was cut short before the
                 # supervisor ran (nothing ran): start this attempt now.
+                self.terms.pop(jid, None)  # not started by this daemon: start it
                 try:
-                    await self.dispatch(j, j.get("term") or 0)
+                    await self._dispatch_after_restart(j)
                 except Exception as exc:  # noqa: BLE001
                     await self.replicate(
                         self.table.finish,
@@ -557,6 +575,31 @@ class Agent:
                     attempt,
                 )
         self._declare()
+
+    async def _dispatch_after_restart(self, job: dict[str, Any]) -> None:
+        """Start a part an earlier daemon left unstarted. A start whose record is lost
+        to a leader change (or refused while none is elected) is asked again: the part
+        runs by then, and asking again records it (the job does not fail for the
+        election). The job's own state decides whether it is still to start."""
+        jid, attempt = job["job_id"], attempt_of(job)
+        deadline = time.monotonic() + RECORD_RETRY
+        delay = 0.2
+        while True:
+            try:
+                await self._dispatch(job, job.get("term") or 0)
+                return
+            except StateError as exc:
+                if exc.code not in RETRYABLE_CODES | RESEND_CODES or time.monotonic() >= deadline:
+                    raise
+                log.info("the start of job %s after a restart is asked again: %s", jid, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            now = self.table.get(jid)
+            if now is None or now["state"] != RUNNING or attempt_of(now) != attempt:
+                return  # requeued, cancelled or ended meanwhile: its new state stands
+            if member_of(now, self.node) is None:
+                return
+            job = now
 
     async def tick(self, ended: set[str] | None = None) -> None:
         """Record ended jobs (all, or those in ``ended``) and carry out cancels."""

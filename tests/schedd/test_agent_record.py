@@ -108,3 +108,140 @@ def test_a_start_whose_record_a_hand_off_lost_is_recorded_when_the_scheduler_ask
     job = asyncio.run(go())
     assert len(starts) == 1 and not failures
     assert job["state"] == "RUNNING" and job["start_time"] is not None
+
+
+class _HalfStartedRunner:
+    """A runner whose earlier daemon was killed in the middle of a start: the part's
+    launch is written (its directory exists), no supervisor ever ran. It behaves as
+    Runner does: start() refuses a job whose launch it finds (JobAlreadyStarted), and
+    start_interrupted() sets such a directory aside, after which start() starts it."""
+
+    def __init__(self, tmp_path):
+        self.root = tmp_path
+        (tmp_path / "1").mkdir()
+        (tmp_path / "1" / "spec.json").write_text("{}")
+        self.starts: list[str] = []
+
+    def job_dir(self, jid):
+        return self.root / jid
+
+    def listen_ends(self):
+        return None
+
+    def running(self):
+        return []
+
+    def launch_run(self, jid):
+        return (1, 0) if (self.root / jid / "spec.json").exists() else (0, 0)
+
+    def result(self, jid):
+        return None
+
+    def start_interrupted(self, jid, wait=10.0):
+        (self.root / jid).rename(self.root / f".{jid}.interrupted")
+        return True
+
+    def start(self, launch):
+        from mtgpu.schedd.runner import JobAlreadyStarted
+
+        d = self.root / launch.job_id
+        if (d / "spec.json").exists():
+            raise JobAlreadyStarted(f"job {launch.job_id} was already started on this host")
+        d.mkdir()
+        (d / "spec.json").write_text("{}")
+        self.starts.append(launch.job_id)
+
+    def poll(self, ended=None):
+        return []
+
+
+def _placed_job(table, replicate):
+    spec = parse_job_file("#!/bin/bash\n#MTGPU cpus=1\ntrue\n", default_workdir="/h")
+
+    async def go() -> str:
+        r = await replicate(
+            table.submit,
+            {"user": "ann", "uid": 20001, "name": "x", "spec": spec_to_dict(spec), "workdir": "/h"},
+            None,
+            1.0,
+            None,
+        )
+        placement = {
+            "job_id": r["job_id"],
+            "gpu_mode": "exclusive",
+            "members": [{"node": "m1", "rank": 0, "gpu_indices": [], "cpus": 1, "ram": 0, "vram_per_gpu": 0}],
+        }
+        await replicate(table.place_many, [(r["job_id"], placement)], 1, 2.0)
+        return r["job_id"]
+
+    return go()
+
+
+def _agent_on(runner, table, replicate):
+    from mtgpu.schedd.jobenv import JobUser
+
+    async def user_for(name, uid):
+        return JobUser(name, uid, uid, "/h", "/bin/sh")
+
+    sampler = types.SimpleNamespace(set_declared=lambda d: None, latest=None)
+    return Agent("m1", table, runner, sampler, replicate, user_for)
+
+
+def test_a_start_a_killed_daemon_left_half_done_runs_once_when_the_scheduler_asks_for_it_meanwhile(tmp_path):
+    """kill -9 between writing a part's launch and its supervisor's fork, then a
+    restart: the new scheduler asks for the start (not recorded) while the agent is
+    still adopting the earlier daemon's jobs. The start waits for the adoption, which
+    sets the half-done start aside and starts the part; it ran nowhere before (the
+    start was taken as done, recorded, and the job stayed RUNNING with nothing
+    running)."""
+    table = JobTable()
+
+    async def replicate(method, *args, **kw):
+        return method(*args, _doApply=True)
+
+    runner = _HalfStartedRunner(tmp_path)
+    agent = _agent_on(runner, table, replicate)
+
+    async def go() -> dict:
+        jid = await _placed_job(table, replicate)
+        assert jid == "1"
+        agent.start()
+        await agent.dispatch(table.get(jid), 1)  # the restarted scheduler's start
+        await agent.stop()
+        return table.get(jid)
+
+    job = asyncio.run(go())
+    assert runner.starts == ["1"], runner.starts
+    assert job["state"] == "RUNNING" and job["start_time"] is not None
+
+
+def test_a_start_after_a_restart_whose_record_an_election_lost_is_asked_again_not_failed(
+    tmp_path, monkeypatch
+):
+    """The failover test saw a job FAILED 'could not start after a restart: the
+    leader changed before the command committed; retry': the member restarted
+    during an election. The start is asked again and recorded; the job runs."""
+    monkeypatch.setattr(agent_mod.asyncio, "sleep", _no_sleep)
+    table = JobTable()
+    failures = [
+        StateError("no leader yet", "no_leader"),
+        StateError("the leader changed before the command committed; retry", "leader_changed"),
+    ]
+
+    async def replicate(method, *args, **kw):
+        if method.__name__ == "started" and failures:
+            raise failures.pop()
+        return method(*args, _doApply=True)
+
+    runner = _HalfStartedRunner(tmp_path)
+    agent = _agent_on(runner, table, replicate)
+
+    async def go() -> dict:
+        jid = await _placed_job(table, replicate)
+        agent._adopted = asyncio.Event()
+        await agent._adopt()
+        return table.get(jid)
+
+    job = asyncio.run(go())
+    assert not failures and runner.starts == ["1"]
+    assert job["state"] == "RUNNING" and job["start_time"] is not None, (job["state"], job["reason"])
