@@ -42,6 +42,21 @@ def test_member_reaches_member_as_itself(make_host):
     assert ans["ok"] and ans["result"]["name"] == "mtgpu-peer.alpha" and ans["result"]["via"] == "peer"
 
 
+def test_member_links_use_aes_gcm(make_host):
+    """Members ask each other for AES-GCM (MTGPU's cached-context path), not
+    asyncssh's default ChaCha20-Poly1305, which makes a cipher context per packet."""
+    a = _cluster(make_host, "alpha")
+    b = _cluster(make_host, "beta")
+    ident = ClusterIdentity.derive("lab", KEY)
+
+    async def ciphers():
+        conn = await connect_peer(f"127.0.0.1:{b.port}", ident, "alpha", str(a.state_dir))
+        async with conn:
+            return conn.get_extra_info("send_cipher"), conn.get_extra_info("recv_cipher")
+
+    assert asyncio.run(ciphers()) == ("aes128-gcm@openssh.com", "aes128-gcm@openssh.com")
+
+
 @pytest.mark.parametrize("cid, key", [("lab", "another-key-0123456789"), ("other", KEY)])
 def test_member_with_another_key_or_id_is_refused_both_ways(make_host, cid, key):
     a = _cluster(make_host, "alpha")
