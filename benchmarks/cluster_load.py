@@ -840,6 +840,8 @@ def main() -> int:
         help="record the scheduler's stacks with py-spy into DIR; keep the logs there",
     )
     args = ap.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)  # before py-spy writes there
     sizes = [int(x) for x in args.members.split(",")]
     # A SIGTERM (``timeout``) still stops the voters and removes the namespaces.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
