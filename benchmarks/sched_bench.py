@@ -351,7 +351,7 @@ def journal_records(n: int, seed: int) -> list[tuple[dict[str, Any], list[int] |
     import uuid
 
     from mtgpu.schedd.jobfile import expand_array, parse_job_file
-    from mtgpu.schedd.jobtable import spec_to_dict
+    from mtgpu.jobspec import spec_to_dict
 
     rng = random.Random(seed)
     parsed = []

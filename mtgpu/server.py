@@ -62,7 +62,7 @@ from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobenv import JobLaunch, JobUser, master_port
-from mtgpu.schedd.jobtable import JobTable, attempt_of
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.vramwatch import VramWatch
@@ -71,7 +71,7 @@ from mtgpu.sshd.limits import Penalties
 from mtgpu.sshd.server import start_ssh_server
 from mtgpu.state import durable
 from mtgpu.state.audit import AuditLog
-from mtgpu.state.codec import StateFormatError
+from mtgpu.state.codec import JobRecord, StateFormatError
 from mtgpu.state.store import LEADER_FALLBACK, StateStore
 from mtgpu.tmux.runtime import LiveTerminals
 from mtgpu.tmux.runtime import session_env as tmux_session_env
@@ -239,7 +239,7 @@ class Daemon:
 
     async def cancel_jobs_of(self, name: str, why: str) -> list[str]:
         """Cancel every pending or running job (and workspace reservation) of ``name``."""
-        ids = [j["job_id"] for j in self.jobs.active() if j["user"] == name]
+        ids = [j.job_id for j in self.jobs.active_records() if j.user == name]
         if not ids:
             return []
         r = await self.replicate(self.jobs.cancel, ids, "an admin", time.time(), why)
@@ -711,16 +711,16 @@ class Daemon:
         else:
             await self.scheduler.stop()
 
-    async def dispatch(self, job: dict[str, Any], term: int) -> None:
+    async def dispatch(self, job: JobRecord, term: int) -> None:
         """Start each member's part of a placed job, all at once: here directly, elsewhere
         by peer call. If any part cannot start, this raises and the job fails; the
         members whose part did start stop it (their agents see the job ended)."""
         assert self.agent is not None
-        members = job["placement"]["members"]
+        members = job.nodes
         port = 0
         if len(members) > 1:
             # The member that runs rank 0 picks the rendezvous port, free there now.
-            rank0 = members[0]["node"]
+            rank0 = members[0]
             try:
                 if rank0 == self.options.server_name:
                     port = self.agent.rendezvous_port()
@@ -744,7 +744,7 @@ class Daemon:
                 attempt = 0
                 while True:
                     try:
-                        await self._starts.start(node, job["job_id"], term, attempt_of(job), port)
+                        await self._starts.start(node, job.job_id, term, job.attempt, port)
                         return
                     except StartRefusedForNow as exc:
                         # Nothing was done there: a member restarted after a failover
@@ -752,7 +752,7 @@ class Daemon:
                         if loop.time() >= refused_until:
                             raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
                         log.info(
-                            "%s refused the start of %s for now (%s); asking again", node, job["job_id"], exc
+                            "%s refused the start of %s for now (%s); asking again", node, job.job_id, exc
                         )
                         await asyncio.sleep(1.0)
                     except StartUnanswered as exc:
@@ -764,14 +764,14 @@ class Daemon:
                         log.info(
                             "no answer from %s to the start of %s (%s); asking again",
                             node,
-                            job["job_id"],
+                            job.job_id,
                             exc,
                         )
                         await asyncio.sleep(1.0)
                     except Exception as exc:
                         raise MtgpuError(f"its part on {node} could not start: {exc}") from exc
 
-        results = await asyncio.gather(*(one(m["node"]) for m in members), return_exceptions=True)
+        results = await asyncio.gather(*(one(node) for node in members), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
@@ -797,18 +797,14 @@ class Daemon:
             )
         return inv
 
-    def session_gpus(self, starting: dict[str, Any] | None = None) -> None:
+    def session_gpus(self, starting: JobRecord | None = None) -> None:
         """SESSION_GPUS free: keep tenant sessions off the GPUs jobs hold here now
         (and those of ``starting``, a job about to start here)."""
         if self.fence is None or self.options.session_gpus != "free":
             return
-        jobs = [*self.jobs.active(), *([starting] if starting else [])]
+        jobs = [*self.jobs.active_records(), *([starting] if starting else [])]
         indices = {
-            i
-            for j in jobs
-            for m in (j.get("placement") or {}).get("members", [])
-            if m["node"] == self.options.server_name
-            for i in m["gpu_indices"]
+            i for j in jobs for m in j.members if m.node == self.options.server_name for i in m.gpu_indices
         }
         try:
             every = {g.index for g in self._last_inv.gpus} if self._last_inv else set()
@@ -992,21 +988,20 @@ class Daemon:
 
         from mtgpu.errors import ApiError, ValidationError
         from mtgpu.jobstate import RUNNING
-        from mtgpu.schedd.agent import member_of
 
         assert self.agent is not None and self.sampler.simulated is not None
         here = self.options.server_name
-        j = self.jobs.get(jid)
+        j = self.jobs.record(jid)
         if j is None:
             raise ApiError(f"no job {jid}", "not_found")
-        m = member_of(j, here)
-        if j["state"] != RUNNING or m is None:
-            where = ", ".join(x["node"] for x in (j.get("placement") or {}).get("members", []))
+        m = j.member_on(here)
+        if j.state != RUNNING or m is None:
+            where = ", ".join(j.nodes)
             raise ValidationError(
-                f"job {jid} is {j['state']} and does not run on {here}"
+                f"job {jid} is {j.state} and does not run on {here}"
                 + (f"; run this on {where}" if where else "")
             )
-        if not m["gpu_indices"]:
+        if not m.gpu_indices:
             raise ValidationError(f"job {jid} holds no GPUs on {here}")
         if pid is None:
             sup = self.agent.runner.supervisor_pid(jid)
@@ -1021,9 +1016,9 @@ class Daemon:
             if not kids:
                 raise ValidationError(f"job {jid} has no running process on {here} yet")
             pid = kids[0].pid
-        for i in m["gpu_indices"]:
-            self.sampler.simulated.set_process_used(i, pid, used, int(m["vram_per_gpu"]))
-        return {"node": here, "job": jid, "gpus": list(m["gpu_indices"]), "pid": pid, "used": used}
+        for i in m.gpu_indices:
+            self.sampler.simulated.set_process_used(i, pid, used, m.vram_per_gpu)
+        return {"node": here, "job": jid, "gpus": list(m.gpu_indices), "pid": pid, "used": used}
 
     def _listen_for_refused_state(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop (_stop_for_state) when the store refuses a dump from the scheduler;

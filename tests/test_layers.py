@@ -42,6 +42,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "scripts",
             "data",
             "jobstate",  # job states: the scheduler, the CLIs, the API and remotegpu-cli read them
+            "jobspec",  # what a job asked for and where it went: the state codec stores them
             "jsonl",  # the API's JSON lines: the daemon, the tools, remotegpu-cli and peers
             "",
         }

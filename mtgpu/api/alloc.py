@@ -39,12 +39,12 @@ def register(d: Dispatcher, host: Any) -> None:
         """Move the caller's process ``pid`` into its running job ``job_id`` here."""
         jid = arg(args, "job_id", str)
         pid = arg(args, "pid", int)
-        job = host.jobs.get(jid)
-        if job is None or job["user"] != caller.name or caller.uid == 0:
+        job = host.jobs.record(jid)
+        if job is None or job.user != caller.name or caller.uid == 0:
             raise ApiError(f"no job {jid} of yours", "not_found")
-        if job["state"] != RUNNING:
-            raise ValidationError(f"job {jid} is {job['state']}, not RUNNING; wait for it to start")
-        nodes = [m["node"] for m in (job.get("placement") or {}).get("members", [])]
+        if job.state != RUNNING:
+            raise ValidationError(f"job {jid} is {job.state}, not RUNNING; wait for it to start")
+        nodes = job.nodes
         here = host.options.server_name
         if here not in nodes:
             raise ValidationError(f"job {jid} runs on {', '.join(nodes)}, not {here}; log in there to use it")

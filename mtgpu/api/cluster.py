@@ -18,6 +18,7 @@ from mtgpu.cluster.relay import relay
 from mtgpu.cluster.runtime import ClusterRuntime
 from mtgpu.errors import ApiError, ValidationError
 from mtgpu.schedd.jobtable import JobTable
+from mtgpu.state.codec import JobRecord
 
 #: The tenant job operations only the scheduler (the Raft leader) answers: another
 #: member relays them there (:func:`leader_forwarding`).
@@ -229,7 +230,7 @@ def leader_forwarding(rt: ClusterRuntime, host: ForwardingHost) -> Middleware:
 def register_relayed(
     d: Dispatcher,
     table: JobTable,
-    start: Callable[[dict[str, Any], int, int], Awaitable[None]],
+    start: Callable[[JobRecord, int, int], Awaitable[None]],
     rendezvous_port: Callable[[], int],
 ) -> None:
     """What other members ask of this one's job side: a tenant's request relayed to

@@ -17,7 +17,6 @@ from typing import Any
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError
 from mtgpu.jobstate import RUNNING
-from mtgpu.schedd.jobtable import attempt_of
 
 
 def known_nodes(host: Any) -> set[str]:
@@ -35,11 +34,9 @@ def known_nodes(host: Any) -> set[str]:
 def running_on(host: Any, node: str) -> list[str]:
     """Ids of the jobs with a part on ``node`` that are running now."""
     out = []
-    for j in host.jobs.running():
-        if j["state"] == RUNNING and any(
-            m["node"] == node for m in (j.get("placement") or {}).get("members", [])
-        ):
-            out.append(j["job_id"])
+    for j in host.jobs.running_records():
+        if j.state == RUNNING and j.member_on(node) is not None:
+            out.append(j.job_id)
     return sorted(out)
 
 
@@ -60,13 +57,11 @@ def register(d: Dispatcher, host: Any) -> None:
         if now:
             why = f"{node} was drained now by {caller.name}" + (f": {reason}" if reason else "")
             for jid in running_on(host, node):
-                j = host.jobs.get(jid)
+                j = host.jobs.record(jid)
                 if j is None:
                     continue
-                if j["spec"].get("requeue") and not j.get("cancel_requested"):
-                    await host.replicate(
-                        host.jobs.requeue, jid, f"requeued: {why}", time.time(), attempt_of(j)
-                    )
+                if j.spec.requeue and not j.cancel_requested:
+                    await host.replicate(host.jobs.requeue, jid, f"requeued: {why}", time.time(), j.attempt)
                     requeued.append(jid)
                 else:
                     await host.replicate(host.jobs.cancel, [jid], caller.name, time.time(), why)

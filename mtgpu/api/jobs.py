@@ -20,7 +20,8 @@ from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
 from mtgpu.schedd.jobenv import JobUser
 from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file, script_text_error
-from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import KNOWN_BRANDS
 from mtgpu.state.codec import JobRecord
@@ -267,7 +268,7 @@ def private_reason(message: str, uid: int | None, job: Callable[[str], dict[str,
 def base_view(rec: JobRecord, user: JobUser) -> dict[str, Any]:
     """The public form of a job's record, without what the scheduler adds to a pending
     job's (its position and reason)."""
-    stdout, stderr = job_output_paths(dict(rec.raw), user)
+    stdout, stderr = job_output_paths(rec, user)
     view = {
         "job_id": rec.job_id,
         "array_id": rec.array_id,
@@ -371,7 +372,7 @@ MAX_DISPATCH_BATCH = 256
 
 
 def dispatch_op(
-    table: JobTable, start: Callable[[dict[str, Any], int, int], Awaitable[None]]
+    table: JobTable, start: Callable[[JobRecord, int, int], Awaitable[None]]
 ) -> Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]:
     """``job.dispatch``, a member's side: for each of ``jobs`` (job ids; the scheduler
     sends the starts waiting for this member together), once this member's replica has
@@ -383,17 +384,17 @@ def dispatch_op(
 
     async def one(job_id: str, term: int, attempt: int | None, port: int) -> None:
         def placed(j: dict[str, Any]) -> bool:
+            rec = table.typed(j)
             return (
-                bool(j.get("placement"))
-                and j.get("term") == term
-                and (attempt is None or attempt_of(j) >= attempt)
+                rec.placement is not None and rec.term == term and (attempt is None or rec.attempt >= attempt)
             )
 
         j = await table.wait_for(job_id, placed, 10.0)
-        if j is None or (attempt is not None and attempt_of(j) != attempt):
+        rec = table.typed(j) if j is not None else None
+        if rec is None or (attempt is not None and rec.attempt != attempt):
             # Not placed yet with this term, or requeued since: this start is stale.
             raise ApiError(f"job {job_id} is not placed here with term {term}, attempt {attempt}", "stale")
-        await start(j, term, port)
+        await start(rec, term, port)
 
     async def dispatch(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Start this member's part of jobs the scheduler placed (peers only)."""
@@ -556,7 +557,15 @@ def register(d: Dispatcher, host: JobHost) -> None:
         gates = job_gates(spec, lambda i: [j for j in host.jobs.tasks_of(i) if j["user"] == caller.name])
         if spec.test_only:
             said = host.scheduler.trial(
-                {"user": caller.name, "name": spec.name, "spec": spec_to_dict(spec), **gates}, time.time()
+                {
+                    "user": caller.name,
+                    "uid": caller.uid,
+                    "name": spec.name,
+                    "spec": spec_to_dict(spec),
+                    "workdir": spec.workdir,
+                    **gates,
+                },
+                time.time(),
             )
             return {"job_id": None, "tasks": 0, "warnings": list(spec.warnings), "test_only": said}
         tasks = expand_array(spec) if spec.array else None

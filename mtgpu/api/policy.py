@@ -76,8 +76,8 @@ class Retention:
         for j in self.host.jobs.all():
             by_user.setdefault(j["user"], []).append(j)
         active: dict[str, list[str]] = {}
-        for j in self.host.jobs.active():
-            active.setdefault(j["user"], []).append(j["job_id"])
+        for rec in self.host.jobs.active_records():
+            active.setdefault(rec.user, []).append(rec.job_id)
         out = []
         for name in self.host.registry.names():
             u = self.host.registry.get(name)

@@ -84,16 +84,16 @@ def register(d: Dispatcher, host: Any, log: StepLog) -> None:
         running job ``job_id`` on this member."""
         jid = arg(args, "job_id", str)
         action = arg(args, "action", str)
-        job = host.jobs.get(jid)
-        if job is None or job["user"] != caller.name or caller.uid == 0:
+        job = host.jobs.record(jid)
+        if job is None or job.user != caller.name or caller.uid == 0:
             raise ApiError(f"no job {jid} of yours", "not_found")
         here = host.options.server_name
         if action == "begin":
-            if job["state"] != RUNNING:
+            if job.state != RUNNING:
                 raise ValidationError(
-                    f"job {jid} is {job['state']}, not RUNNING; steps run inside a running job"
+                    f"job {jid} is {job.state}, not RUNNING; steps run inside a running job"
                 )
-            nodes = [m["node"] for m in (job.get("placement") or {}).get("members", [])]
+            nodes = job.nodes
             if here not in nodes:
                 raise ValidationError(f"job {jid} does not run on {here}")
             ntasks = arg(args, "ntasks", int)

@@ -20,6 +20,7 @@ from typing import Any
 from mtgpu.aio import cancel_and_wait
 from mtgpu.errors import RESEND_CODES, RETRYABLE_CODES, StateError
 from mtgpu.gpuinfo.sampler import Sampler
+from mtgpu.jobspec import MemberPlacement
 from mtgpu.jobstate import CANCELLED, FAILED, FINAL_STATES, NODE_FAIL, RUNNING
 from mtgpu.schedd.cgroups import job_cgroup_name
 from mtgpu.schedd.jobenv import (
@@ -31,9 +32,10 @@ from mtgpu.schedd.jobenv import (
     pick_rendezvous_port,
 )
 from mtgpu.schedd.jobfile import parse_array, parse_signal
-from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_from_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.runner import SPEC, EarlierRunActive, JobAlreadyStarted, JobResult, Runner
 from mtgpu.schedd.vramwatch import JobProcesses, JobShare, VramStop, share_of
+from mtgpu.state.codec import JobRecord
 
 log = logging.getLogger("mtgpu.agent")
 
@@ -52,13 +54,6 @@ STARTS_AT_ONCE = 4
 RECORD_RETRY = 120.0
 
 
-def member_of(job: dict[str, Any], node: str) -> dict[str, Any] | None:
-    for m in (job.get("placement") or {}).get("members", []):
-        if m["node"] == node:
-            return m
-    return None
-
-
 def warning_signal(text: str | None) -> dict[str, Any]:
     """The launch fields of sbatch's --signal (as :func:`~mtgpu.schedd.jobfile.parse_signal` reads it)."""
     if not text:
@@ -74,11 +69,11 @@ def _array_shape(spec: str) -> tuple[int, int, int, int] | None:
 
 
 def launch_for(
-    job: dict[str, Any],
+    job: JobRecord,
     user: JobUser,
     *,
     node: str = "",
-    member: dict[str, Any] | None = None,
+    member: MemberPlacement | None = None,
     sampler: Sampler | None = None,
     cpus: tuple[int, ...] = (),
     master_addr: str = "",
@@ -89,18 +84,19 @@ def launch_for(
     api_socket: str = "",
 ) -> JobLaunch:
     """The runner's description of this member's part of ``job``."""
-    spec = spec_from_dict(job["spec"])
-    members = (job.get("placement") or {}).get("members", [])
-    gpus = tuple(member["gpu_indices"]) if member else ()
+    spec = job.spec
+    members = job.members
+    gpus = member.gpu_indices if member else ()
+    submitted = job.submit
     return JobLaunch(
-        job_id=job["job_id"],
+        job_id=job.job_id,
         user=user,
         script=spec.script,
-        workdir=job["workdir"],
-        name=job["name"],
-        array_task_id=job.get("array_task"),
-        array_job_id=job.get("array_id"),
-        numeric_id=job.get("numeric_id") or "",
+        workdir=job.workdir,
+        name=job.name,
+        array_task_id=job.array_task,
+        array_job_id=job.array_id,
+        numeric_id=job.numeric_id or "",
         stdout=spec.output,
         stderr=spec.error,
         gpu_env=sampler.visibility_env(list(gpus)) if sampler and gpus else {},
@@ -109,27 +105,27 @@ def launch_for(
         cpus=cpus,
         ram=spec.request.ram or None,
         time_limit=spec.time_limit,
-        node_rank=member["rank"] if member else 0,
+        node_rank=member.rank if member else 0,
         nnodes=max(1, len(members)),
-        nodelist=tuple(m["node"] for m in members) or (node,),
+        nodelist=tuple(m.node for m in members) or (node,),
         node_name=node,
         master_addr=master_addr,
         master_port=master_port,
-        submit_dir=job["workdir"],
+        submit_dir=job.workdir,
         term=term,
-        env={**(job.get("submit") or {}).get("env", {}), **(env or {})},
-        umask=(job.get("submit") or {}).get("umask"),
-        rlimits=(job.get("submit") or {}).get("rlimits", {}),
-        array_shape=_array_shape(spec.array) if spec.array and job.get("array_task") is not None else None,
+        env={**submitted.get("env", {}), **(env or {})},
+        umask=submitted.get("umask"),
+        rlimits=dict(submitted.get("rlimits", {})),
+        array_shape=_array_shape(spec.array) if spec.array and job.array_task is not None else None,
         open_append=spec.open_mode == "append",
         **warning_signal(spec.signal),
         ntasks=spec.ntasks,
         ntasks_per_node=spec.ntasks_per_node,
         cpus_per_task=spec.cpus_per_task,
-        attempt=attempt_of(job),
-        output_cluster=job.get("log_cluster") or "",
-        gpu_mode=str((job.get("placement") or {}).get("gpu_mode") or ""),
-        vram=int(member.get("vram_per_gpu") or 0) if member else 0,
+        attempt=job.attempt,
+        output_cluster=job.log_cluster,
+        gpu_mode=str(job.placement.gpu_mode) if job.placement is not None else "",
+        vram=member.vram_per_gpu if member else 0,
         gpu_vram_total=_smallest_total(sampler, gpus),
         tools_dir=tools_dir,
         api_socket=api_socket,
@@ -185,7 +181,7 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def job_output_paths(job: dict[str, Any], user: JobUser) -> tuple[str, str]:
+def job_output_paths(job: JobRecord, user: JobUser) -> tuple[str, str]:
     """Where the job's stdout and stderr go (as ``mt-job show`` reports them)."""
     out, err, _ = output_paths(launch_for(job, user))
     return out, err
@@ -281,7 +277,7 @@ class Agent:
         ``RENDEZVOUS_PORTS`` and free here now (raises JobError if none is)."""
         return pick_rendezvous_port(self.rendezvous_ports)
 
-    async def dispatch(self, job: dict[str, Any], term: int, rendezvous_port: int = 0) -> None:
+    async def dispatch(self, job: JobRecord, term: int, rendezvous_port: int = 0) -> None:
         """Start this member's part of a placed job. ``rendezvous_port``: the port the
         rank-0 member picked (a multi-member job); this member picks it if it is rank 0
         and none was given."""
@@ -289,22 +285,22 @@ class Agent:
             await self._adopted.wait()
         await self._dispatch(job, term, rendezvous_port)
 
-    async def _dispatch(self, job: dict[str, Any], term: int, rendezvous_port: int = 0) -> None:
-        member = member_of(job, self.node)
+    async def _dispatch(self, job: JobRecord, term: int, rendezvous_port: int = 0) -> None:
+        member = job.member_on(self.node)
         if member is None:
-            raise RuntimeError(f"job {job['job_id']} has no part on {self.node}")
-        jid = job["job_id"]
-        if self.terms.get(jid) == (term, attempt_of(job)) and (jid in self.cores or jid in self.preparing):
+            raise RuntimeError(f"job {job.job_id} has no part on {self.node}")
+        jid = job.job_id
+        if self.terms.get(jid) == (term, job.attempt) and (jid in self.cores or jid in self.preparing):
             # This part is started (or starting) here already: asked again. A start
             # whose record was lost (to a leader change, which the scheduler was told)
             # is recorded now; one still starting records itself.
             if jid not in self.preparing:
-                await self._record_start(job, attempt_of(job))
+                await self._record_start(job, job.attempt)
             return
-        user = await self.user_for(job["user"], job["uid"])
-        cpus = self._pick_cores(job["job_id"], member["cpus"])
-        members = job["placement"]["members"]
-        master = members[0]["node"]
+        user = await self.user_for(job.user, job.uid)
+        cpus = self._pick_cores(jid, member.cpus)
+        members = job.members
+        master = members[0].node
         master_addr = self.address if master == self.node else (self.address_of(master) or master)
         env = dict(self.job_env(user)) if self.job_env is not None else {}
         if len(members) > 1 and (ifname := interface_of(self.address)):
@@ -326,11 +322,10 @@ class Agent:
             tools_dir=self.tools_dir,
             api_socket=self.api_socket,
         )
-        self.terms[job["job_id"]] = (term, attempt_of(job))
-        if job.get("container"):
+        self.terms[jid] = (term, job.attempt)
+        if job.container:
             # The image may take a while to arrive: the part starts when it is here,
             # and the dispatch does not wait for it.
-            jid = job["job_id"]
             if jid not in self.preparing:
                 self.preparing[jid] = asyncio.get_running_loop().create_task(
                     self._prepare_and_start(job, launch)
@@ -338,8 +333,8 @@ class Agent:
             return
         await self._start(job, launch)
 
-    async def _prepare_and_start(self, job: dict[str, Any], launch: JobLaunch) -> None:
-        jid, term, attempt = job["job_id"], launch.term, launch.attempt
+    async def _prepare_and_start(self, job: JobRecord, launch: JobLaunch) -> None:
+        jid, term, attempt = job.job_id, launch.term, launch.attempt
         last = [0.0]
 
         async def progress(text: str) -> None:
@@ -379,7 +374,7 @@ class Agent:
         finally:
             self.preparing.pop(jid, None)
 
-    async def _start(self, job: dict[str, Any], launch: JobLaunch) -> None:
+    async def _start(self, job: JobRecord, launch: JobLaunch) -> None:
         if self._starts is None:
             self._starts = asyncio.Semaphore(STARTS_AT_ONCE)
         try:
@@ -389,25 +384,25 @@ class Agent:
             except EarlierRunActive:
                 # Requeued and placed here again while the earlier run goes on (this
                 # member was lost meanwhile): stop that run first.
-                await self._stop_earlier_run(job["job_id"])
+                await self._stop_earlier_run(job.job_id)
                 async with self._starts:
                     await asyncio.to_thread(self.runner.start, launch)
         except JobAlreadyStarted:
             # Asked again: its start's record may have been lost (to a leader change),
             # so it is recorded again below (the job table keeps the first start time).
-            log.warning("job %s was already started here; not starting it twice", job["job_id"])
+            log.warning("job %s was already started here; not starting it twice", job.job_id)
         except Exception:
-            self.cores.pop(job["job_id"], None)
+            self.cores.pop(job.job_id, None)
             raise
         self._declare()
         await self._record_start(job, launch.attempt)
 
-    async def _record_start(self, job: dict[str, Any], attempt: int) -> None:
+    async def _record_start(self, job: JobRecord, attempt: int) -> None:
         """Record that this member's part of ``job`` runs (again: the table keeps the
         first start time, so a record asked for twice changes nothing)."""
-        member = member_of(job, self.node) or {}
-        held = gpus_held(self.sampler, list(member.get("gpu_indices") or ()))
-        await self.replicate(self.table.started, job["job_id"], self.node, self.clock(), attempt, held)
+        member = job.member_on(self.node)
+        held = gpus_held(self.sampler, list(member.gpu_indices) if member else [])
+        await self.replicate(self.table.started, job.job_id, self.node, self.clock(), attempt, held)
 
     async def _stop_earlier_run(self, jid: str) -> None:
         log.info("stopping the earlier run of job %s here before starting it again", jid)
@@ -420,12 +415,12 @@ class Agent:
         """Tell simulated GPUs what the jobs placed on them declared."""
         declared: dict[int, int] = {}
         for jid in list(self.cores):  # the jobs started here and not ended
-            j = self.table.get(jid)
-            m = member_of(j, self.node) if j is not None and j["state"] == RUNNING else None
+            j = self.table.record(jid)
+            m = j.member_on(self.node) if j is not None and j.state == RUNNING else None
             if m is None:
                 continue
-            for i in m["gpu_indices"]:
-                declared[i] = declared.get(i, 0) + m["vram_per_gpu"]
+            for i in m.gpu_indices:
+                declared[i] = declared.get(i, 0) + m.vram_per_gpu
         self.sampler.set_declared(declared)
 
     # ------------------------------------------------------------ VRAM watchdog
@@ -434,10 +429,10 @@ class Agent:
         """The GPU parts of the jobs running here, for the VRAM watchdog."""
         out = []
         for jid in list(self.cores):
-            j = self.table.get(jid)
-            m = member_of(j, self.node) if j is not None and j["state"] == RUNNING else None
-            if j is not None and m is not None and m["gpu_indices"]:
-                out.append(share_of(j, m, self.terms.get(jid, (0, attempt_of(j)))[1]))
+            j = self.table.record(jid)
+            m = j.member_on(self.node) if j is not None and j.state == RUNNING else None
+            if j is not None and m is not None and m.gpu_indices:
+                out.append(share_of(j, m, self.terms.get(jid, (0, j.attempt))[1]))
         return out
 
     def job_processes(self) -> JobProcesses:
@@ -526,17 +521,17 @@ class Agent:
             # on meanwhile (lost member, requeue, cancel) are stopped by the next tick.
             self.cores.setdefault(jid, ())
             self.terms[jid] = await asyncio.to_thread(self.runner.launch_run, jid)
-        for j in list(self.table.active()):
-            if j["state"] != RUNNING or member_of(j, self.node) is None:
+        for j in self.table.active_records():
+            if j.state != RUNNING or j.member_on(self.node) is None:
                 continue
-            jid, attempt = j["job_id"], attempt_of(j)
+            jid, attempt = j.job_id, j.attempt
             here = self.runner.launch_run(jid)[1] if (self.runner.job_dir(jid) / SPEC).exists() else None
             if jid in known and here == attempt:
                 self.cores[jid] = ()
                 log.info("re-adopted job %s (attempt %d)", jid, attempt)
                 continue
             if (
-                (here is None and j.get("start_time") is None)
+                (here is None and j.start_time is None)
                 or (here is not None and here != attempt)
                 or (
                     here is not None
@@ -576,17 +571,17 @@ class Agent:
                 )
         self._declare()
 
-    async def _dispatch_after_restart(self, job: dict[str, Any]) -> None:
+    async def _dispatch_after_restart(self, job: JobRecord) -> None:
         """Start a part an earlier daemon left unstarted. A start whose record is lost
         to a leader change (or refused while none is elected) is asked again: the part
         runs by then, and asking again records it (the job does not fail for the
         election). The job's own state decides whether it is still to start."""
-        jid, attempt = job["job_id"], attempt_of(job)
+        jid, attempt = job.job_id, job.attempt
         deadline = time.monotonic() + RECORD_RETRY
         delay = 0.2
         while True:
             try:
-                await self._dispatch(job, job.get("term") or 0)
+                await self._dispatch(job, job.term or 0)
                 return
             except StateError as exc:
                 if exc.code not in RETRYABLE_CODES | RESEND_CODES or time.monotonic() >= deadline:
@@ -594,10 +589,10 @@ class Agent:
                 log.info("the start of job %s after a restart is asked again: %s", jid, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-            now = self.table.get(jid)
-            if now is None or now["state"] != RUNNING or attempt_of(now) != attempt:
+            now = self.table.record(jid)
+            if now is None or now.state != RUNNING or now.attempt != attempt:
                 return  # requeued, cancelled or ended meanwhile: its new state stands
-            if member_of(now, self.node) is None:
+            if now.member_on(self.node) is None:
                 return
             job = now
 
@@ -608,10 +603,10 @@ class Agent:
         await asyncio.gather(*(self._record(r) for r in results))
         await self._old_runs_over()
         for jid in list(self.cores):  # the jobs started here and not ended
-            j = self.table.get(jid)
+            j = self.table.record(jid)
             why = self._given_up(jid, j)
             prep = self.preparing.get(jid)
-            if prep is not None and (why or (j is not None and j.get("cancel_requested"))):
+            if prep is not None and (why or (j is not None and j.cancel_requested)):
                 # Still getting its image: nothing runs yet, so nothing to signal.
                 prep.cancel()
                 self.preparing.pop(jid, None)
@@ -623,9 +618,9 @@ class Agent:
                         jid,
                         CANCELLED,
                         None,
-                        j.get("reason") or "cancelled",
+                        j.reason or "cancelled",
                         self.clock(),
-                        attempt_of(j),
+                        j.attempt,
                     )
                 continue
             if prep is not None:
@@ -638,12 +633,12 @@ class Agent:
                 continue
             if (
                 j is not None
-                and j["state"] == RUNNING
-                and j.get("cancel_requested")
-                and (jid, attempt_of(j)) not in self._cancelling
-                and member_of(j, self.node)
+                and j.state == RUNNING
+                and j.cancel_requested
+                and (jid, j.attempt) not in self._cancelling
+                and j.member_on(self.node)
             ):
-                attempt = attempt_of(j)
+                attempt = j.attempt
                 self._cancelling.add((jid, attempt))
                 ok = await asyncio.to_thread(self.runner.cancel, jid, 10.0, attempt)
                 if not ok and self._unstarted(jid, attempt):
@@ -652,7 +647,7 @@ class Agent:
                         jid,
                         CANCELLED,
                         None,
-                        j.get("reason") or "cancelled",
+                        j.reason or "cancelled",
                         self.clock(),
                         attempt,
                     )
@@ -665,11 +660,11 @@ class Agent:
         if now - self._old_runs_checked < 1.0:
             return
         self._old_runs_checked = now
-        for j in list(self.table.active()):
-            old = j.get("old_run") if j["state"] != RUNNING else None
+        for j in self.table.active_records():
+            old = j.old_run if j.state != RUNNING else None
             if not old or self.node not in old["members"]:
                 continue
-            jid = j["job_id"]
+            jid = j.job_id
             if jid in self.cores or jid in self.preparing:
                 continue  # it still runs here: its end is recorded when it comes
             try:
@@ -694,20 +689,20 @@ class Agent:
             return True
         return self.runner.launch_run(jid)[1] != attempt
 
-    def _given_up(self, jid: str, j: dict[str, Any] | None) -> str:
+    def _given_up(self, jid: str, j: JobRecord | None) -> str:
         """Why this member's part of ``jid`` must stop although it was not cancelled
         (the scheduler ended, requeued or moved the job, e.g. while this member was
         lost, or another part failed); empty when it should go on."""
         if j is None:
             return "the job is no longer known"
-        if j["state"] in FINAL_STATES:
-            return f"the job has ended ({j['state']}: {j.get('reason') or 'no reason given'})"
-        if j["state"] != RUNNING:
+        if j.state in FINAL_STATES:
+            return f"the job has ended ({j.state}: {j.reason or 'no reason given'})"
+        if j.state != RUNNING:
             return "the job was requeued"
-        if member_of(j, self.node) is None:
+        if j.member_on(self.node) is None:
             return "the job runs elsewhere now"
         mine = self.terms.get(jid)
-        now = (j.get("term") or 0, j.get("requeues", 0))
+        now = (j.term or 0, j.requeues)
         if mine and mine[0] and now[0] and now != mine:
             return (
                 f"the job was placed again (term {now[0]}, attempt {now[1]}; this part is "
@@ -716,14 +711,14 @@ class Agent:
         return ""
 
     async def _record(self, r: JobResult) -> None:
-        j = self.table.get(r.job_id)
+        j = self.table.record(r.job_id)
         self._cancelling.discard((r.job_id, r.attempt))
         if self.terms.get(r.job_id, (0, r.attempt))[1] == r.attempt:
             # This attempt's end; an earlier attempt's late result leaves the part of
             # the attempt started since alone.
             self.cores.pop(r.job_id, None)
             self.terms.pop(r.job_id, None)
-        if j is not None and j["state"] not in FINAL_STATES:
+        if j is not None and j.state not in FINAL_STATES:
             reason = r.reason
             if r.signal and not reason:
                 reason = f"killed by signal {r.signal}"
@@ -731,18 +726,14 @@ class Agent:
             # hand-off, this member changing role) is retried here, or the job would
             # stay RUNNING for ever. Recording a part's end twice changes nothing.
             deadline = time.monotonic() + RECORD_RETRY
-            fenced = reason.startswith("fenced: ") and bool(j["spec"].get("requeue"))
+            fenced = reason.startswith("fenced: ") and j.spec.requeue
             while True:
                 try:
                     if fenced:
                         # Fenced, and the scheduler had not given up on it yet (the
                         # member was cut off only briefly): a job that allows it is
                         # requeued, as it would have been had this member been lost.
-                        others = [
-                            m["node"]
-                            for m in (j.get("placement") or {}).get("members", [])
-                            if m["node"] != self.node
-                        ]
+                        others = [n for n in j.nodes if n != self.node]
                         r2 = await self.replicate(
                             self.table.requeue,
                             r.job_id,

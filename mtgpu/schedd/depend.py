@@ -19,9 +19,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
+from mtgpu.state.codec import JobRecord
+
+if TYPE_CHECKING:
+    from mtgpu.schedd.jobtable import JobTable
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "singleton")
 #: The most job ids one dependency may name.
@@ -88,35 +92,35 @@ def parse_dependency(text: str) -> Dependency:
     return Dependency(tuple(items), any_of)
 
 
-def _one(kind: str, jobs: list[dict[str, Any]]) -> tuple[str, str]:
+def _one(kind: str, jobs: list[JobRecord]) -> tuple[str, str]:
     """("ok" | "wait" | "never", why) for one item over the records it names."""
     if kind == "after":
-        waiting = [j for j in jobs if j["state"] not in FINAL and not j.get("start_time")]
-        return ("wait", f"job {waiting[0]['job_id']} has not started") if waiting else ("ok", "")
-    left = [j for j in jobs if j["state"] not in FINAL]
+        waiting = [j for j in jobs if j.state not in FINAL and not j.start_time]
+        return ("wait", f"job {waiting[0].job_id} has not started") if waiting else ("ok", "")
+    left = [j for j in jobs if j.state not in FINAL]
     if kind == "afterany":
-        return ("wait", f"job {left[0]['job_id']} has not ended") if left else ("ok", "")
-    wrong = [j for j in jobs if j["state"] in FINAL and (j["state"] == COMPLETED) != (kind == "afterok")]
+        return ("wait", f"job {left[0].job_id} has not ended") if left else ("ok", "")
+    wrong = [j for j in jobs if j.state in FINAL and (j.state == COMPLETED) != (kind == "afterok")]
     if wrong:
         j = wrong[0]
-        return "never", f"job {j['job_id']} ended {j['state']} ({kind})"
-    return ("wait", f"job {left[0]['job_id']} has not ended") if left else ("ok", "")
+        return "never", f"job {j.job_id} ended {j.state} ({kind})"
+    return ("wait", f"job {left[0].job_id} has not ended") if left else ("ok", "")
 
 
 def gate(
-    job: dict[str, Any],
+    job: JobRecord,
     spec_dependency: str | None,
-    tasks_of: Callable[[str], list[dict[str, Any]]],
-    same_name: Iterable[dict[str, Any]],
+    tasks_of: Callable[[str], list[JobRecord]],
+    same_name: Iterable[JobRecord],
     now: float,
 ) -> tuple[str, str, str]:
     """Whether pending ``job`` may be queued: ``("ok", "", "")``, or ``("wait" |
     "never", REASON, why)`` with Slurm's reason (JobHeldUser, BeginTime, Dependency,
     DependencyNeverSatisfied). ``tasks_of(ID)`` gives the records an id names (an
     array's tasks); ``same_name`` the tenant's jobs of the same name (for singleton)."""
-    if job.get("held"):
+    if job.held:
         return "wait", HELD, "held: `mt-job release` lets it start"
-    begin = job.get("begin_time")
+    begin = job.begin_time
     if begin and begin > now:
         return "wait", BEGIN, "it may not start before its --begin time"
     if not spec_dependency:
@@ -128,11 +132,9 @@ def gate(
             earlier = [
                 j
                 for j in same_name
-                if j["job_id"] != job["job_id"] and j["state"] not in FINAL and _order(j) < _order(job)
+                if j.job_id != job.job_id and j.state not in FINAL and _order(j) < _order(job)
             ]
-            results.append(
-                ("wait", f"job {earlier[0]['job_id']} of the same name") if earlier else ("ok", "")
-            )
+            results.append(("wait", f"job {earlier[0].job_id} of the same name") if earlier else ("ok", ""))
             continue
         records = [r for i in ids for r in tasks_of(i)]
         missing = [i for i in ids if not tasks_of(i)]
@@ -157,9 +159,9 @@ def gate(
     return "ok", "", ""
 
 
-def _order(j: dict[str, Any]) -> tuple[float, int, int]:
-    base, _, task = str(j["job_id"]).partition("_")
-    return (j["submit_time"], int(base) if base.isdigit() else 0, int(task) if task.isdigit() else -1)
+def _order(j: JobRecord) -> tuple[float, int, int]:
+    base, _, task = j.job_id.partition("_")
+    return (j.submit_time, int(base) if base.isdigit() else 0, int(task) if task.isdigit() else -1)
 
 
 _REL = re.compile(
@@ -218,38 +220,40 @@ class Gates:
     def __init__(self) -> None:
         self.waiting: dict[str, None] = {}
 
-    def check(self, job: dict[str, Any], table: Any, now: float) -> tuple[str, str, str]:
+    def check(self, job: JobRecord, table: JobTable, now: float) -> tuple[str, str, str]:
         """:func:`gate` for ``job``, looking only at its own tenant's jobs."""
-        user = job["user"]
-        dependency = job["spec"].get("dependency")
-        if not (job.get("held") or job.get("begin_time") or dependency):
+        user = job.user
+        dependency = job.spec.dependency
+        if not (job.held or job.begin_time or dependency):
             return "ok", "", ""
 
-        def tasks_of(jid: str) -> list[dict[str, Any]]:
-            return [r for r in table.tasks_of(jid) if r["user"] == user]
+        def tasks_of(jid: str) -> list[JobRecord]:
+            return [r for r in table.task_records(jid) if r.user == user]
 
-        same: list[dict[str, Any]] = []
+        same: list[JobRecord] = []
         if dependency and "singleton" in dependency.lower():
-            same = [r for r in table.active() if r["user"] == user and r["name"] == job["name"]]
+            same = [r for r in table.active_records() if r.user == user and r.name == job.name]
         return gate(job, dependency, tasks_of, same, now)
 
     def review(
-        self, table: Any, queued: Callable[[str], bool], now: float
-    ) -> tuple[list[dict[str, Any]], list[tuple[str, str]], dict[str, tuple[str, str]]]:
+        self, table: JobTable, queued: Callable[[str], bool], now: float
+    ) -> tuple[list[JobRecord], list[tuple[str, str]], dict[str, tuple[str, str]]]:
         """Look at every waiting job again: (records whose gates opened, (job id, why)
         of those whose dependency can never be met and that end for it, {job id:
         (reason, why)} of those still waiting)."""
-        opened, never, still = [], [], {}
+        opened: list[JobRecord] = []
+        never: list[tuple[str, str]] = []
+        still: dict[str, tuple[str, str]] = {}
         for jid in list(self.waiting):
-            j = table.get(jid)
-            if j is None or j["state"] != PENDING or queued(jid):
+            j = table.record(jid)
+            if j is None or j.state != PENDING or queued(jid):
                 self.waiting.pop(jid, None)
                 continue
             state, reason, why = self.check(j, table, now)
             if state == "ok":
                 self.waiting.pop(jid, None)
                 opened.append(j)
-            elif state == "never" and j["spec"].get("kill_on_invalid_dep", True):
+            elif state == "never" and j.spec.kill_on_invalid_dep:
                 self.waiting.pop(jid, None)
                 never.append((jid, why))
             else:

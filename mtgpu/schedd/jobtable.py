@@ -14,7 +14,6 @@ format version and their typed form (:class:`~mtgpu.state.codec.JobRecord`, whic
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from pysyncobj import SyncObjConsumer, replicated
 from mtgpu.jobstate import ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 from mtgpu.schedd import submitkeys, usage
 from mtgpu.schedd.jobenv import JOB_ID_RE
-from mtgpu.schedd.types import GpuMode, JobSpec, ResourceRequest
 from mtgpu.state import codec
 from mtgpu.state.codec import JobRecord
 
@@ -34,24 +32,6 @@ def attempt_of(job: dict[str, Any]) -> int:
     """Which start of ``job`` this is (0 first, one more per requeue), as Slurm's
     restart count. Records journalled before attempts were counted read as 0."""
     return int(job.get("requeues") or 0)
-
-
-def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
-    """A plain-dict form of a job spec (what the log stores)."""
-    d = dataclasses.asdict(spec)
-    d["request"]["gpu_mode"] = str(spec.request.gpu_mode)
-    return d
-
-
-def spec_from_dict(d: dict[str, Any]) -> JobSpec:
-    """Inverse of :func:`spec_to_dict`."""
-    r = dict(d["request"])
-    r["gpu_mode"] = GpuMode(r["gpu_mode"])
-    r["servers"] = tuple(r.get("servers", ()))
-    r["exclude"] = tuple(r.get("exclude", ()))
-    rest = {k: v for k, v in d.items() if k != "request"}
-    rest["warnings"] = tuple(rest.get("warnings", ()))
-    return JobSpec(request=ResourceRequest(**r), **rest)
 
 
 class JobTable(SyncObjConsumer):
@@ -247,7 +227,7 @@ class JobTable(SyncObjConsumer):
         hit = self._records.get(j["job_id"])
         if hit is not None and hit.raw is j:
             return hit
-        rec = codec.decode_job(j)
+        rec = codec.decode_job(j, hit)
         if self.jobs.get(rec.job_id) is j:  # a record since replaced is not kept
             self._records[rec.job_id] = rec
         return rec
@@ -286,6 +266,20 @@ class JobTable(SyncObjConsumer):
         """Running jobs (placed, on their members)."""
         jobs = self.jobs
         return [jobs[jid] for jid in list(self.running_ids)]
+
+    def active_records(self) -> list[JobRecord]:
+        """:meth:`active`, typed."""
+        typed, jobs = self.typed, self.jobs
+        return [typed(jobs[jid]) for jid in list(self.active_ids)]
+
+    def running_records(self) -> list[JobRecord]:
+        """:meth:`running`, typed."""
+        typed, jobs = self.typed, self.jobs
+        return [typed(jobs[jid]) for jid in list(self.running_ids)]
+
+    def task_records(self, job_id: str) -> list[JobRecord]:
+        """:meth:`tasks_of`, typed."""
+        return [self.typed(j) for j in self.tasks_of(job_id)]
 
     # -------------------------------------------------------- replicated
 
@@ -345,19 +339,7 @@ class JobTable(SyncObjConsumer):
         numbered = number_tasks and tasks is not None
         if numbered:
             self.next_id += len(tasks or ())
-        base = {
-            **codec.FORMAT_2_DEFAULTS,
-            **record,
-            "state": PENDING,
-            "submit_time": now,
-            "start_time": None,
-            "end_time": None,
-            "placement": None,
-            "exit_code": None,
-            "reason": "",
-            "term": None,
-            "cancel_requested": False,
-        }
+        base = _pending(record, now)
         ids = []
         if tasks is None:
             self._put({**base, "job_id": jid, "array_id": None, "array_task": None})
@@ -678,6 +660,29 @@ class JobTable(SyncObjConsumer):
                 self.running_ids.pop(jid, None)
                 n += 1
         return n
+
+
+def _pending(record: dict[str, Any], now: float) -> dict[str, Any]:
+    """The record a submission of ``record`` at ``now`` makes (before its ids)."""
+    return {
+        **codec.FORMAT_2_DEFAULTS,
+        **record,
+        "state": PENDING,
+        "submit_time": now,
+        "start_time": None,
+        "end_time": None,
+        "placement": None,
+        "exit_code": None,
+        "reason": "",
+        "term": None,
+        "cancel_requested": False,
+    }
+
+
+def draft(record: dict[str, Any], now: float) -> JobRecord:
+    """The typed record a submission of ``record`` at ``now`` would make, with no id
+    (sbatch's --test-only asks about it; nothing is added)."""
+    return codec.decode_job({**_pending(record, now), "job_id": "", "array_id": None, "array_task": None})
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
@@ -23,18 +23,16 @@ from mtgpu.gpuinfo.types import NodeInventory
 from mtgpu.jobstate import FAILED, NODE_FAIL, PENDING
 from mtgpu.schedd.depend import Gates
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_from_dict
+from mtgpu.schedd.jobtable import JobTable, draft
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
+from mtgpu.state.codec import JobRecord
 from mtgpu.schedd.types import (
     Allocation,
     ClusterSnapshot,
-    GpuMode,
     GpuSnapshot,
-    MemberPlacement,
     NodeSnapshot,
     NodeState,
-    Placement,
     ResourceRequest,
 )
 
@@ -74,7 +72,7 @@ DISPATCH_CONCURRENCY = 64
 DISPATCH_TOTAL = 256
 
 Replicate = Callable[..., Awaitable[Any]]
-Dispatch = Callable[[dict[str, Any], int], Awaitable[None]]
+Dispatch = Callable[[JobRecord, int], Awaitable[None]]
 
 
 def node_snapshot(
@@ -139,25 +137,6 @@ def _hardware(inv: NodeInventory) -> tuple[Any, ...]:
         inv.host.ram_total,
         tuple((g.index, g.brand, g.type, g.vram_total) for g in inv.gpus if g.placeable),
         inv.features,
-    )
-
-
-def placement_from_dict(d: Mapping[str, Any]) -> Placement:
-    return Placement(
-        job_id=d["job_id"],
-        gpu_mode=GpuMode(d["gpu_mode"]),
-        members=tuple(
-            MemberPlacement(
-                node=m["node"],
-                rank=m["rank"],
-                gpu_indices=tuple(m["gpu_indices"]),
-                cpus=m["cpus"],
-                ram=m["ram"],
-                vram_per_gpu=m["vram_per_gpu"],
-            )
-            for m in d["members"]
-        ),
-        whole_member=bool(d.get("whole_member")),
     )
 
 
@@ -255,7 +234,7 @@ class Scheduler:
         self._node_snaps: dict[str, tuple[NodeInventory, NodeSnapshot]] = {}
         self._names: list[str] = []
         #: Running jobs' allocations, kept while their placement record is the same.
-        self._allocs: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
+        self._allocs: dict[str, Allocation] = {}
         self._last_snapshot: Any = None
         #: How long the last pass computed (its snapshot and placements), in seconds.
         self.pass_cost = 0.0
@@ -333,8 +312,8 @@ class Scheduler:
         """Refill the queue from the job table (start, or a new leader)."""
         self.queue = PendingQueue(self.age_weight)
         self._seen_version = getattr(self.table, "pending_version", 0)
-        for j in self.table.all():
-            if j["state"] == PENDING:
+        for j in self.table.active_records():
+            if j.state == PENDING:
                 self._enqueue(j)
 
     def _catch_up(self) -> None:
@@ -344,29 +323,29 @@ class Scheduler:
         if version == self._seen_version:
             return
         self._seen_version = version
-        for j in self.table.active():
-            if j["state"] == PENDING and j["job_id"] not in self.queue:
+        for j in self.table.active_records():
+            if j.state == PENDING and j.job_id not in self.queue:
                 self._enqueue(j)
 
-    def _enqueue(self, j: dict[str, Any]) -> None:
+    def _enqueue(self, j: JobRecord) -> None:
         from mtgpu.schedd.types import PendingJob
 
-        if j.get("old_run"):
+        if j.old_run:
             return  # its earlier run may still be running: queued once it is known to be over
         if self.gates.check(j, self.table, self.clock())[0] != "ok":
-            self.gates.waiting[j["job_id"]] = None  # looked at again by each pass
+            self.gates.waiting[j.job_id] = None  # looked at again by each pass
             return
-        spec = spec_from_dict(j["spec"])
+        spec = j.spec
         self.queue.add(
             PendingJob(
-                job_id=j["job_id"],
-                tenant=j["user"],
+                job_id=j.job_id,
+                tenant=j.user,
                 request=spec.request,
                 priority=spec.priority,
-                submit_time=j["submit_time"],
+                submit_time=j.submit_time,
                 time_limit=spec.time_limit,
-                array_id=j["array_id"],
-                array_task=j["array_task"],
+                array_id=j.array_id,
+                array_task=j.array_task,
                 array_limit=spec.array_limit,
             )
         )
@@ -396,28 +375,28 @@ class Scheduler:
                 made = self._node_snaps[name] = (inv, node_snapshot(inv, state, made))
             nodes.append(made[1])
         allocs = []
-        cache: dict[str, tuple[Any, float | None, str | None, Allocation]] = {}
+        cache: dict[str, Allocation] = {}
         known = self.nodes
-        for j in self.table.running():
-            placement = j["placement"]
-            if placement:
-                if any(m["node"] not in known for m in placement["members"]):
+        for j in self.table.running_records():
+            placement = j.placement
+            if placement is not None:
+                if any(m.node not in known for m in placement.members):
                     # A member that has not reported to this scheduler yet (just after a
                     # failover): its work is counted once it reports.
                     continue
-                tl = j["spec"].get("time_limit")
-                start = j.get("placed_time") or j["submit_time"]
+                tl = j.spec.time_limit
+                start = j.placed_time or j.submit_time
                 end = start + tl if tl else None
-                got = self._allocs.get(j["job_id"])
-                if got is None or got[0] is not placement or got[1] != end or got[2] != j["array_id"]:
-                    got = (
-                        placement,
-                        end,
-                        j["array_id"],
-                        Allocation(placement_from_dict(placement), end, j["array_id"]),
-                    )
-                cache[j["job_id"]] = got
-                allocs.append(got[3])
+                got = self._allocs.get(j.job_id)
+                if (
+                    got is None
+                    or got.placement is not placement
+                    or got.expected_end != end
+                    or got.array_id != j.array_id
+                ):
+                    got = Allocation(placement, end, j.array_id)
+                cache[j.job_id] = got
+                allocs.append(got)
         self._allocs = cache
         self._last_snapshot = snapshot_with_allocations(nodes, allocs, previous=self._last_snapshot)
         return self._last_snapshot
@@ -484,25 +463,25 @@ class Scheduler:
             "every member has reported: the inventory is complete (%.1f s after this scheduler started)",
             now - self.started_at,
         )
-        for j in [j for j in self.table.active() if j["state"] == PENDING]:
-            why = self.never(spec_from_dict(j["spec"]).request)
+        for j in [j for j in self.table.active_records() if j.state == PENDING]:
+            why = self.never(j.spec.request)
             if why is None:
                 continue
             r = await self.replicate(
-                self.table.finish, j["job_id"], FAILED, None, f"rejected: {why.message}", now
+                self.table.finish, j.job_id, FAILED, None, f"rejected: {why.message}", now
             )
             if "error" not in r:
-                refused.append(j["job_id"])
-                log.warning("job %s refused once every member had reported: %s", j["job_id"], why.message)
-            self.queue.remove(j["job_id"])
-            self.pending_info.pop(j["job_id"], None)
+                refused.append(j.job_id)
+                log.warning("job %s refused once every member had reported: %s", j.job_id, why.message)
+            self.queue.remove(j.job_id)
+            self.pending_info.pop(j.job_id, None)
         return refused
 
     def accepted(self, job_ids: list[str]) -> None:
         """Jobs newly in the table: queue them and schedule soon."""
         for jid in job_ids:
-            j = self.table.get(jid)
-            if j is not None and j["state"] == PENDING and jid not in self.queue:
+            j = self.table.record(jid)
+            if j is not None and j.state == PENDING and jid not in self.queue:
                 self._enqueue(j)
         self._last_submit = time.monotonic()
         self.kick()
@@ -623,24 +602,24 @@ class Scheduler:
                 if name in removed
                 else f"its member {name} was lost (no report for over {self.lost_after:g} s)"
             )
-            for j in self.table.running():
-                members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+            for j in self.table.running_records():
+                members = j.nodes
                 if name not in members:
                     continue
                 # For the attempt seen lost: if its member's own report of the end (or
                 # a requeue) was applied first, this changes nothing.
-                attempt = attempt_of(j)
+                attempt = j.attempt
                 # Its lease is over: whatever ran there has been fenced, so the job may
                 # run again at once (the other parts of a multi-member job are stopped
                 # by their members, and the requeue waits for those).
                 others = [m for m in members if m != name and not self.lease_over(m, now)]
                 wall = self.clock()
-                if j["spec"].get("requeue"):
+                if j.spec.requeue:
                     await self.replicate(
-                        self.table.requeue, j["job_id"], f"requeued: {why}", wall, attempt, others
+                        self.table.requeue, j.job_id, f"requeued: {why}", wall, attempt, others
                     )
                 else:
-                    await self.replicate(self.table.finish, j["job_id"], NODE_FAIL, None, why, wall, attempt)
+                    await self.replicate(self.table.finish, j.job_id, NODE_FAIL, None, why, wall, attempt)
         await self._end_split_jobs(now)
         if lost or removed:
             self.kick()
@@ -653,8 +632,8 @@ class Scheduler:
         other members stop theirs now rather than once the member is declared lost."""
         if self.lease is None:
             return
-        for j in self.table.running():
-            members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+        for j in self.table.running_records():
+            members = j.nodes
             if len(members) < 2:
                 continue
             out = [
@@ -667,16 +646,16 @@ class Scheduler:
             if not out:
                 continue
             why = f"its member {out[0]} was lost (its lease ran out: no report for over {self.lease:g} s)"
-            log.warning("job %s: %s", j["job_id"], why)
-            if j["spec"].get("requeue"):
+            log.warning("job %s: %s", j.job_id, why)
+            if j.spec.requeue:
                 # Placed again once every part is known to have ended (the silent
                 # member's once its lease and fencing grace are surely over).
                 await self.replicate(
-                    self.table.requeue, j["job_id"], f"requeued: {why}", self.clock(), attempt_of(j), members
+                    self.table.requeue, j.job_id, f"requeued: {why}", self.clock(), j.attempt, members
                 )
             else:
                 await self.replicate(
-                    self.table.finish, j["job_id"], NODE_FAIL, None, why, self.clock(), attempt_of(j)
+                    self.table.finish, j.job_id, NODE_FAIL, None, why, self.clock(), j.attempt
                 )
 
     async def release_old_runs(self, now: float | None = None) -> list[str]:
@@ -688,16 +667,17 @@ class Scheduler:
             return []
         self._last_old_runs = now
         out = []
-        for j in [j for j in self.table.active() if j["state"] == PENDING and j.get("old_run")]:
-            old = j["old_run"]
+        for j in [j for j in self.table.active_records() if j.state == PENDING and j.old_run]:
+            old = j.old_run
+            assert old is not None
             if all(self.lease_over(m, now) for m in old["members"]):
                 await self.replicate(
                     self.table.old_run_over,
-                    j["job_id"],
+                    j.job_id,
                     old["attempt"],
                     "the lease of " + ", ".join(old["members"]) + " ran out",
                 )
-                out.append(j["job_id"])
+                out.append(j.job_id)
         return out
 
     async def _defer_to_submissions(self) -> None:
@@ -718,13 +698,14 @@ class Scheduler:
 
         from mtgpu.schedd.types import PendingJob
 
-        state, reason, why = self.gates.check({**record, "job_id": "", "submit_time": now}, self.table, now)
+        asked = draft(record, now)
+        state, reason, why = self.gates.check(asked, self.table, now)
         if state != "ok":
             return f"the job would wait ({reason}: {why})"
-        spec = spec_from_dict(record["spec"])
+        spec = asked.spec
         probe = PendingJob(
             job_id="test-only",
-            tenant=record["user"],
+            tenant=asked.user,
             request=spec.request,
             priority=spec.priority,
             submit_time=now,
@@ -762,9 +743,9 @@ class Scheduler:
             await self.replicate(self.table.end_never_satisfied, never, now)
         infos = {}
         for jid, (reason, why) in still.items():
-            rec = self.table.get(jid)
+            rec = self.table.record(jid)
             if rec is not None:
-                infos[jid] = PendingInfo(jid, 0, reason, why, float(rec["spec"].get("priority", 0)))
+                infos[jid] = PendingInfo(jid, 0, reason, why, float(rec.spec.priority))
         return infos
 
     async def run_pass(self, *, wait: bool = True) -> int:
@@ -818,10 +799,10 @@ class Scheduler:
             answers += [r] * len(chunk) if isinstance(r, BaseException) else r
         jobs, failed = [], None
         for p, r in zip(result.placements, answers, strict=True):
-            job = self.table.get(p.job_id)
+            job = self.table.record(p.job_id)
             if isinstance(r, BaseException):
                 failed = failed or r
-                if job is not None and job["state"] == PENDING:
+                if job is not None and job.state == PENDING:
                     self._enqueue(job)  # not placed after all: it waits for the next pass
             elif "error" not in r and job is not None:
                 jobs.append(job)
@@ -851,14 +832,14 @@ class Scheduler:
         """
         term = self.term()
         asked = []
-        for j in self.table.running():
-            placed_term = j.get("term")
-            if j.get("start_time") is not None or not placed_term or placed_term == term:
+        for j in self.table.running_records():
+            placed_term = j.term
+            if j.start_time is not None or not placed_term or placed_term == term:
                 continue
-            members = [m["node"] for m in (j.get("placement") or {}).get("members", [])]
+            members = j.nodes
             if not members or any(self.node_state.get(m) is NodeState.DOWN for m in members):
                 continue
-            asked.append(j["job_id"])
+            asked.append(j.job_id)
             task = asyncio.ensure_future(self._start(j, placed_term))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
@@ -870,12 +851,11 @@ class Scheduler:
             )
         return asked
 
-    async def _start(self, job: dict[str, Any], term: int) -> None:
+    async def _start(self, job: JobRecord, term: int) -> None:
         """Start one placed job; a failed start fails that job only."""
         if self._gate is None:
             self._gate = asyncio.Semaphore(DISPATCH_TOTAL)
-        members = (job.get("placement") or {}).get("members") or [{"node": ""}]
-        node = members[0]["node"]
+        node = job.nodes[0] if job.members else ""
         gate = self._member_gates.get(node)
         if gate is None:
             gate = self._member_gates[node] = asyncio.Semaphore(DISPATCH_CONCURRENCY)
@@ -885,13 +865,13 @@ class Scheduler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
-            log.exception("dispatch of %s failed", job["job_id"])
+            log.exception("dispatch of %s failed", job.job_id)
             await self.replicate(
                 self.table.finish,
-                job["job_id"],
+                job.job_id,
                 FAILED,
                 None,
                 f"could not start: {exc}",
                 self.clock(),
-                attempt_of(job),
+                job.attempt,
             )

@@ -1,6 +1,8 @@
 """The scheduler's data types: requests, cluster snapshots, placements and reasons.
 
-Every type here is a frozen dataclass with plain values (sizes in bytes, times in
+What a job asked for and where it went (JobSpec, ResourceRequest, Placement) are
+defined in :mod:`mtgpu.jobspec`, below the state codec that stores them, and are
+named here too for the scheduler's code. Every type here is a frozen dataclass with plain values (sizes in bytes, times in
 seconds since the epoch), so the replicated state can journal them and the API can
 print them without conversion. Nothing here does I/O or reads a clock.
 
@@ -20,27 +22,41 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-#: Resources a member gets when the job file does not say (per member).
-DEFAULT_CPUS = 1
-DEFAULT_RAM = 1 << 30
-#: Job priorities run from 0 to 100. A tenant may pick 0..DEFAULT_PRIORITY; above it
-#: takes an admin. Aging is added on top (see :mod:`mtgpu.schedd.queue`).
-MIN_PRIORITY = 0
-DEFAULT_PRIORITY = 50
-MAX_PRIORITY = 100
-#: Brands a bare name in ``gpus=NAME:N`` is taken to be; any other name is a GPU type.
-KNOWN_BRANDS = frozenset({"nvidia", "amd", "intel"})
+from mtgpu.jobspec import (
+    DEFAULT_CPUS,
+    DEFAULT_RAM,
+    MIN_PRIORITY,
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    KNOWN_BRANDS,
+    GpuMode,
+    ResourceRequest,
+    JobSpec,
+    MemberPlacement,
+    Placement,
+)
 
-
-class GpuMode(StrEnum):
-    """How a job holds its GPUs."""
-
-    #: The whole GPU; no other job shares it.
-    EXCLUSIVE = "exclusive"
-    #: A guaranteed slice of VRAM: committed VRAM on the GPU never exceeds its total.
-    SHARED = "shared"
-    #: Placed by measured free VRAM, with no guarantee.
-    OVERCOMMIT = "overcommit"
+__all__ = [
+    "DEFAULT_CPUS",
+    "DEFAULT_RAM",
+    "MIN_PRIORITY",
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "KNOWN_BRANDS",
+    "GpuMode",
+    "ResourceRequest",
+    "JobSpec",
+    "MemberPlacement",
+    "Placement",
+    "NodeState",
+    "GpuSnapshot",
+    "NodeSnapshot",
+    "Reason",
+    "REASON_CODES",
+    "Allocation",
+    "ClusterSnapshot",
+    "PendingJob",
+]
 
 
 class NodeState(StrEnum):
@@ -51,117 +67,6 @@ class NodeState(StrEnum):
     DRAIN = "drain"
     #: Not heard from; nothing is placed.
     DOWN = "down"
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceRequest:
-    """What every member of a job needs, and how many members.
-
-    ``gpus``, ``cpus``, ``ram`` are per member and ``vram`` is per GPU, so
-    ``nodes=2 gpus=4`` is 8 GPUs. ``servers`` pins the members to those hosts.
-    """
-
-    gpus: int = 0
-    gpu_brand: str | None = None
-    gpu_type: str | None = None
-    gpu_mode: GpuMode = GpuMode.EXCLUSIVE
-    vram: int = 0
-    cpus: int = DEFAULT_CPUS
-    ram: int = DEFAULT_RAM
-    nodes: int = 1
-    servers: tuple[str, ...] = ()
-    #: Members never to use (sbatch's --exclude).
-    exclude: tuple[str, ...] = ()
-    #: sbatch's --constraint: the NODE_FEATURES a member must have (``a100&nvlink|h100``).
-    constraint: str | None = None
-    #: sbatch's --exclusive: each member runs no other job while this one runs. It is
-    #: placed only on members running nothing, gets all of their CPUs (RAM and GPUs
-    #: as asked, as in Slurm), and nothing else is placed there until it ends.
-    whole_member: bool = False
-
-    def gpu_matches(self, brand: str, type_: str) -> bool:
-        """True if a GPU of this brand and type satisfies the brand/type constraint."""
-        return (self.gpu_brand is None or self.gpu_brand == brand) and (
-            self.gpu_type is None or self.gpu_type == type_
-        )
-
-    def gpu_label(self) -> str:
-        """The GPU constraint as a user wrote it: ``nvidia``, ``a100``, ``nvidia:a100`` or ``any``."""
-        parts = [p for p in (self.gpu_brand, self.gpu_type) if p]
-        return ":".join(parts) if parts else "any"
-
-    def describe(self) -> str:
-        """One line for messages, e.g. ``2 nvidia GPUs (exclusive), 4 CPUs, 16G RAM on each of 2 members``."""
-        from mtgpu.config.units import format_size
-
-        bits = []
-        if self.gpus:
-            kind = "" if self.gpu_label() == "any" else f"{self.gpu_label()} "
-            vram = f" with {format_size(self.vram)} VRAM each" if self.vram else ""
-            bits.append(f"{self.gpus} {kind}GPU{'s' if self.gpus > 1 else ''}{vram} ({self.gpu_mode})")
-        bits.append(f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}")
-        bits.append(f"{format_size(self.ram)} RAM")
-        where = f"on each of {self.nodes} members" if self.nodes > 1 else "on one member"
-        if self.whole_member:
-            where = f"on each of {self.nodes} whole members" if self.nodes > 1 else "on one whole member"
-        more = f" and {len(self.servers) - 3} more" if len(self.servers) > 3 else ""
-        pin = f" among {','.join(self.servers[:3])}{more}" if self.servers else ""
-        if self.constraint:
-            pin += f" with features {self.constraint}"
-        if self.exclude:
-            pin += f" excluding {','.join(self.exclude[:3])}" + (" ..." if len(self.exclude) > 3 else "")
-        return ", ".join(bits) + f" {where}{pin}"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A parsed job file, with command-line overrides applied.
-
-    ``array`` is the array spec as written (``0-99%8``); :func:`mtgpu.schedd.jobfile.expand_array`
-    gives the indices. ``time_limit`` is in seconds, ``None`` for no limit.
-    ``warnings`` holds one line per ignored ``#SBATCH`` option or similar.
-    """
-
-    request: ResourceRequest
-    script: str
-    name: str = "job"
-    array: str | None = None
-    array_limit: int | None = None
-    priority: int = DEFAULT_PRIORITY
-    time_limit: float | None = None
-    output: str | None = None
-    error: str | None = None
-    workdir: str = ""
-    container: str | None = None
-    requeue: bool = False
-    warnings: tuple[str, ...] = ()
-    #: sbatch's task counts (--ntasks, --ntasks-per-node, --cpus-per-task), None when
-    #: the job file does not say: the job's SLURM_NTASKS and SLURM_CPUS_PER_TASK.
-    ntasks: int | None = None
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    #: sbatch's ``--export`` as written (None: ``ALL``), applied at submission to the
-    #: submitting shell's environment (:func:`mtgpu.schedd.submitenv.exported`).
-    export: str | None = None
-    #: sbatch's --hold, --dependency (as written), --begin (as written; the submission
-    #: makes it a time) and --kill-on-invalid-dep (:mod:`mtgpu.schedd.depend`).
-    hold: bool = False
-    dependency: str | None = None
-    begin: str | None = None
-    kill_on_invalid_dep: bool = True
-    #: sbatch's --test-only (answer when and where it would start; submit nothing) and
-    #: --wait (the submitting command returns when the job ends).
-    test_only: bool = False
-    wait: bool = False
-    #: sbatch's --open-mode: "truncate" (the default) or "append" the output files.
-    open_mode: str = "truncate"
-    #: sbatch's --signal as written (``B:USR1@90``): a warning before the time limit.
-    signal: str | None = None
-
-    @property
-    def gpus_total(self) -> int:
-        """GPUs over all members."""
-        return self.request.gpus * self.request.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,56 +109,6 @@ class NodeSnapshot:
     def schedulable(self) -> bool:
         """True if new work may be placed here."""
         return self.state is NodeState.UP
-
-
-@dataclass(frozen=True, slots=True)
-class MemberPlacement:
-    """What one member of a placed job gets. ``rank`` is its place in the job (0 first)."""
-
-    node: str
-    rank: int
-    gpu_indices: tuple[int, ...] = ()
-    cpus: int = 0
-    ram: int = 0
-    vram_per_gpu: int = 0
-    #: Named ranker scores that chose this member, for ``mt-job show``.
-    scores: tuple[tuple[str, float], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a job goes: one :class:`MemberPlacement` per member, all or nothing."""
-
-    job_id: str
-    gpu_mode: GpuMode
-    members: tuple[MemberPlacement, ...]
-    #: The job holds its members whole (sbatch's --exclusive): nothing else goes there.
-    whole_member: bool = False
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """Member names in rank order."""
-        return tuple(m.node for m in self.members)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form with snake_case keys."""
-        return {
-            "job_id": self.job_id,
-            "gpu_mode": str(self.gpu_mode),
-            "whole_member": self.whole_member,
-            "members": [
-                {
-                    "node": m.node,
-                    "rank": m.rank,
-                    "gpu_indices": list(m.gpu_indices),
-                    "cpus": m.cpus,
-                    "ram": m.ram,
-                    "vram_per_gpu": m.vram_per_gpu,
-                    "scores": dict(m.scores),
-                }
-                for m in self.members
-            ],
-        }
 
 
 @dataclass(frozen=True)

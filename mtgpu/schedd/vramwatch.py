@@ -29,10 +29,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mtgpu.config import format_size
 from mtgpu.gpuinfo.types import GpuInfo
+from mtgpu.jobspec import MemberPlacement
+from mtgpu.state.codec import JobRecord
 
 log = logging.getLogger("mtgpu.vramwatch")
 
@@ -271,13 +272,12 @@ class VramWatch:
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
 
-def share_of(job: Mapping[str, Any], member: Mapping[str, Any], attempt: int) -> JobShare:
+def share_of(job: JobRecord, member: MemberPlacement, attempt: int) -> JobShare:
     """The :class:`JobShare` of a placed job's part (``member`` of its placement)."""
-    placement = job.get("placement") or {}
     return JobShare(
-        job_id=str(job["job_id"]),
+        job_id=job.job_id,
         attempt=attempt,
-        mode=str(placement.get("gpu_mode") or "exclusive"),
-        vram=int(member.get("vram_per_gpu") or 0),
-        gpus=tuple(int(i) for i in member.get("gpu_indices", ())),
+        mode=str(job.placement.gpu_mode) if job.placement is not None else "exclusive",
+        vram=member.vram_per_gpu,
+        gpus=member.gpu_indices,
     )

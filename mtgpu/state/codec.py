@@ -34,6 +34,7 @@ from pysyncobj import pickle as raft_pickle
 
 import mtgpu
 from mtgpu.errors import StateError
+from mtgpu.jobspec import GpuMode, JobSpec, MemberPlacement, Placement, spec_from_dict
 from mtgpu.jobstate import JobState
 
 #: The format this release reads and writes.
@@ -81,22 +82,13 @@ def newer_text(where: str, fmt: int, by: str = "") -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Member:
-    """One member of a job's placement."""
-
-    node: str
-    rank: int
-    cpus: int
-    ram: int
-    gpu_indices: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class JobRecord:
     """What happened to a job, as its record says, checked once.
 
-    ``raw`` is the record it was made from (the table replaces a record whole when its
-    job changes, so a JobRecord made from the same dict is still right).
+    ``spec`` is what it asked for and ``placement`` where it went (None until it is
+    placed), typed as :mod:`mtgpu.jobspec` defines them. ``raw`` is the record it was
+    made from (the table replaces a record whole when its job changes, so a JobRecord
+    made from the same dict is still right).
     """
 
     job_id: str
@@ -107,11 +99,14 @@ class JobRecord:
     user: str
     uid: int
     state: JobState
+    spec: JobSpec
+    placement: Placement | None
     submit_time: float
     start_time: float | None
     end_time: float | None
     placed_time: float | None
-    members: tuple[Member, ...]
+    #: sbatch's --begin, as a time: not started before it.
+    begin_time: float | None
     exit_code: int | None
     reason: str
     term: int | None
@@ -119,13 +114,15 @@ class JobRecord:
     held: bool
     requeues: int
     requeue_reason: str | None
+    #: A requeued job's earlier run that may still be running: ``{"attempt": N,
+    #: "members": [...]}`` (None when there is none or it is known to be over).
+    old_run: Mapping[str, Any] | None
     workdir: str
-    cpus: int
-    ram: int
-    exclusive: bool
-    priority: int
-    time_limit: float | None
-    warnings: tuple[str, ...]
+    #: What the submitting shell gave the job: ``env`` (the exported environment),
+    #: ``umask``, ``rlimits``.
+    submit: Mapping[str, Any]
+    #: The cluster name the job's output files were named for.
+    log_cluster: str
     container_ref: str | None
     image_id: str | None
     progress: Mapping[str, str]
@@ -139,8 +136,50 @@ class JobRecord:
         return self.requeues
 
     @property
+    def members(self) -> tuple[MemberPlacement, ...]:
+        """The placement's members in rank order (none before it is placed)."""
+        return self.placement.members if self.placement is not None else ()
+
+    @property
     def nodes(self) -> list[str]:
         return [m.node for m in self.members]
+
+    def member_on(self, node: str) -> MemberPlacement | None:
+        """This job's member on ``node``, if it has one there."""
+        for m in self.members:
+            if m.node == node:
+                return m
+        return None
+
+    @property
+    def container(self) -> Mapping[str, Any] | None:
+        """The image a containerized job runs in (``ref``, ``id``, ...), else None."""
+        c = self.raw.get("container")
+        return c if c else None
+
+    @property
+    def cpus(self) -> int:
+        return self.spec.request.cpus
+
+    @property
+    def ram(self) -> int:
+        return self.spec.request.ram
+
+    @property
+    def exclusive(self) -> bool:
+        return self.spec.request.whole_member
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
+
+    @property
+    def time_limit(self) -> float | None:
+        return self.spec.time_limit
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.spec.warnings
 
 
 _NUM = (int, float)
@@ -175,9 +214,61 @@ def _mapping(v: Any) -> Mapping[str, Any]:
     return types.MappingProxyType(dict(v or {}))
 
 
-def decode_job(j: Mapping[str, Any]) -> JobRecord:
+def _spec(j: Mapping[str, Any], jid: str) -> JobSpec:
+    spec = _field(j, "spec", Mapping)
+    request = _field(spec, "request", Mapping, of=j, within="spec.")
+    for key in ("cpus", "ram"):
+        _field(request, key, int, of=j, within="spec.request.")
+    _field(spec, "priority", int, of=j, within="spec.")
+    _field(spec, "time_limit", _NUM, None, of=j, within="spec.")
+    try:
+        return spec_from_dict(spec)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFormatError(f"the record of job {jid!r} has a damaged spec: {exc!r:.120}") from None
+
+
+def _placement(j: Mapping[str, Any], jid: str) -> Placement | None:
+    placement = _field(j, "placement", Mapping, None)
+    if not placement:
+        return None
+    members = []
+    for m in placement.get("members", ()):
+        try:
+            members.append(
+                MemberPlacement(
+                    node=str(m["node"]),
+                    rank=int(m["rank"]),
+                    gpu_indices=tuple(int(i) for i in m["gpu_indices"]),
+                    cpus=int(m["cpus"]),
+                    ram=int(m["ram"]),
+                    vram_per_gpu=int(m.get("vram_per_gpu") or 0),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFormatError(
+                f"the record of job {jid!r} has a damaged placement member {m!r:.80}: {exc!r}"
+            ) from None
+    try:
+        mode = GpuMode(placement["gpu_mode"])
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(
+            f"the record of job {jid!r} has a placement with no GPU mode: {exc!r}"
+        ) from None
+    return Placement(
+        job_id=str(placement.get("job_id", jid)),
+        gpu_mode=mode,
+        members=tuple(members),
+        whole_member=bool(placement.get("whole_member")),
+    )
+
+
+def decode_job(j: Mapping[str, Any], before: JobRecord | None = None) -> JobRecord:
     """The typed form of a job record (of :data:`FORMAT`, or older: missing keys take
-    their defaults). Raises StateFormatError naming the job and the field that is wrong."""
+    their defaults). Raises StateFormatError naming the job and the field that is wrong.
+
+    ``before``: the job's record before this change, whose spec and placement are
+    kept where the new record holds the same dicts (the table shares them between a
+    job's records), so a transition decodes only what it changed."""
     if not isinstance(j, Mapping):
         raise StateFormatError(f"a job record is a {type(j).__name__}, not a mapping")
     jid = _field(j, "job_id", str)
@@ -188,25 +279,14 @@ def decode_job(j: Mapping[str, Any]) -> JobRecord:
         raise StateFormatError(
             f"the record of job {jid!r} has the state {state_name!r:.40}, which is no job state"
         ) from None
-    spec = _field(j, "spec", Mapping)
-    request = _field(spec, "request", Mapping, of=j, within="spec.")
-    placement = _field(j, "placement", Mapping, None) or {}
-    members = []
-    for m in placement.get("members", ()):
-        try:
-            members.append(
-                Member(
-                    str(m["node"]),
-                    int(m["rank"]),
-                    int(m["cpus"]),
-                    int(m["ram"]),
-                    tuple(int(i) for i in m["gpu_indices"]),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateFormatError(
-                f"the record of job {jid!r} has a damaged placement member {m!r:.80}: {exc!r}"
-            ) from None
+    if before is not None and before.raw.get("spec") is j.get("spec"):
+        spec = before.spec
+    else:
+        spec = _spec(j, jid)
+    if before is not None and before.raw.get("placement") is j.get("placement"):
+        placement = before.placement
+    else:
+        placement = _placement(j, jid)
     container = _field(j, "container", Mapping, None) or {}
     return JobRecord(
         job_id=jid,
@@ -217,11 +297,13 @@ def decode_job(j: Mapping[str, Any]) -> JobRecord:
         user=_field(j, "user", str),
         uid=_field(j, "uid", int),
         state=state,
+        spec=spec,
+        placement=placement,
         submit_time=_field(j, "submit_time", _NUM),
         start_time=_field(j, "start_time", _NUM, None),
         end_time=_field(j, "end_time", _NUM, None),
         placed_time=_field(j, "placed_time", _NUM, None),
-        members=tuple(members),
+        begin_time=_field(j, "begin_time", _NUM, None),
         exit_code=_field(j, "exit_code", int, None),
         reason=_field(j, "reason", str, None) or "",
         term=_field(j, "term", int, None),
@@ -229,13 +311,10 @@ def decode_job(j: Mapping[str, Any]) -> JobRecord:
         held=bool(j.get("held")),
         requeues=int(_field(j, "requeues", int, None) or 0),
         requeue_reason=_field(j, "requeue_reason", str, None),
+        old_run=_field(j, "old_run", Mapping, None) or None,
         workdir=_field(j, "workdir", str),
-        cpus=_field(request, "cpus", int, of=j, within="spec.request."),
-        ram=_field(request, "ram", int, of=j, within="spec.request."),
-        exclusive=bool(request.get("whole_member")),
-        priority=_field(spec, "priority", int, of=j, within="spec."),
-        time_limit=_field(spec, "time_limit", _NUM, None, of=j, within="spec."),
-        warnings=tuple(spec.get("warnings") or ()),
+        submit=_field(j, "submit", Mapping, None) or _EMPTY,
+        log_cluster=_field(j, "log_cluster", str, None) or "",
         container_ref=container.get("ref"),
         image_id=container.get("id"),
         progress=_mapping(j.get("progress")),
@@ -245,6 +324,9 @@ def decode_job(j: Mapping[str, Any]) -> JobRecord:
         ),
         raw=j,
     )
+
+
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
 
 
 def _is_job_table(data: Any) -> bool:

@@ -35,7 +35,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from typing import Any
 from mtgpu import jsonl
 from mtgpu.proc import aspawn, run
 from mtgpu.schedd.jobenv import JobLaunch
+from mtgpu.state.codec import JobRecord
 from mtgpu.workspaces.podman import SYSTEM_PATH
 from mtgpu.workspaces.policy import canonical_image, check_image, tenant_mounts
 from mtgpu.workspaces.types import JOB_LABEL, SAVED_PREFIX, PodmanError, Tenant, WorkspaceError
@@ -204,9 +205,11 @@ class JobContainers:
 
     # ------------------------------------------------------------- the member
 
-    async def prepare(self, job: dict[str, Any], launch: JobLaunch, progress: Progress) -> JobLaunch:
+    async def prepare(self, job: JobRecord, launch: JobLaunch, progress: Progress) -> JobLaunch:
         """Get the image here and make the part's ``podman run``; raises with the reason."""
-        src = job["container"]
+        src = job.container
+        if src is None:
+            raise RuntimeError(f"job {job.job_id} runs in no container")
         u = launch.user
         t = await asyncio.to_thread(self.ws.tenant, u.name, u.uid)
         image = await self.ensure_image(t, src, progress)
@@ -253,7 +256,7 @@ class JobContainers:
             gpu_env=env or launch.gpu_env,
         )
 
-    async def ensure_image(self, t: Tenant, src: dict[str, Any], progress: Progress) -> str:
+    async def ensure_image(self, t: Tenant, src: Mapping[str, Any], progress: Progress) -> str:
         """The image in the tenant's store here; returns the name or id to run."""
         image_id, image = src.get("id"), src["image"]
         want = image_id or image
@@ -267,7 +270,7 @@ class JobContainers:
                 return want
             return await self._fetch(t, src, progress)
 
-    async def _fetch(self, t: Tenant, src: dict[str, Any], progress: Progress) -> str:
+    async def _fetch(self, t: Tenant, src: Mapping[str, Any], progress: Progress) -> str:
         image_id, image, origin = src.get("id"), src["image"], src.get("origin")
         rt = self.ws.runtime
         tried: list[str] = []

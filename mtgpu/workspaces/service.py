@@ -39,7 +39,8 @@ from typing import Any, Protocol
 
 from mtgpu.config import Options
 from mtgpu.jobstate import ACTIVE_STATES, FINAL_STATES, PENDING, RUNNING
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.types import KNOWN_BRANDS, GpuMode, JobSpec, ResourceRequest
 from mtgpu.workspaces import cdi
 from mtgpu.workspaces.devcontainer import (
@@ -254,12 +255,12 @@ class Workspaces:
         """Host GPU indices this tenant holds here now (jobs and workspaces)."""
         node = self.options.server_name
         out: list[int] = []
-        for j in self.host.jobs.active():
-            if j["user"] != user or j["state"] != RUNNING:
+        for j in self.host.jobs.active_records():
+            if j.user != user or j.state != RUNNING:
                 continue
-            for m in (j.get("placement") or {}).get("members", []):
-                if m["node"] == node:
-                    out += [i for i in m["gpu_indices"] if i not in out]
+            m = j.member_on(node)
+            if m is not None:
+                out += [i for i in m.gpu_indices if i not in out]
         return out
 
     def gpu_devices(self, indices: list[int]) -> tuple[list[str], list[str], dict[str, str]]:
@@ -508,17 +509,17 @@ class Workspaces:
         """Wait a little for the reservation to be placed and the container to run."""
         deadline = time.monotonic() + (wait if queue else min(wait, 5.0))
         while time.monotonic() < deadline:
-            job = self.host.jobs.get(rec.reservation or "")
-            if job is None or job["state"] in FINAL_STATES:
+            job = self.host.jobs.record(rec.reservation or "")
+            if job is None or job.state in FINAL_STATES:
                 break
-            if job["state"] == RUNNING and job.get("start_time"):
+            if job.state == RUNNING and job.start_time:
                 await self.apply(rec.key)
                 break
-            if job["state"] == PENDING and rec.reservation in self.host.scheduler.pending_info:
+            if job.state == PENDING and rec.reservation in self.host.scheduler.pending_info:
                 break  # the scheduler has looked and it waits: say so now
             await asyncio.sleep(0.1)
-        job = self.host.jobs.get(rec.reservation or "")
-        if not queue and job is not None and job["state"] == PENDING:
+        job = self.host.jobs.record(rec.reservation or "")
+        if not queue and job is not None and job.state == PENDING:
             info = self.host.scheduler.pending_info.get(rec.reservation)
             await self._cancel(rec)
             self._drop(rec)
@@ -529,9 +530,9 @@ class Workspaces:
         return self.view(rec, self._container_map(self.tenant(rec.user, rec.uid)))
 
     async def _cancel(self, rec: Record) -> None:
-        job = self.host.jobs.get(rec.reservation or "")
-        if job is not None and job["state"] in ACTIVE_STATES:
-            r = await self.host.replicate(self.host.jobs.cancel, [job["job_id"]], rec.user, time.time())
+        job = self.host.jobs.record(rec.reservation or "")
+        if job is not None and job.state in ACTIVE_STATES:
+            r = await self.host.replicate(self.host.jobs.cancel, [job.job_id], rec.user, time.time())
             self.host.scheduler.forget(r["cancelled"])
 
     # ------------------------------------------------------- the container
@@ -542,23 +543,21 @@ class Workspaces:
             rec = self.records.get(key)
             if rec is None:
                 return
-            job = self.host.jobs.get(rec.reservation or "")
+            job = self.host.jobs.record(rec.reservation or "")
             if (
                 job is None
-                or job["state"] != RUNNING
-                or not job.get("start_time")
-                or job.get("cancel_requested")
-                or rec.applied == job["job_id"]
+                or job.state != RUNNING
+                or not job.start_time
+                or job.cancel_requested
+                or rec.applied == job.job_id
             ):
                 return
-            member = next(
-                (m for m in job["placement"]["members"] if m["node"] == self.options.server_name), None
-            )
+            member = job.member_on(self.options.server_name)
             if member is None:
                 return
-            gpus = list(member["gpu_indices"])
+            gpus = list(member.gpu_indices)
             try:
-                await asyncio.to_thread(self._apply, rec, job["job_id"], gpus)
+                await asyncio.to_thread(self._apply, rec, job.job_id, gpus)
             except Exception as exc:  # noqa: BLE001 - reported on the workspace, resources freed
                 log.warning("workspace %s of %s could not start: %s", rec.name, rec.user, exc)
                 rec.error = str(exc)
@@ -636,17 +635,17 @@ class Workspaces:
     async def reconcile(self) -> None:
         """Start containers whose reservation was just placed; stop those whose ended."""
         for key, rec in list(self.records.items()):
-            job = self.host.jobs.get(rec.reservation or "")
+            job = self.host.jobs.record(rec.reservation or "")
             if (
                 job is not None
-                and job["state"] == RUNNING
-                and job.get("start_time")
-                and not job.get("cancel_requested")
-                and rec.applied != job["job_id"]
+                and job.state == RUNNING
+                and job.start_time
+                and not job.cancel_requested
+                and rec.applied != job.job_id
                 and rec.desired == "running"
             ):
                 await self.apply(key)
-            elif rec.applied and (job is None or job["state"] in FINAL_STATES):
+            elif rec.applied and (job is None or job.state in FINAL_STATES):
                 async with self._lock(key):
                     if self.records.get(key) is not rec:
                         continue  # removed (or replaced) while this waited for the lock
@@ -670,24 +669,24 @@ class Workspaces:
     def view(self, rec: Record, containers: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         """The public form of a workspace (``mt-container list --json``)."""
         spec = WorkspaceSpec.from_dict(rec.spec)
-        job = self.host.jobs.get(rec.reservation or "")
+        job = self.host.jobs.record(rec.reservation or "")
         c = containers.get(rec.name)
         cstate = c["state"] if c else ""
         reason, position = "", None
-        if job is not None and job["state"] == PENDING:
+        if job is not None and job.state == PENDING:
             state = "PENDING"
-            info = self.host.scheduler.pending_info.get(job["job_id"])
+            info = self.host.scheduler.pending_info.get(job.job_id)
             if info is not None:
                 reason, position = f"{info.reason}: {info.message}", info.position
-        elif job is not None and job["state"] == RUNNING and not job.get("cancel_requested"):
-            if rec.applied != job["job_id"]:
+        elif job is not None and job.state == RUNNING and not job.cancel_requested:
+            if rec.applied != job.job_id:
                 state = "FAILED" if rec.error else "STARTING"
             else:
                 state = "RUNNING" if cstate == "running" else "STOPPED"
         else:
             state = "RELEASED" if c else ("FAILED" if rec.error else "ENDED")
-            if job is not None and job.get("reason") and not rec.error:
-                reason = job["reason"]
+            if job is not None and job.reason and not rec.error:
+                reason = job.reason
         return {
             "name": rec.name,
             "state": state,
@@ -744,14 +743,14 @@ class Workspaces:
     async def start_ws(self, user: str, uid: int, name: str, wait: float = 20) -> dict[str, Any]:
         self._require_enabled()
         rec = self._record(uid, name)
-        job = self.host.jobs.get(rec.reservation or "")
+        job = self.host.jobs.record(rec.reservation or "")
         rec.desired, rec.error = "running", ""
         self._save(rec)
-        if job is not None and job["state"] == RUNNING and rec.applied == job["job_id"]:
+        if job is not None and job.state == RUNNING and rec.applied == job.job_id:
             t = self.tenant(user, uid)
             async with self._lock(rec.key):
                 await asyncio.to_thread(self.runtime.start, t, name)
-        elif job is None or job["state"] in FINAL_STATES:
+        elif job is None or job.state in FINAL_STATES:
             await self._reserve(rec)
         return await self._settle(rec, wait, True)
 
@@ -762,8 +761,8 @@ class Workspaces:
             rec.desired = "stopped"
             self._save(rec)
             await asyncio.to_thread(self.runtime.stop, t, name)
-            job = self.host.jobs.get(rec.reservation or "")
-            if release or (job is not None and job["state"] == PENDING):
+            job = self.host.jobs.record(rec.reservation or "")
+            if release or (job is not None and job.state == PENDING):
                 # A queued reservation has nothing to keep: stopping leaves the queue.
                 await self._cancel(rec)
                 rec.applied = None

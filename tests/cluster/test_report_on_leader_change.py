@@ -20,7 +20,8 @@ from mtgpu.cluster.runtime import ClusterRuntime
 from mtgpu.config import Options
 from mtgpu.gpuinfo.types import HostUsage, NodeInventory
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 
 KEY = "s3cret-cluster-key-0123456789"

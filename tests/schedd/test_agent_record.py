@@ -9,7 +9,8 @@ from mtgpu.errors import StateError
 from mtgpu.schedd import agent as agent_mod
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.runner import FinalState, JobResult
 
 
@@ -94,7 +95,7 @@ def test_a_start_whose_record_a_hand_off_lost_is_recorded_when_the_scheduler_ask
             "members": [{"node": "m1", "rank": 0, "gpu_indices": [], "cpus": 1, "ram": 0, "vram_per_gpu": 0}],
         }
         await replicate(table.place_many, [(jid, placement)], 1, 2.0)
-        job = table.get(jid)
+        job = table.record(jid)
         try:
             await agent.dispatch(job, 1)
         except StateError as exc:
@@ -102,7 +103,7 @@ def test_a_start_whose_record_a_hand_off_lost_is_recorded_when_the_scheduler_ask
         else:
             raise AssertionError("the lost record was not reported")
         assert table.get(jid)["start_time"] is None
-        await agent.dispatch(table.get(jid), 1)  # the scheduler asks again
+        await agent.dispatch(table.record(jid), 1)  # the scheduler asks again
         return table.get(jid)
 
     job = asyncio.run(go())
@@ -206,7 +207,7 @@ def test_a_start_a_killed_daemon_left_half_done_runs_once_when_the_scheduler_ask
         jid = await _placed_job(table, replicate)
         assert jid == "1"
         agent.start()
-        await agent.dispatch(table.get(jid), 1)  # the restarted scheduler's start
+        await agent.dispatch(table.record(jid), 1)  # the restarted scheduler's start
         await agent.stop()
         return table.get(jid)
 

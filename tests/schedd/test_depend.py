@@ -4,43 +4,62 @@ from __future__ import annotations
 
 import pytest
 
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
 from mtgpu.schedd.depend import Gates, gate, parse_begin, parse_dependency
+from mtgpu.state.codec import JobRecord, decode_job
 
 
 def rec(
-    jid: str, state: str = "PENDING", user: str = "ann", name: str = "j", t: float = 1.0, **kw: object
-) -> dict:
-    return {
-        "job_id": jid,
-        "state": state,
-        "user": user,
-        "name": name,
-        "submit_time": t,
-        "start_time": None,
-        **kw,
-    }
+    jid: str,
+    state: str = "PENDING",
+    user: str = "ann",
+    name: str = "j",
+    t: float = 1.0,
+    spec: dict | None = None,
+    **kw: object,
+) -> JobRecord:
+    """A job's typed record, as the job table gives it."""
+    asked = {**spec_to_dict(JobSpec(ResourceRequest(), "true")), **(spec or {})}
+    return decode_job(
+        {
+            "job_id": jid,
+            "state": state,
+            "user": user,
+            "uid": 2000,
+            "name": name,
+            "workdir": "/w",
+            "spec": asked,
+            "submit_time": t,
+            "start_time": None,
+            **kw,
+        }
+    )
 
 
 class Table:
-    def __init__(self, *records: dict) -> None:
-        self.jobs = {r["job_id"]: r for r in records}
+    """The job table's typed reads, over the records given."""
 
-    def get(self, jid: str) -> dict | None:
+    def __init__(self, *records: JobRecord) -> None:
+        self.jobs = {r.job_id: r for r in records}
+
+    def record(self, jid: str) -> JobRecord | None:
         return self.jobs.get(jid)
 
-    def tasks_of(self, jid: str) -> list[dict]:
+    def task_records(self, jid: str) -> list[JobRecord]:
         if jid in self.jobs:
             return [self.jobs[jid]]
-        return [r for r in self.jobs.values() if r.get("array_id") == jid]
+        return [r for r in self.jobs.values() if r.array_id == jid]
 
-    def active(self) -> list[dict]:
-        return [r for r in self.jobs.values() if r["state"] in ("PENDING", "RUNNING")]
+    def active_records(self) -> list[JobRecord]:
+        return [r for r in self.jobs.values() if r.state in ("PENDING", "RUNNING")]
 
 
-def check(dep: str, *others: dict, job: dict | None = None) -> tuple[str, str]:
+def check(dep: str, *others: JobRecord, job: JobRecord | None = None) -> tuple[str, str]:
     t = Table(*others)
     me = job or rec("99", t=9.0)
-    state, reason, _ = gate(me, dep, t.tasks_of, [r for r in t.active() if r["name"] == me["name"]], 100.0)
+    state, reason, _ = gate(
+        me, dep, t.task_records, [r for r in t.active_records() if r.name == me.name], 100.0
+    )
     return state, reason
 
 
@@ -118,9 +137,9 @@ def test_bad_dependencies_are_refused(text: str) -> None:
 
 def test_held_and_begin_gates_come_first() -> None:
     t = Table(rec("1", "COMPLETED"))
-    assert gate(rec("2", held=True), "afterok:1", t.tasks_of, [], 100.0)[:2] == ("wait", "JobHeldUser")
-    assert gate(rec("2", begin_time=200.0), None, t.tasks_of, [], 100.0)[:2] == ("wait", "BeginTime")
-    assert gate(rec("2", begin_time=50.0), None, t.tasks_of, [], 100.0)[0] == "ok"
+    assert gate(rec("2", held=True), "afterok:1", t.task_records, [], 100.0)[:2] == ("wait", "JobHeldUser")
+    assert gate(rec("2", begin_time=200.0), None, t.task_records, [], 100.0)[:2] == ("wait", "BeginTime")
+    assert gate(rec("2", begin_time=50.0), None, t.task_records, [], 100.0)[0] == "ok"
 
 
 def test_gates_look_only_at_the_tenants_own_jobs_and_end_what_can_never_run() -> None:

@@ -14,6 +14,7 @@ from mtgpu.api.jobs import dispatch_op
 from mtgpu.cluster.starts import StartBatcher
 from mtgpu.errors import ApiError, MtgpuError
 from mtgpu.jobstate import PENDING
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
 from mtgpu.schedd.jobtable import JobTable
 
 PEER = Caller("mtgpu-peer.sched", 0, True, "peer")
@@ -32,9 +33,13 @@ def _table_with(*ids: str) -> JobTable:
                 "job_id": jid,
                 "state": PENDING,
                 "user": "ann",
+                "uid": 2000,
+                "name": "j",
+                "workdir": "/w",
+                "submit_time": 1.0,
                 "placement": None,
                 "term": None,
-                "spec": {"script": ""},
+                "spec": spec_to_dict(JobSpec(ResourceRequest(), "")),
             }
         )
     return t
@@ -43,7 +48,9 @@ def _table_with(*ids: str) -> JobTable:
 def _place(t: JobTable, jid: str, term: int) -> None:
     j = t.get(jid)
     assert j is not None
-    t._put({**j, "state": "RUNNING", "placement": {"members": [{"node": "m1"}]}, "term": term})
+    member = {"node": "m1", "rank": 0, "gpu_indices": [], "cpus": 1, "ram": 0, "vram_per_gpu": 0}
+    placement = {"job_id": jid, "gpu_mode": "exclusive", "members": [member]}
+    t._put({**j, "state": "RUNNING", "placement": placement, "term": term})
 
 
 def test_a_lone_start_is_one_request_and_a_burst_rides_in_few() -> None:
@@ -112,10 +119,10 @@ def test_a_member_starts_a_batch_once_each_placement_reaches_its_replica() -> No
     ports: dict[str, int] = {}
 
     async def start(job, term, port):
-        ports[job["job_id"]] = port
-        if job["job_id"] == "3":
+        ports[job.job_id] = port
+        if job.job_id == "3":
             raise RuntimeError("the account cannot be created")
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     op = dispatch_op(t, start)
 
@@ -171,7 +178,7 @@ def test_a_start_of_an_attempt_requeued_since_is_stale() -> None:
     started: list[int] = []
 
     async def start(job, term, port=0):
-        started.append(job["requeues"])
+        started.append(job.requeues)
 
     op = dispatch_op(t, start)
 
@@ -246,7 +253,7 @@ def test_a_part_whose_start_record_was_lost_to_a_leader_change_is_asked_again() 
         why = {
             "1": ("the leader changed before the command committed; retry", "leader_changed"),
             "2": ("no scheduler is elected", "no_leader"),
-        }.get(job["job_id"])
+        }.get(job.job_id)
         if why:
             raise StateError(*why)
         raise RuntimeError("the account cannot be created")

@@ -9,7 +9,8 @@ from mtgpu.gpuinfo.types import HostUsage, NodeInventory
 from mtgpu.jobstate import PENDING, RUNNING
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState
 
@@ -43,7 +44,7 @@ def test_scheduler_places_nothing_on_a_drained_member_until_undrained() -> None:
     started: list[tuple[str, str]] = []
 
     async def dispatch(job, term):
-        started.append((job["job_id"], job["placement"]["members"][0]["node"]))
+        started.append((job.job_id, job.nodes[0]))
 
     s = Scheduler(table, apply, dispatch, term=lambda: 1)
     s.drains = drains

@@ -317,15 +317,20 @@ def test_a_cluster_id_unfit_for_a_directory_name_gets_a_stable_hashed_one() -> N
 def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
     from mtgpu.schedd.agent import launch_for
     from mtgpu.schedd.jobfile import parse_job_file
-    from mtgpu.schedd.jobtable import spec_to_dict
+    from mtgpu.jobspec import spec_to_dict
+    from mtgpu.state.codec import decode_job
 
     user = JobUser("ann", 2000, 2000, "/home/ann")
     spec = parse_job_file("#SBATCH -n 4 -c 2 --array=0-20:5%2\ntrue\n", default_workdir="/w")
-    job = {
+    raw = {
         "job_id": "7_10",
         "array_id": "7",
         "array_task": 10,
         "name": "t",
+        "user": "ann",
+        "uid": 2000,
+        "state": "RUNNING",
+        "submit_time": 1.0,
         "workdir": "/w",
         "spec": spec_to_dict(spec),
         "placement": None,
@@ -335,7 +340,7 @@ def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
             "rlimits": {"nofile": [64, 64]},
         },
     }
-    la = launch_for(job, user, node="gpu01", cpus=(0, 1, 2, 3, 4, 5, 6, 7))
+    la = launch_for(decode_job(raw), user, node="gpu01", cpus=(0, 1, 2, 3, 4, 5, 6, 7))
     env = build_env(la)
     assert la.umask == 0o027 and dict(la.rlimits) == {"nofile": [64, 64]}
     assert {
@@ -359,7 +364,7 @@ def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
     # keeps its shown id.
     assert env["SLURM_JOB_ID"] == "7_10"
     assert JobLaunch.from_dict(json.loads(json.dumps(la.to_dict()))) == la
-    numbered_launch = launch_for({**job, "numeric_id": "9"}, user, node="gpu01")
+    numbered_launch = launch_for(decode_job({**raw, "numeric_id": "9"}), user, node="gpu01")
     numbered = build_env(numbered_launch)
     # The default output directory keeps the id as shown; %j in output= is the number.
     assert output_paths(numbered_launch)[0].endswith("/7_10/stdout.log")

@@ -651,7 +651,7 @@ def test_exclusive_asks_for_whole_members(lines: tuple[str, ...], whole: bool) -
     spec = parse(*lines)
     assert spec.request.whole_member is whole and spec.warnings == ()
     # It is kept with the job's record and read back from it.
-    from mtgpu.schedd.jobtable import spec_from_dict, spec_to_dict
+    from mtgpu.jobspec import spec_from_dict, spec_to_dict
 
     assert spec_from_dict(spec_to_dict(spec)).request.whole_member is whole
 
@@ -677,7 +677,7 @@ def test_exclusive_that_cannot_be_honoured_is_refused_naming_the_line(
 
 
 def test_a_job_record_from_before_whole_members_reads_as_shared_members() -> None:
-    from mtgpu.schedd.jobtable import spec_from_dict, spec_to_dict
+    from mtgpu.jobspec import spec_from_dict, spec_to_dict
 
     d = spec_to_dict(parse())
     del d["request"]["whole_member"]

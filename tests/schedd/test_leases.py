@@ -19,7 +19,8 @@ from mtgpu.errors import ConfigError
 from mtgpu.gpuinfo.types import HostUsage, NodeInventory
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, attempt_of, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable, attempt_of
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState
 
@@ -40,7 +41,7 @@ def scheduler(members, now, table=None):
     started = []
 
     async def dispatch(job, term):
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     s = Scheduler(table or JobTable(), apply, dispatch, term=lambda: 1, clock=lambda: now[0])
     s.members = lambda: set(members)
@@ -307,7 +308,7 @@ def test_a_new_scheduler_starts_again_each_job_placed_before_it_whose_start_is_n
     asked = []
 
     async def dispatch(job, term):
-        asked.append((job["job_id"], term))
+        asked.append((job.job_id, term))
 
     s = Scheduler(table, apply, dispatch, term=lambda: 3, clock=lambda: now[0])
     s.members = lambda: {"a", "b", "c"}
@@ -353,8 +354,8 @@ def test_a_member_asked_again_for_a_part_it_runs_does_not_start_it_twice():
     async def go():
         jid = await submit(table, now, "#MTGPU cpus=1 ram=10M")
         placed_unstarted(table, jid, "m1", now, term=2)
-        job = table.get(jid)
-        agent.terms[jid] = (2, attempt_of(job))
+        job = table.record(jid)
+        agent.terms[jid] = (2, job.attempt)
         agent.cores[jid] = (0,)  # started here already, by the first ask
         await agent.dispatch(job, 2)
         return jid

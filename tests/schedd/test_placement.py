@@ -757,7 +757,7 @@ def test_nothing_is_placed_on_a_member_held_whole_until_its_job_is_released() ->
 
 
 def test_a_whole_member_survives_the_round_trip_through_the_snapshot() -> None:
-    from mtgpu.schedd.scheduler import placement_from_dict
+    from mtgpu.jobspec import placement_from_dict
 
     plan = Plan(ClusterSnapshot(nodes=(node("a", gpus(2)), node("b", gpus(2)))))
     whole = place(plan, job("w", nodes=2, whole_member=True))

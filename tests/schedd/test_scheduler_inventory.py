@@ -10,7 +10,8 @@ import pytest
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 
 G = 1 << 30
@@ -135,7 +136,7 @@ def test_a_new_scheduler_refuses_impossible_jobs_its_predecessor_accepted():
     started = []
 
     async def dispatch(job, term):
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     async def go() -> tuple[dict, dict]:
         bad = await apply(
@@ -253,7 +254,7 @@ def test_jobs_on_a_removed_member_end_as_a_lost_members_do():
     started = []
 
     async def dispatch(job, term):
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     s.dispatch = dispatch
     s.report(inv("a"))

@@ -11,7 +11,9 @@ from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
 from mtgpu.schedd import scheduler as sched_mod
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.schedd.jobtable import JobTable, spec_to_dict
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
+from mtgpu.state.codec import decode_job
+from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState
 from mtgpu.state.store import StateStore
@@ -38,7 +40,7 @@ def test_each_snapshot_shows_the_latest_report_state_and_running_work() -> None:
     started: list[str] = []
 
     async def dispatch(job, term):
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     s = Scheduler(table, apply, dispatch, term=lambda: 1)
     s.drains = drains
@@ -106,7 +108,7 @@ def test_starts_on_many_members_run_side_by_side_but_few_on_one(monkeypatch) -> 
         gate = release()
 
         async def dispatch(job, term):
-            node = job["placement"]["members"][0]["node"]
+            node = job.nodes[0]
             now[node] = now.get(node, 0) + 1
             most[node] = max(most.get(node, 0), now[node])
             most["all"] = max(most.get("all", 0), sum(now.values()))
@@ -114,7 +116,28 @@ def test_starts_on_many_members_run_side_by_side_but_few_on_one(monkeypatch) -> 
             now[node] -= 1
 
         s.dispatch = dispatch
-        jobs = [{"job_id": f"j{k}", "placement": {"members": [{"node": f"n{k % 10}"}]}} for k in range(50)]
+        jobs = [
+            decode_job(
+                {
+                    "job_id": f"j{k}",
+                    "state": "RUNNING",
+                    "user": "ann",
+                    "uid": 2000,
+                    "name": "j",
+                    "workdir": "/w",
+                    "submit_time": 1.0,
+                    "spec": spec_to_dict(JobSpec(ResourceRequest(), "true")),
+                    "placement": {
+                        "job_id": f"j{k}",
+                        "gpu_mode": "exclusive",
+                        "members": [
+                            {"node": f"n{k % 10}", "rank": 0, "gpu_indices": [], "cpus": 1, "ram": 0}
+                        ],
+                    },
+                }
+            )
+            for k in range(50)
+        ]
         tasks = [asyncio.ensure_future(s._start(j, 1)) for j in jobs]
         for _ in range(20):
             await asyncio.sleep(0)
@@ -157,7 +180,7 @@ def test_a_pass_stopped_at_its_bound_asks_for_the_next_one() -> None:
     started: list[str] = []
 
     async def dispatch(job, term):
-        started.append(job["job_id"])
+        started.append(job.job_id)
 
     s = Scheduler(table, apply, dispatch, term=lambda: 1, policy=QueuePolicy(max_placements=2))
     s.report(inv("a"))

@@ -102,6 +102,53 @@ def test_the_typed_record_is_made_once_per_change(tmp_path: Path) -> None:
     assert table.record("1") is None and "1" not in table._records
 
 
+def test_a_record_holds_what_was_asked_and_where_it_went_typed(tmp_path: Path) -> None:
+    """The scheduler, the agent and the API read one type: JobSpec, Placement and
+    MemberPlacement of mtgpu.jobspec, held by the record, the same as the dicts say."""
+    from mtgpu.jobspec import GpuMode, JobSpec, MemberPlacement, Placement, spec_from_dict
+
+    table = load_jobs(copy_fixture("snapshot", tmp_path))
+    placed = [r for r in (table.record(j) for j in table.jobs) if r is not None and r.placement is not None]
+    assert placed, "the fixture has placed jobs"
+    for rec in placed:
+        raw = rec.raw
+        assert isinstance(rec.spec, JobSpec) and rec.spec == spec_from_dict(raw["spec"])
+        assert isinstance(rec.placement, Placement)
+        assert rec.placement.gpu_mode is GpuMode(raw["placement"]["gpu_mode"])
+        assert all(isinstance(m, MemberPlacement) for m in rec.members)
+        assert rec.nodes == [m["node"] for m in raw["placement"]["members"]]
+        assert [list(m.gpu_indices) for m in rec.members] == [
+            m["gpu_indices"] for m in raw["placement"]["members"]
+        ]
+        first = rec.members[0]
+        assert rec.member_on(first.node) is first and rec.member_on("no-such-member") is None
+        assert (rec.cpus, rec.ram, rec.priority) == (
+            rec.spec.request.cpus,
+            rec.spec.request.ram,
+            rec.spec.priority,
+        )
+    pending = table.record("5")
+    assert pending is not None and pending.placement is None and pending.members == () and pending.nodes == []
+
+
+def test_a_transition_decodes_only_what_it_changed(tmp_path: Path) -> None:
+    """A job's records share their spec and placement dicts: the record after a change
+    of state keeps the JobSpec and Placement decoded before it."""
+    table = load_jobs(copy_fixture("snapshot", tmp_path))
+    jid = next(j for j, r in table.jobs.items() if r.get("placement") and r["state"] == RUNNING)
+    before = table.record(jid)
+    assert before is not None
+    table._put({**table.jobs[jid], "progress": {"testhost": "halfway"}})
+    after = table.record(jid)
+    assert after is not None and after is not before and after.progress == {"testhost": "halfway"}
+    assert after.spec is before.spec and after.placement is before.placement
+    # A record whose spec changed (a finished job's script leaves the state) decodes it again.
+    table._put({**table.jobs[jid], "state": COMPLETED, "exit_code": 0, "end_time": 10.0})
+    ended = table.record(jid)
+    assert ended is not None and ended.spec is not before.spec and ended.spec.script == ""
+    assert ended.placement is before.placement
+
+
 @pytest.mark.parametrize("where", ["dump", "release.json"])
 def test_state_of_a_newer_format_is_refused_and_left_as_it_was(tmp_path: Path, where: str) -> None:
     d = copy_fixture("snapshot", tmp_path)
@@ -223,6 +270,9 @@ def test_a_damaged_record_names_the_job_and_the_field(tmp_path: Path) -> None:
         (lambda j: j["spec"]["request"].update(cpus=None), "has 'spec.request.cpus' = None, not int"),
         (lambda j: j.update(placement={"members": [{"node": "a"}]}), "a damaged placement member"),
         (lambda j: j.update(uid=True), "'uid' = True, not int"),
+        (lambda j: j["spec"]["request"].update(gpu_mode="sometimes"), "a damaged spec"),
+        (lambda j: j["spec"].update(colour="blue"), "a damaged spec"),
+        (lambda j: j.update(placement={"members": []}), "a placement with no GPU mode"),
     ],
 )
 def test_decode_names_what_is_wrong(tmp_path: Path, change: Any, problem: str) -> None:

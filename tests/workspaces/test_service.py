@@ -14,9 +14,11 @@ import pytest
 
 from mtgpu.config.options import load_text
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
 from mtgpu.jobstate import CANCELLED, RUNNING
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
+from mtgpu.state.codec import JobRecord
 from mtgpu.workspaces.podman import ContainerRuntime
 from mtgpu.workspaces.service import Workspaces
 from mtgpu.workspaces.types import PodmanError, Tenant, WorkspaceError
@@ -106,8 +108,8 @@ CONTAINERS:
     async def replicate(self, method: Any, *args: Any) -> Any:
         return method(*args, _doApply=True)
 
-    async def dispatch(self, job: dict[str, Any], term: int) -> None:
-        self.jobs.started(job["job_id"], NODE, time.time(), _doApply=True)
+    async def dispatch(self, job: JobRecord, term: int) -> None:
+        self.jobs.started(job.job_id, NODE, time.time(), _doApply=True)
 
     async def agent_tick(self) -> None:
         """What the agent does with a cancelled holder: it ends."""
@@ -325,7 +327,13 @@ def test_gpu_devices_cdi_for_nvidia_nodes_for_the_rest(env, monkeypatch: pytest.
     assert env_ == {"MTGPU_GPUS": "1,2"}
     # what the tenant holds is what mt-podman and the hook let through, and no more
     host.jobs.submit(
-        {"user": "ann", "uid": 20001, "name": "j", "spec": {}, "workdir": "/"},
+        {
+            "user": "ann",
+            "uid": 20001,
+            "name": "j",
+            "spec": spec_to_dict(JobSpec(ResourceRequest(), "")),
+            "workdir": "/",
+        },
         None,
         time.time(),
         _doApply=True,
@@ -334,7 +342,11 @@ def test_gpu_devices_cdi_for_nvidia_nodes_for_the_rest(env, monkeypatch: pytest.
     host.jobs.jobs[jid] = {
         **host.jobs.jobs[jid],
         "state": RUNNING,
-        "placement": {"members": [{"node": NODE, "gpu_indices": [1, 2]}]},
+        "placement": {
+            "job_id": jid,
+            "gpu_mode": "exclusive",
+            "members": [{"node": NODE, "rank": 0, "gpu_indices": [1, 2], "cpus": 1, "ram": 0}],
+        },
     }
     pol = ws.policy(ws.tenant("ann", 20001))
     assert pol.cdi_devices == ("nvidia.com/gpu=GPU-1",)
