@@ -45,6 +45,7 @@ class JobTable(SyncObjConsumer):
         self._wait_lock = threading.Lock()  # the log is applied on PySyncObj's thread
         # The typed form of each record, made once per change of the job (see record()).
         self._records: dict[str, JobRecord] = {}
+        self._specs: codec.SpecCache = {}
         super().__init__()
         #: The format of the records (mtgpu.state.codec); a dump without it is format 1.
         self.state_format = codec.FORMAT
@@ -86,6 +87,7 @@ class JobTable(SyncObjConsumer):
         }
         super()._deserialize(data)
         self._records.clear()
+        self._specs.clear()
         # State from before keys had outcomes and ages ("UID:token" -> job id): those
         # keys are not kept (a retry across the upgrade is a new submission).
         self.__dict__.pop("tokens", None)
@@ -227,7 +229,7 @@ class JobTable(SyncObjConsumer):
         hit = self._records.get(j["job_id"])
         if hit is not None and hit.raw is j:
             return hit
-        rec = codec.decode_job(j, hit)
+        rec = codec.decode_job(j, hit, self._specs)
         if self.jobs.get(rec.job_id) is j:  # a record since replaced is not kept
             self._records[rec.job_id] = rec
         return rec

@@ -16,6 +16,10 @@ format of the code applying them.
   (``requeues``, ``held``, ``numeric_id``, ``placed_time`` may be missing).
 - Format 2: every record holds each of those keys (:data:`FORMAT_2_DEFAULTS`).
 
+A record's ``spec`` and ``placement`` are decoded into :mod:`mtgpu.jobspec`'s types,
+which refuse keys they do not know: a field added to JobSpec, ResourceRequest or
+Placement that a release before it could not read is a new format.
+
 :func:`check_state_dir` looks at a STATE_DIR before the store opens it, so that state
 of a newer format, or a damaged record in the dump, is refused with what to do and
 nothing is written.
@@ -262,13 +266,23 @@ def _placement(j: Mapping[str, Any], jid: str) -> Placement | None:
     )
 
 
-def decode_job(j: Mapping[str, Any], before: JobRecord | None = None) -> JobRecord:
+#: Specs a :data:`SpecCache` holds before it starts again.
+SPEC_CACHE = 4096
+#: Decoded specs by the identity of their dict: ``{id(d): (d, JobSpec)}``. The tasks
+#: of an array share one spec dict, so an array's spec is decoded once.
+SpecCache = dict[int, tuple[Mapping[str, Any], JobSpec]]
+
+
+def decode_job(
+    j: Mapping[str, Any], before: JobRecord | None = None, specs: SpecCache | None = None
+) -> JobRecord:
     """The typed form of a job record (of :data:`FORMAT`, or older: missing keys take
     their defaults). Raises StateFormatError naming the job and the field that is wrong.
 
     ``before``: the job's record before this change, whose spec and placement are
     kept where the new record holds the same dicts (the table shares them between a
-    job's records), so a transition decodes only what it changed."""
+    job's records), so a transition decodes only what it changed. ``specs``: specs
+    decoded for other records (kept in it too)."""
     if not isinstance(j, Mapping):
         raise StateFormatError(f"a job record is a {type(j).__name__}, not a mapping")
     jid = _field(j, "job_id", str)
@@ -279,10 +293,17 @@ def decode_job(j: Mapping[str, Any], before: JobRecord | None = None) -> JobReco
         raise StateFormatError(
             f"the record of job {jid!r} has the state {state_name!r:.40}, which is no job state"
         ) from None
-    if before is not None and before.raw.get("spec") is j.get("spec"):
+    raw_spec = j.get("spec")
+    if before is not None and before.raw.get("spec") is raw_spec:
         spec = before.spec
+    elif specs is not None and (hit := specs.get(id(raw_spec))) is not None and hit[0] is raw_spec:
+        spec = hit[1]
     else:
         spec = _spec(j, jid)
+        if specs is not None and isinstance(raw_spec, Mapping):
+            if len(specs) >= SPEC_CACHE:
+                specs.clear()
+            specs[id(raw_spec)] = (raw_spec, spec)
     if before is not None and before.raw.get("placement") is j.get("placement"):
         placement = before.placement
     else:
@@ -388,8 +409,9 @@ def check_dump(data: Any, where: str) -> int | None:
         raise StateFormatError(
             f"the job table in {where} holds {type(jobs).__name__} for its jobs, not a mapping"
         )
+    specs: SpecCache = {}
     for jid, j in jobs.items():
-        rec = decode_job(j)
+        rec = decode_job(j, specs=specs)
         if rec.job_id != jid:
             raise StateFormatError(
                 f"the job table in {where} keeps the record of job {rec.job_id!r} as {jid!r}"

@@ -315,3 +315,23 @@ class _Stub:
 
     def __init__(self, state_dir: Path) -> None:
         self.options = type("O", (), {"state_dir": str(state_dir)})()
+
+
+def test_the_tasks_of_an_array_share_one_decoded_spec() -> None:
+    from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
+    from mtgpu.schedd.jobtable import JobTable
+
+    table = JobTable()
+    asked = spec_to_dict(JobSpec(ResourceRequest(cpus=2), "true", array="0-99"))
+    record = {"user": "ann", "uid": 20001, "name": "a", "spec": asked, "workdir": "/w"}
+    r = table.submit(record, list(range(100)), 1.0, None, None, True, _doApply=True)
+    recs = [table.record(t) for t in r["tasks"]]
+    assert len(recs) == 100 and all(rec is not None and rec.cpus == 2 for rec in recs)
+    assert len({id(rec.spec) for rec in recs if rec is not None}) == 1
+    # The check at start shares them the same way, and still names a damaged one.
+    jobs = dict(table.jobs)
+    bad = r["tasks"][50]
+    jobs[bad] = {**jobs[bad], "spec": {**jobs[bad]["spec"], "priority": "high"}}
+    dump = [[{"jobs": jobs, "next_id": table.next_id, "state_format": codec.FORMAT}]]
+    with pytest.raises(codec.StateFormatError, match=f"job '{bad}' has 'spec.priority' = 'high'"):
+        codec.check_dump(dump, "the test's dump")
