@@ -15,12 +15,12 @@ from mtgpu.api.limits import SubmitLimits
 from mtgpu.config import Options
 from mtgpu.config.options import MAX_JOB_SCRIPT
 from mtgpu.errors import ApiError, JobError, MtgpuError, ValidationError
+from mtgpu.jobspec import spec_to_dict
 from mtgpu.jobstate import FINAL_STATES, PENDING
 from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
 from mtgpu.schedd.jobenv import JobUser
 from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file, script_text_error
-from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import KNOWN_BRANDS

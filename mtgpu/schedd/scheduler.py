@@ -26,7 +26,6 @@ from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobtable import JobTable, draft
 from mtgpu.schedd.placement import feasible_ever, snapshot_with_allocations
 from mtgpu.schedd.queue import PendingInfo, PendingQueue, QueuePolicy, schedule_pass
-from mtgpu.state.codec import JobRecord
 from mtgpu.schedd.types import (
     Allocation,
     ClusterSnapshot,
@@ -35,6 +34,7 @@ from mtgpu.schedd.types import (
     NodeState,
     ResourceRequest,
 )
+from mtgpu.state.codec import JobRecord
 
 log = logging.getLogger("mtgpu.schedd")
 

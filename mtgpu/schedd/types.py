@@ -24,16 +24,16 @@ from typing import Any
 
 from mtgpu.jobspec import (
     DEFAULT_CPUS,
-    DEFAULT_RAM,
-    MIN_PRIORITY,
     DEFAULT_PRIORITY,
-    MAX_PRIORITY,
+    DEFAULT_RAM,
     KNOWN_BRANDS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     GpuMode,
-    ResourceRequest,
     JobSpec,
     MemberPlacement,
     Placement,
+    ResourceRequest,
 )
 
 __all__ = [

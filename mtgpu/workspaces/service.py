@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mtgpu.config import Options
-from mtgpu.jobstate import ACTIVE_STATES, FINAL_STATES, PENDING, RUNNING
 from mtgpu.jobspec import spec_to_dict
+from mtgpu.jobstate import ACTIVE_STATES, FINAL_STATES, PENDING, RUNNING
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.types import KNOWN_BRANDS, GpuMode, JobSpec, ResourceRequest
 from mtgpu.workspaces import cdi

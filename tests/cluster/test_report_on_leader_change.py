@@ -19,8 +19,8 @@ from mtgpu.cluster.identity import ClusterIdentity
 from mtgpu.cluster.runtime import ClusterRuntime
 from mtgpu.config import Options
 from mtgpu.gpuinfo.types import HostUsage, NodeInventory
-from mtgpu.schedd.jobfile import parse_job_file
 from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobfile import parse_job_file
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 

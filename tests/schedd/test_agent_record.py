@@ -6,10 +6,10 @@ import asyncio
 import types
 
 from mtgpu.errors import StateError
+from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd import agent as agent_mod
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.runner import FinalState, JobResult
 

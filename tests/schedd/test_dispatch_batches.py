@@ -13,8 +13,8 @@ from mtgpu.api.dispatcher import Caller
 from mtgpu.api.jobs import dispatch_op
 from mtgpu.cluster.starts import StartBatcher
 from mtgpu.errors import ApiError, MtgpuError
-from mtgpu.jobstate import PENDING
 from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
+from mtgpu.jobstate import PENDING
 from mtgpu.schedd.jobtable import JobTable
 
 PEER = Caller("mtgpu-peer.sched", 0, True, "peer")

@@ -6,10 +6,10 @@ import asyncio
 
 from mtgpu.gpuinfo.report import format_nodes_table
 from mtgpu.gpuinfo.types import HostUsage, NodeInventory
+from mtgpu.jobspec import spec_to_dict
 from mtgpu.jobstate import PENDING, RUNNING
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState

@@ -315,9 +315,9 @@ def test_a_cluster_id_unfit_for_a_directory_name_gets_a_stable_hashed_one() -> N
 
 
 def test_slurm_task_array_and_umask_variables_from_the_submission() -> None:
+    from mtgpu.jobspec import spec_to_dict
     from mtgpu.schedd.agent import launch_for
     from mtgpu.schedd.jobfile import parse_job_file
-    from mtgpu.jobspec import spec_to_dict
     from mtgpu.state.codec import decode_job
 
     user = JobUser("ann", 2000, 2000, "/home/ann")

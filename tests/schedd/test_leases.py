@@ -17,9 +17,9 @@ import pytest
 from mtgpu.config.options import load_text
 from mtgpu.errors import ConfigError
 from mtgpu.gpuinfo.types import HostUsage, NodeInventory
+from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.jobspec import spec_to_dict
 from mtgpu.schedd.jobtable import JobTable, attempt_of
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState

@@ -9,8 +9,8 @@ import pytest
 
 from mtgpu.errors import JobError
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
-from mtgpu.schedd.jobfile import parse_job_file
 from mtgpu.jobspec import spec_to_dict
+from mtgpu.schedd.jobfile import parse_job_file
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 

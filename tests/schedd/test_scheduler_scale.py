@@ -8,14 +8,14 @@ import dataclasses
 from typing import ClassVar
 
 from mtgpu.gpuinfo.types import GpuInfo, HostUsage, NodeInventory
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
 from mtgpu.schedd import scheduler as sched_mod
 from mtgpu.schedd.drains import Drains
 from mtgpu.schedd.jobfile import parse_job_file
-from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
-from mtgpu.state.codec import decode_job
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import NodeState
+from mtgpu.state.codec import decode_job
 from mtgpu.state.store import StateStore
 
 G = 1 << 30
