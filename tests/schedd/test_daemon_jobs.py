@@ -99,44 +99,63 @@ def at_once(host, key, user, ids):
     return [listed[i] for i in ids if i in listed]
 
 
+def _looked_at(states):
+    """Each pending job's reason is there: the scheduler has had a pass since it came
+    (a listing right after the last submission may come before that pass)."""
+    return all(s["reason"] not in (None, "", "None") for s in states if s["state"] == "PENDING")
+
+
+def _cancel_all(host, key, ids):
+    """Cancel ``ids`` and wait for them to end: the GPUs are the next test's. Run even
+    when the test failed, so that one failure does not hold the GPUs for the rest."""
+    assert host.ssh("gina", key, "mt-job cancel " + " ".join(ids)).returncode == 0
+    for j in ids:
+        wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
+
+
 def test_exclusive_and_shared_never_oversubscribe(gpu_host):
     host, key = gpu_host
     # Jobs that outlive the test (each is cancelled): a loaded host that starts them
     # late must not see one end on its own before it is looked at.
     ex = [submit(host, key, "gina", job("sleep 300", "gpus=1 cpus=1 ram=50M")) for _ in range(3)]
-    states = wait_for(
-        lambda: (
-            (st := at_once(host, key, "gina", ex)) and sum(s["state"] == "RUNNING" for s in st) >= 2 and st
-        ),
-        what="two running",
-    )
-    running = [s for s in states if s["state"] == "RUNNING"]
-    pending = [s for s in states if s["state"] == "PENDING"]
-    assert len(running) == 2 and len(pending) == 1
-    assert pending[0]["reason"] in ("Resources", "Priority") and pending[0]["position"] == 1
-    assert {s["gpus"][0]["index"] for s in running} == {0, 1}
-    # The GPUs are free again once the jobs end: cancelled, not waited for.
-    assert host.ssh("gina", key, "mt-job cancel " + " ".join(ex)).returncode == 0
-    for j in ex:
-        wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
+    try:
+        states = wait_for(
+            lambda: (
+                (st := at_once(host, key, "gina", ex))
+                and sum(s["state"] == "RUNNING" for s in st) >= 2
+                and _looked_at(st)
+                and st
+            ),
+            what="two running and the third's reason",
+        )
+        running = [s for s in states if s["state"] == "RUNNING"]
+        pending = [s for s in states if s["state"] == "PENDING"]
+        assert len(running) == 2 and len(pending) == 1
+        assert pending[0]["reason"] in ("Resources", "Priority") and pending[0]["position"] == 1
+        assert {s["gpus"][0]["index"] for s in running} == {0, 1}
+    finally:
+        # The GPUs are free again once the jobs end: cancelled, not waited for.
+        _cancel_all(host, key, ex)
     sh = [submit(host, key, "gina", job("sleep 300", "gpus=1 vram=10G cpus=1 ram=50M")) for _ in range(5)]
-    states = wait_for(
-        lambda: (
-            (st := at_once(host, key, "gina", sh)) and sum(s["state"] == "RUNNING" for s in st) >= 4 and st
-        ),
-        what="four running",
-    )
-    time.sleep(1.5)  # and a fifth would have started by now if it could
-    states = at_once(host, key, "gina", sh)
-    running = [s for s in states if s["state"] == "RUNNING"]
-    assert len(running) == 4  # two 10G jobs per 24G card, never three
-    per_gpu = {}
-    for s in running:
-        per_gpu[s["gpus"][0]["index"]] = per_gpu.get(s["gpus"][0]["index"], 0) + 1
-    assert per_gpu == {0: 2, 1: 2}
-    assert host.ssh("gina", key, "mt-job cancel " + " ".join(sh)).returncode == 0
-    for j in sh:
-        wait_state(host, key, "gina", j, {"CANCELLED"}, timeout=40)
+    try:
+        states = wait_for(
+            lambda: (
+                (st := at_once(host, key, "gina", sh))
+                and sum(s["state"] == "RUNNING" for s in st) >= 4
+                and st
+            ),
+            what="four running",
+        )
+        time.sleep(1.5)  # and a fifth would have started by now if it could
+        states = at_once(host, key, "gina", sh)
+        running = [s for s in states if s["state"] == "RUNNING"]
+        assert len(running) == 4  # two 10G jobs per 24G card, never three
+        per_gpu = {}
+        for s in running:
+            per_gpu[s["gpus"][0]["index"]] = per_gpu.get(s["gpus"][0]["index"], 0) + 1
+        assert per_gpu == {0: 2, 1: 2}
+    finally:
+        _cancel_all(host, key, sh)
 
 
 def test_impossible_job_is_rejected_at_once(gpu_host):
