@@ -323,8 +323,12 @@ class Scheduler:
         if version == self._seen_version:
             return
         self._seen_version = version
-        for j in self.table.active_records():
-            if j.state == PENDING and j.job_id not in self.queue:
+        queue, record = self.queue, self.table.record
+        for jid in list(self.table.active_ids):
+            if jid in queue:
+                continue  # most pending jobs: looked at without decoding them
+            j = record(jid)
+            if j is not None and j.state == PENDING:
                 self._enqueue(j)
 
     def _enqueue(self, j: JobRecord) -> None:

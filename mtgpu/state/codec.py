@@ -214,8 +214,12 @@ def _kind(kind: Any) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
+#: The empty mapping every record without progress, usage or GPU details shares.
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
+
+
 def _mapping(v: Any) -> Mapping[str, Any]:
-    return types.MappingProxyType(dict(v or {}))
+    return types.MappingProxyType(dict(v)) if v else _EMPTY
 
 
 def _spec(j: Mapping[str, Any], jid: str) -> JobSpec:
@@ -339,15 +343,14 @@ def decode_job(
         container_ref=container.get("ref"),
         image_id=container.get("id"),
         progress=_mapping(j.get("progress")),
-        usage=types.MappingProxyType({n: _mapping(u) for n, u in (j.get("usage") or {}).items()}),
-        gpu_info=types.MappingProxyType(
-            {n: tuple(_mapping(g) for g in gs or ()) for n, gs in (j.get("gpu_info") or {}).items()}
+        usage=_mapping({n: _mapping(u) for n, u in usage.items()}) if (usage := j.get("usage")) else _EMPTY,
+        gpu_info=(
+            _mapping({n: tuple(_mapping(g) for g in gs or ()) for n, gs in gpu_info.items()})
+            if (gpu_info := j.get("gpu_info"))
+            else _EMPTY
         ),
         raw=j,
     )
-
-
-_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
 
 
 def _is_job_table(data: Any) -> bool:
