@@ -660,7 +660,7 @@ class Agent:
         if now - self._old_runs_checked < 1.0:
             return
         self._old_runs_checked = now
-        for j in self.table.active_records():
+        for j in self.table.old_run_records():
             old = j.old_run if j.state != RUNNING else None
             if not old or self.node not in old["members"]:
                 continue

@@ -46,6 +46,10 @@ class JobTable(SyncObjConsumer):
         # The typed form of each record, made once per change of the job (see record()).
         self._records: dict[str, JobRecord] = {}
         self._specs: codec.SpecCache = {}
+        # The pending and running jobs whose earlier run may still run somewhere
+        # (their record's ``old_run``), made from the records: the agents and the scheduler look at
+        # these every second, not at every active job.
+        self.old_run_ids: dict[str, None] = {}
         super().__init__()
         #: The format of the records (mtgpu.state.codec); a dump without it is format 1.
         self.state_format = codec.FORMAT
@@ -105,6 +109,9 @@ class JobTable(SyncObjConsumer):
                 pass
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
+        self.old_run_ids = {
+            jid: None for jid, j in self.jobs.items() if j.get("old_run") and j["state"] in ACTIVE_STATES
+        }
         self.numeric_ids = {j["numeric_id"]: jid for jid, j in self.jobs.items() if j.get("numeric_id")}
         self.pending_by_user = {}
         self.pending_script_bytes, self._pending_scripts = {}, {}
@@ -167,6 +174,10 @@ class JobTable(SyncObjConsumer):
             self.running_ids[jid] = None
         else:
             self.running_ids.pop(jid, None)
+        if record.get("old_run") and record["state"] in ACTIVE_STATES:
+            self.old_run_ids[jid] = None
+        else:
+            self.old_run_ids.pop(jid, None)
         if self._waiters:
             with self._wait_lock:
                 waiting = self._waiters.pop(jid, ())
@@ -278,6 +289,12 @@ class JobTable(SyncObjConsumer):
         """:meth:`running`, typed."""
         typed, jobs = self.typed, self.jobs
         return [typed(jobs[jid]) for jid in list(self.running_ids)]
+
+    def old_run_records(self) -> list[JobRecord]:
+        """The pending and running jobs whose record has an ``old_run`` (an earlier
+        run that may still run on its members), typed."""
+        typed, jobs = self.typed, self.jobs
+        return [typed(j) for jid in list(self.old_run_ids) if (j := jobs.get(jid)) is not None]
 
     def task_records(self, job_id: str) -> list[JobRecord]:
         """:meth:`tasks_of`, typed."""
@@ -660,6 +677,7 @@ class JobTable(SyncObjConsumer):
                     self.numeric_ids.pop(j["numeric_id"], None)
                 self.active_ids.pop(jid, None)
                 self.running_ids.pop(jid, None)
+                self.old_run_ids.pop(jid, None)
                 n += 1
         return n
 

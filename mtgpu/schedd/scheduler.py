@@ -671,7 +671,7 @@ class Scheduler:
             return []
         self._last_old_runs = now
         out = []
-        for j in [j for j in self.table.active_records() if j.state == PENDING and j.old_run]:
+        for j in [j for j in self.table.old_run_records() if j.state == PENDING and j.old_run]:
             old = j.old_run
             assert old is not None
             if all(self.lease_over(m, now) for m in old["members"]):

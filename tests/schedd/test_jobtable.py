@@ -7,6 +7,7 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mtgpu.jobspec import JobSpec, ResourceRequest, spec_to_dict
 from mtgpu.jobstate import ACTIVE_STATES
 from mtgpu.schedd.jobtable import JobTable
 
@@ -14,7 +15,9 @@ RECORD = {"name": "j", "user": "ann", "uid": 20001, "workdir": "/tmp", "spec": {
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "array", "place", "started", "finish", "cancel", "requeue", "purge"]),
+        st.sampled_from(
+            ["submit", "array", "place", "started", "finish", "cancel", "requeue", "old_run_over", "purge"]
+        ),
         st.integers(0, 30),
     ),
     max_size=60,
@@ -29,7 +32,7 @@ def apply(t: JobTable, op: str, n: int) -> None:
     elif op == "array":
         t.submit(dict(RECORD), list(range(n % 4 + 1)), 1.0, _doApply=True)
     elif op == "place":
-        t.place(jid, {"members": []}, 1, 2.0, _doApply=True)
+        t.place(jid, {"members": [{"node": "h"}] if n % 2 else []}, 1, 2.0, _doApply=True)
     elif op == "started":
         t.started(jid, "h", 3.0, _doApply=True)
     elif op == "finish":
@@ -38,6 +41,9 @@ def apply(t: JobTable, op: str, n: int) -> None:
         t.cancel([jid], "ann", 5.0, _doApply=True)
     elif op == "requeue":
         t.requeue(jid, "member lost", 6.0, _doApply=True)
+    elif op == "old_run_over":
+        old = (t.jobs.get(jid) or {}).get("old_run") or {}
+        t.old_run_over(jid, old.get("attempt", 0), "its lease ran out", _doApply=True)
     else:
         t.purge([jid], _doApply=True)
 
@@ -52,6 +58,9 @@ def test_active_index_matches_the_records(seq):
         assert sorted(j["job_id"] for j in t.active()) == sorted(j["job_id"] for j in expect)
         running = sorted(j["job_id"] for j in t.jobs.values() if j["state"] == "RUNNING")
         assert sorted(j["job_id"] for j in t.running()) == running
+        # The jobs an agent and the scheduler look at each second for an earlier run.
+        old = sorted(j["job_id"] for j in expect if j.get("old_run"))
+        assert sorted(t.old_run_ids) == old
 
 
 def test_a_state_dump_without_the_index_rebuilds_it():
@@ -66,6 +75,25 @@ def test_a_state_dump_without_the_index_rebuilds_it():
     fresh._deserialize(data)
     assert [j["job_id"] for j in fresh.active()] == ["1_1", "1_2"]
     assert fresh.running() == []  # the dump was taken before the placement
+
+
+def test_the_index_of_earlier_runs_is_made_from_the_records_not_dumped():
+    t = JobTable()
+    spec = spec_to_dict(JobSpec(ResourceRequest(nodes=2), "true", requeue=True))
+    t.submit(dict(RECORD, spec=spec), None, 1.0, _doApply=True)
+    jid = max(t.jobs, key=int)
+    members = [{"node": n, "rank": r, "gpu_indices": [], "cpus": 1, "ram": 0} for r, n in enumerate("ab")]
+    t.place(jid, {"job_id": jid, "gpu_mode": "exclusive", "members": members}, 3, 2.0, _doApply=True)
+    t.requeue(jid, "member lost", 6.0, 0, ["b"], _doApply=True)
+    assert t.jobs[jid]["old_run"] == {"attempt": 0, "members": ["b"]} and list(t.old_run_ids) == [jid]
+    assert [r.job_id for r in t.old_run_records()] == [jid]
+    data = pickle.loads(pickle.dumps(t._serialize()))
+    assert "old_run_ids" not in data
+    fresh = JobTable()
+    fresh._deserialize(data)
+    assert list(fresh.old_run_ids) == [jid]
+    fresh.cancel([jid], "ann", 7.0, _doApply=True)  # ended: nothing to wait for any more
+    assert fresh.jobs[jid]["state"] == "CANCELLED" and fresh.old_run_records() == []
 
 
 def _gang(t: JobTable, nodes: list[str]) -> str:
