@@ -631,9 +631,19 @@ def register_tenants(host: Any, n: int, path: Path) -> float:
                 out.append([ans["result"]["name"], ans["result"]["uid"]])
         s.close()
 
-    threads = [threading.Thread(target=work, args=(range(k, n, 8),)) for k in range(8)]
+    failed: list[BaseException] = []
+
+    def guarded(part: range) -> None:
+        try:
+            work(part)
+        except BaseException as exc:  # noqa: BLE001 - reported below, and the run stops
+            failed.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(range(k, n, 8),)) for k in range(8)]
     [t.start() for t in threads]
     [t.join() for t in threads]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of 8 registration connections failed; the first: {failed[0]}")
     path.write_text(json.dumps(out))
     return time.perf_counter() - t0
 
@@ -855,7 +865,11 @@ def main() -> int:
         "CLUSTER_KEY": KEY,
         "SIMULATED_CPUS": 64,
         "SIMULATED_GPUS": [{"type": "a100", "count": 8, "vram": "80G"}],
-        "TENANT_UID_RANGE": "20000-29999",
+        # Room for every tenant: the default range holds 10,000, and a range ends at
+        # 33767 at most (each tenant's 65,536 subordinate IDs come from its UID).
+        "TENANT_UID_RANGE": "20000-29999"
+        if args.tenants < 9_000
+        else f"{33767 - args.tenants - 1_000}-33767",
         "SSH_MAX_STARTUPS": 2000,
         # Every simulated member dials the voters from the one address of the workers.
         "SSH_MAX_CONNECTIONS_PER_SOURCE": 10000,

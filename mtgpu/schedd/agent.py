@@ -506,7 +506,10 @@ class Agent:
             except Exception:  # noqa: BLE001 - keep watching jobs whatever one did
                 log.exception("agent tick failed")
             try:
-                left = max(0.0, POLL_INTERVAL - (time.monotonic() - last_full))
+                # At least a quarter interval between looks, unless an end wakes it: a
+                # tick that took longer than the interval (its thread waited behind
+                # others on a loaded host) is not followed at once by another.
+                left = max(POLL_INTERVAL / 4, POLL_INTERVAL - (time.monotonic() - last_full))
                 await asyncio.wait_for(self._wake.wait(), left)
                 await asyncio.sleep(END_BATCH)  # let a burst of ends arrive together
             except TimeoutError:

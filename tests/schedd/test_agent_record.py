@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import types
 
 from mtgpu.errors import StateError
@@ -246,3 +247,39 @@ def test_a_start_after_a_restart_whose_record_an_election_lost_is_asked_again_no
     job = asyncio.run(go())
     assert not failures and runner.starts == ["1"]
     assert job["state"] == "RUNNING" and job["start_time"] is not None, (job["state"], job["reason"])
+
+
+def test_a_look_that_took_longer_than_the_poll_interval_is_not_followed_at_once(monkeypatch):
+    """A tick that overran the interval (its thread waited behind others on a loaded
+    host) is followed by a pause of a quarter interval, not by the next tick at once:
+    a host whose agents fall behind does not spin on their looks."""
+    import time as _time
+
+    monkeypatch.setattr(agent_mod, "POLL_INTERVAL", 0.2)
+    looks: list[tuple[float, float]] = []
+
+    def poll(ended=None):
+        began = _time.monotonic()
+        _time.sleep(0.3)  # longer than the interval
+        looks.append((began, _time.monotonic()))
+        return []
+
+    runner = types.SimpleNamespace(running=lambda: [], poll=poll)
+    sampler = types.SimpleNamespace(set_declared=lambda d: None)
+
+    async def apply(method, *args, **kw):
+        return method(*args, **kw, _doApply=True)
+
+    agent = Agent("m1", JobTable(), runner, sampler, apply, None)
+
+    async def go() -> None:
+        task = asyncio.ensure_future(agent._loop())
+        while len(looks) < 4:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    gaps = [nxt[0] - prev[1] for prev, nxt in zip(looks, looks[1:], strict=False)]
+    assert len(gaps) >= 3 and min(gaps) >= 0.2 / 4 - 0.005, gaps
