@@ -853,8 +853,15 @@ def main() -> int:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)  # before py-spy writes there
     sizes = [int(x) for x in args.members.split(",")]
-    # A SIGTERM (``timeout``) still stops the voters and removes the namespaces.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    # A SIGTERM (``timeout``) still stops the voters and removes the namespaces; a
+    # second one (``pkill`` reaching ``timeout`` too, which passes it on) is ignored
+    # so that it cannot cut that cleanup short.
+    def _terminated(*_: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, _terminated)
     from mtgpu_testing import Host, Network
 
     root = Path(tempfile.mkdtemp(prefix="mtgpu-load-", dir="/tmp"))
