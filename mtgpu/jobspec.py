@@ -219,21 +219,24 @@ def spec_from_dict(d: Mapping[str, Any]) -> JobSpec:
     return JobSpec(request=ResourceRequest(**r), **rest)
 
 
+def member_from_dict(m: Mapping[str, Any]) -> MemberPlacement:
+    """One member of :meth:`Placement.to_dict`'s ``members`` (without its scores);
+    raises KeyError, TypeError or ValueError if it is not one."""
+    return MemberPlacement(
+        node=str(m["node"]),
+        rank=int(m["rank"]),
+        gpu_indices=tuple(int(i) for i in m["gpu_indices"]),
+        cpus=int(m["cpus"]),
+        ram=int(m["ram"]),
+        vram_per_gpu=int(m.get("vram_per_gpu") or 0),
+    )
+
+
 def placement_from_dict(d: Mapping[str, Any]) -> Placement:
     """Inverse of :meth:`Placement.to_dict` (without the ranker scores)."""
     return Placement(
         job_id=d["job_id"],
         gpu_mode=GpuMode(d["gpu_mode"]),
-        members=tuple(
-            MemberPlacement(
-                node=m["node"],
-                rank=m["rank"],
-                gpu_indices=tuple(m["gpu_indices"]),
-                cpus=m["cpus"],
-                ram=m["ram"],
-                vram_per_gpu=m["vram_per_gpu"],
-            )
-            for m in d["members"]
-        ),
+        members=tuple(member_from_dict(m) for m in d["members"]),
         whole_member=bool(d.get("whole_member")),
     )

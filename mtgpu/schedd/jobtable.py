@@ -47,8 +47,8 @@ class JobTable(SyncObjConsumer):
         self._records: dict[str, JobRecord] = {}
         self._specs: codec.SpecCache = {}
         # The pending and running jobs whose earlier run may still run somewhere
-        # (their record's ``old_run``), made from the records: the agents and the scheduler look at
-        # these every second, not at every active job.
+        # (their record's ``old_run``), made from the records: the agents and the
+        # scheduler look at these every second, not at every active job.
         self.old_run_ids: dict[str, None] = {}
         super().__init__()
         #: The format of the records (mtgpu.state.codec); a dump without it is format 1.
@@ -109,9 +109,7 @@ class JobTable(SyncObjConsumer):
                 pass
         self.active_ids = {jid: None for jid, j in self.jobs.items() if j["state"] in ACTIVE_STATES}
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
-        self.old_run_ids = {
-            jid: None for jid, j in self.jobs.items() if j.get("old_run") and j["state"] in ACTIVE_STATES
-        }
+        self.old_run_ids = {jid: None for jid, j in self.jobs.items() if _waits_for_old_run(j)}
         self.numeric_ids = {j["numeric_id"]: jid for jid, j in self.jobs.items() if j.get("numeric_id")}
         self.pending_by_user = {}
         self.pending_script_bytes, self._pending_scripts = {}, {}
@@ -174,7 +172,7 @@ class JobTable(SyncObjConsumer):
             self.running_ids[jid] = None
         else:
             self.running_ids.pop(jid, None)
-        if record.get("old_run") and record["state"] in ACTIVE_STATES:
+        if _waits_for_old_run(record):
             self.old_run_ids[jid] = None
         else:
             self.old_run_ids.pop(jid, None)
@@ -680,6 +678,12 @@ class JobTable(SyncObjConsumer):
                 self.old_run_ids.pop(jid, None)
                 n += 1
         return n
+
+
+def _waits_for_old_run(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is of a pending or running job whose earlier run may still
+    run (:attr:`JobTable.old_run_ids`)."""
+    return bool(record.get("old_run")) and record["state"] in ACTIVE_STATES
 
 
 def _pending(record: dict[str, Any], now: float) -> dict[str, Any]:

@@ -671,9 +671,10 @@ class Scheduler:
             return []
         self._last_old_runs = now
         out = []
-        for j in [j for j in self.table.old_run_records() if j.state == PENDING and j.old_run]:
+        for j in self.table.old_run_records():
             old = j.old_run
-            assert old is not None
+            if j.state != PENDING or old is None:
+                continue
             if all(self.lease_over(m, now) for m in old["members"]):
                 await self.replicate(
                     self.table.old_run_over,

@@ -38,7 +38,7 @@ from pysyncobj import pickle as raft_pickle
 
 import mtgpu
 from mtgpu.errors import StateError
-from mtgpu.jobspec import GpuMode, JobSpec, MemberPlacement, Placement, spec_from_dict
+from mtgpu.jobspec import GpuMode, JobSpec, MemberPlacement, Placement, member_from_dict, spec_from_dict
 from mtgpu.jobstate import JobState
 
 #: The format this release reads and writes.
@@ -242,16 +242,7 @@ def _placement(j: Mapping[str, Any], jid: str) -> Placement | None:
     members = []
     for m in placement.get("members", ()):
         try:
-            members.append(
-                MemberPlacement(
-                    node=str(m["node"]),
-                    rank=int(m["rank"]),
-                    gpu_indices=tuple(int(i) for i in m["gpu_indices"]),
-                    cpus=int(m["cpus"]),
-                    ram=int(m["ram"]),
-                    vram_per_gpu=int(m.get("vram_per_gpu") or 0),
-                )
-            )
+            members.append(member_from_dict(m))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFormatError(
                 f"the record of job {jid!r} has a damaged placement member {m!r:.80}: {exc!r}"
