@@ -208,15 +208,38 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     return d
 
 
+#: JobSpec's fields, and the defaults of those that have one (for spec_from_dict).
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(JobSpec))
+_SPEC_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(JobSpec) if f.default is not dataclasses.MISSING
+}
+
+
 def spec_from_dict(d: Mapping[str, Any]) -> JobSpec:
-    """Inverse of :func:`spec_to_dict`."""
+    """Inverse of :func:`spec_to_dict`; raises KeyError, TypeError or ValueError if
+    ``d`` is not one (a missing or unknown field, a GPU mode that does not exist).
+
+    Every pending job's record is decoded once when it is queued, so this builds the
+    frozen JobSpec without its generated ``__init__`` (one ``object.__setattr__`` per
+    field, half the cost): its fields are checked here as the constructor would, and
+    JobSpec has no ``__post_init__`` to skip (tests/test_jobspec.py holds both to it).
+    """
     r = dict(d["request"])
     r["gpu_mode"] = GpuMode(r["gpu_mode"])
     r["servers"] = tuple(r.get("servers", ()))
     r["exclude"] = tuple(r.get("exclude", ()))
-    rest = {k: v for k, v in d.items() if k != "request"}
-    rest["warnings"] = tuple(rest.get("warnings", ()))
-    return JobSpec(request=ResourceRequest(**r), **rest)
+    values = _SPEC_DEFAULTS.copy()
+    values.update(d)
+    if len(values) != len(_SPEC_FIELDS) or "script" not in d:
+        unknown = sorted(set(values) - _SPEC_FIELDS)
+        raise TypeError(
+            f"a job spec has unknown fields {unknown}" if unknown else "a job spec has no 'script'"
+        )
+    values["request"] = ResourceRequest(**r)
+    values["warnings"] = tuple(values["warnings"])
+    spec = object.__new__(JobSpec)
+    spec.__dict__.update(values)
+    return spec
 
 
 def member_from_dict(m: Mapping[str, Any]) -> MemberPlacement:

@@ -56,6 +56,11 @@ PASS_SHARE_WAIT = 4.0
 #: more to place (a burst): the rest of the burst waits on it, and the requests the
 #: pass's starts bring are served while they start anyway.
 BURST_SHARE_WAIT = 1.0
+#: How often the loop looks for members whose lease ran out (seconds). Leases last
+#: ``lost_after`` (tens of seconds), so looking on every pass (up to ten a second,
+#: each over every member and every running job) only cost CPU (a direct call of
+#: :meth:`Scheduler.check_lost` still looks at once).
+LOST_CHECK_INTERVAL = 0.5
 #: A pass waits for submissions to pause this long (seconds)...
 SUBMIT_QUIET = 0.01
 #: ...but never longer than this in all.
@@ -228,6 +233,7 @@ class Scheduler:
         #: took over (Raft's leader fall-back time): every member's clock starts then.
         self.takeover_wait = takeover_wait
         self._last_old_runs = float("-inf")
+        self._last_lost_check = float("-inf")
         #: Each member's snapshot, made when a pass first needs it, with the report it
         #: stands for: a report that is not the member's latest makes it stale (and
         #: its GPUs' part is reused where the GPU records are the same).
@@ -549,10 +555,12 @@ class Scheduler:
             except TimeoutError:
                 pass
             self._kick.clear()
-            try:
-                await self.check_lost()
-            except Exception:  # noqa: BLE001 - a failed commit is retried next time
-                log.exception("checking for lost members failed")
+            if (now := time.monotonic()) - self._last_lost_check >= LOST_CHECK_INTERVAL:
+                self._last_lost_check = now
+                try:
+                    await self.check_lost()
+                except Exception:  # noqa: BLE001 - a failed commit is retried next time
+                    log.exception("checking for lost members failed")
             if not self._restarted_unstarted and (self.state_current is None or self.state_current()):
                 self._restarted_unstarted = True
                 self.start_unstarted()

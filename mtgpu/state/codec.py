@@ -188,21 +188,33 @@ class JobRecord:
 
 _NUM = (int, float)
 
+#: The exact types that pass each kind's check at once (the rest take the full check).
+_EXACT: dict[Any, frozenset[type]] = {
+    str: frozenset({str}),
+    int: frozenset({int}),
+    _NUM: frozenset({int, float}),
+    Mapping: frozenset({dict, types.MappingProxyType}),
+}
+_ABSENT = object()
+
 
 def _field(
     j: Mapping[str, Any], key: str, kind: Any, default: Any = ..., *, of: Any = None, within: str = ""
 ) -> Any:
     """``j[key]``, checked to be a ``kind`` (None allowed where ``default`` is None);
     ``of``: the record ``j`` is part of (for the job's id in the message)."""
-    jid = (of if of is not None else j).get("job_id", "?")
-    if key not in j:
+    v = j.get(key, _ABSENT)
+    if type(v) in _EXACT[kind]:  # nearly every field: one lookup, one set test
+        return v
+    if v is _ABSENT:
         if default is ...:
+            jid = (of if of is not None else j).get("job_id", "?")
             raise StateFormatError(f"the record of job {jid!r} has no {within + key!r}")
         return default
-    v = j[key]
     if v is None and default is None:
         return None
     if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+        jid = (of if of is not None else j).get("job_id", "?")
         raise StateFormatError(
             f"the record of job {jid!r} has {within + key!r} = {v!r:.80}, not {_kind(kind)}"
         )

@@ -47,3 +47,47 @@ def test_a_pass_waits_for_a_submission_stream_to_pause_but_not_forever(monkeypat
         assert waited >= 0.25 and idle < waited
 
     asyncio.run(go())
+
+
+def test_the_loop_looks_for_lost_members_twice_a_second_not_on_every_pass(monkeypatch):
+    """Every submission and job end kicks a pass; a look for members whose lease ran
+    out goes over every member and running job, and leases last tens of seconds."""
+    monkeypatch.setattr(sched_mod, "MIN_PASS_INTERVAL", 0.001)
+    s = Scheduler(JobTable(), _nothing, _nothing, term=lambda: 1)
+    looks: list[float] = []
+    passes: list[float] = []
+
+    async def check_lost() -> list[str]:
+        looks.append(time.monotonic())
+        return []
+
+    async def run_pass(*, wait: bool = True) -> int:
+        passes.append(time.monotonic())
+        return 0
+
+    monkeypatch.setattr(s, "check_lost", check_lost)
+    monkeypatch.setattr(s, "run_pass", run_pass)
+
+    async def go() -> None:
+        task = asyncio.ensure_future(s._loop())
+        try:
+            deadline = time.monotonic() + 10
+            while len(passes) < 20 and time.monotonic() < deadline:
+                s.kick()
+                await asyncio.sleep(0.005)
+            assert len(passes) >= 20
+            # Every pass within LOST_CHECK_INTERVAL of the last look went without one.
+            assert len(looks) <= 1 + (passes[-1] - looks[0]) / sched_mod.LOST_CHECK_INTERVAL
+            assert len(looks) < len(passes)
+            # ...and the looks go on while the passes do.
+            first = len(looks)
+            while len(looks) == first and time.monotonic() < deadline:
+                s.kick()
+                await asyncio.sleep(0.01)
+            assert len(looks) > first
+            assert looks[first] - looks[first - 1] >= sched_mod.LOST_CHECK_INTERVAL
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
