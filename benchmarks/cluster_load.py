@@ -696,6 +696,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def system_seconds(pid: int) -> float:
+    """The CPU time ``pid`` spent in the kernel (its system calls: sends, fsyncs)."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).cpu_times().system)
+    except psutil.Error:
+        return 0.0
+
+
 def peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -742,6 +752,7 @@ def measure(
                 "50",
                 "-f",
                 "raw",
+                *(["--gil"] if args.profile_gil else []),
                 "-o",
                 str(Path(args.profile) / f"scheduler-{members}-{part}.txt"),
             ],
@@ -756,11 +767,13 @@ def measure(
 
     spying = spy("steady")
     c0, g0, w0 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
+    k0 = system_seconds(leader_pid)
     per = args.rate / len(workers)
     t_start = time.time()
     sent = all_do(workers, "steady", rate=per, seconds=args.steady)
     moved = current_leader(hosts) is not leader
     c1, g1, w1 = cpu_seconds([leader_pid]), cpu_seconds(gen), time.monotonic()
+    k1 = system_seconds(leader_pid)
     stop(spying)
     st = all_do(workers, "stats", wait=60.0)
     placed = [x for s in st for x in s["placed"]]
@@ -794,6 +807,7 @@ def measure(
     return {
         "members": members,
         "scheduler_cpu_pct": 100 * (c1 - c0) / (w1 - w0),
+        "scheduler_system_cpu_pct": 100 * (k1 - k0) / (w1 - w0),
         "generator_cpu_pct": 100 * (g1 - g0) / (w1 - w0),
         "scheduler_peak_rss_mib": peak_rss(leader_pid) / (1 << 20),
         "jobs": len(placed),
@@ -848,6 +862,12 @@ def main() -> int:
         "--profile",
         metavar="DIR",
         help="record the scheduler's stacks with py-spy into DIR; keep the logs there",
+    )
+    ap.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: sample only the thread holding the GIL (where Python computes; "
+        "without it, threads waiting for the GIL or in a system call count too)",
     )
     args = ap.parse_args()
     if args.profile:
@@ -1071,6 +1091,11 @@ def print_table(
                 f"note: at {r['members']} members the scheduler role moved to another voter "
                 f"during the {where} (an election)"
             )
+    for r in rows:
+        print(
+            f"steady at {r['members']} members: scheduler {r['scheduler_cpu_pct']:.0f}% of one core, "
+            f"{r.get('scheduler_system_cpu_pct', 0):.0f}% of it in the kernel"
+        )
     for r in rows:
         total = r["burst_scheduler_cpu_pct"] + r["burst_generator_cpu_pct"] + r["burst_other_voters_cpu_pct"]
         per = r.get("burst_worker_cpu_pct") or []

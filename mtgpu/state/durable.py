@@ -6,8 +6,8 @@ the page cache, lost with a power cut. Here:
 
 * :class:`DurableJournal` is that journal marking itself dirty on every change
   (an entry added, a tail cut, the log trimmed after a dump, a new term or vote);
-  :meth:`DurableJournal.sync` writes the mapped pages back (``msync``) and fsyncs the
-  journal, and the term/vote file and their directory when those changed.
+  :meth:`DurableJournal.sync` fsyncs the journal (its pages written through the
+  mapping too), and the term/vote file and their directory when those changed.
 * :class:`DurableSyncObj` syncs at two points of every tick: at its start, before the
   leader counts its own copy towards a commit, and at its end, before the tick thread
   waits for messages (so a leader's fsync overlaps its followers'). Messages that
@@ -112,8 +112,15 @@ class DurableJournal(FileJournal):
         try:
             if self.dirty:
                 self.dirty = False
-                self.flush()  # msync the mapped pages
-                os.fsync(self._fd)  # and the size, which the mapping's growth changed
+                # fsync, not the mapping's flush(): on Linux the pages written through a
+                # shared mapping are the file's page cache, dirty-tracked, and fsync
+                # writes them back with the size the mapping's growth changed
+                # (msync(MS_SYNC) is the same writeback of the file's range). CPython's
+                # mmap.flush() holds the GIL through the msync, so every sync stopped
+                # the event loop serving tenants for a disk write: 14 % of the GIL's time
+                # on a scheduler of 1,000 members (benchmarks/README.md). The power cut
+                # test (tests/cluster/test_durability.py) reads what reached the disk.
+                os.fsync(self._fd)
             if self.meta_dirty:
                 self.meta_dirty = False
                 fsync_path(self.meta_path)

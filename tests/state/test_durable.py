@@ -128,6 +128,32 @@ def test_a_burst_of_appends_costs_one_sync(tmp_path: Path) -> None:
         s.destroy()
 
 
+def test_a_sync_is_an_fsync_that_lets_the_event_loop_run(tmp_path: Path, monkeypatch: Any) -> None:
+    """CPython's mmap.flush() holds the GIL for the whole msync, which stopped the
+    daemon's event loop (every tenant's request) for each disk write; fsync releases
+    it and, on Linux, writes the mapped pages too (the power cut tests read what
+    reached the disk)."""
+    s, t, journal = follower(tmp_path)
+    held: list[str] = []
+    fsynced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        fsynced.append(fd)
+        real_fsync(fd)
+
+    try:
+        monkeypatch.setattr(journal, "flush", lambda: held.append("mmap.flush"))
+        monkeypatch.setattr(os, "fsync", fsync)
+        s.sync_journal()
+        append(t, [(NOOP, 2, 1), (NOOP, 3, 1)])
+        s.sync_journal()
+        assert held == [] and fsynced and not journal.needs_sync
+    finally:
+        monkeypatch.undo()
+        s.destroy()
+
+
 def test_a_vote_is_sent_only_once_stored(tmp_path: Path) -> None:
     s, t, journal = follower(tmp_path)
     try:
