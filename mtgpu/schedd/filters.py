@@ -50,6 +50,7 @@ from mtgpu.schedd.types import (
     ClusterSnapshot,
     GpuMode,
     MemberPlacement,
+    NodeSnapshot,
     NodeState,
     ResourceRequest,
 )
@@ -191,6 +192,19 @@ class Usage:
         self.gpu_holder: list[str | None] = [g.exclusive_job for g in gpus]
         self.gpu_shared = [g.shared_jobs for g in gpus]
         self.whole: list[str | None] = [n.whole_job for n in nodes]
+
+    def refresh(self, i: int, node: NodeSnapshot, gids: Sequence[int]) -> None:
+        """Set member ``i``'s entries from ``node`` as :meth:`__init__` would (``gids``:
+        its GPUs' global ids, ``layout.node_gpus[i]``, of the same hardware)."""
+        self.cpus_free[i] = node.cpus - node.cpus_committed
+        self.ram_used[i] = node.ram_used
+        self.ram_committed[i] = node.ram_committed
+        self.whole[i] = node.whole_job
+        for g, gpu in zip(gids, sorted(node.gpus, key=lambda g: g.index), strict=True):
+            self.gpu_used[g] = gpu.vram_used
+            self.gpu_committed[g] = gpu.vram_committed
+            self.gpu_holder[g] = gpu.exclusive_job
+            self.gpu_shared[g] = gpu.shared_jobs
 
     def copy(self) -> Usage:
         """An independent copy (list copies only)."""

@@ -607,7 +607,7 @@ class _Derived:
     """What placing derived from one snapshot: its plan and, for a snapshot made by
     :func:`snapshot_with_allocations`, what the next one may take over."""
 
-    __slots__ = ("inputs", "made", "plan", "ref")
+    __slots__ = ("inputs", "made", "measured", "plan", "ref")
 
     def __init__(
         self,
@@ -615,12 +615,15 @@ class _Derived:
         plan: Plan,
         inputs: tuple[NodeSnapshot, ...] | None = None,
         made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+        measured: Usage | None = None,
     ) -> None:
         self.ref, self.plan = ref, plan
         #: The measured nodes the snapshot was made from.
         self.inputs = inputs
         #: Per member with allocations: (measured node, its allocations, the node as committed).
         self.made = made or {}
+        #: The use of ``inputs`` alone, before the allocations (never written to).
+        self.measured = measured
 
 
 class SnapshotCache:
@@ -640,6 +643,7 @@ class SnapshotCache:
         plan: Plan,
         inputs: tuple[NodeSnapshot, ...] | None = None,
         made: dict[str, tuple[NodeSnapshot, list[Allocation], NodeSnapshot]] | None = None,
+        measured: Usage | None = None,
     ) -> None:
         key, by_id = id(snapshot), self._by_id
 
@@ -648,7 +652,7 @@ class SnapshotCache:
             if got is not None and got.ref is ref:
                 del by_id[key]
 
-        by_id[key] = _Derived(weakref.ref(snapshot, gone), plan, inputs, made)
+        by_id[key] = _Derived(weakref.ref(snapshot, gone), plan, inputs, made, measured)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -691,11 +695,22 @@ def snapshot_with_allocations(
     was = SNAPSHOTS.get(previous) if previous is not None else None
     plan = Plan.__new__(Plan)
     plan.running = ()
+    base: Usage | None = None
     if was is not None and was.inputs is not None and _same_layout(was.plan.layout, was.inputs, nodes):
         plan.layout, plan._ever = was.plan.layout, was.plan._ever
+        if was.measured is not None:
+            # Between two passes only the members that reported since have new
+            # measurements: their entries are set again, the rest copied as lists.
+            base = was.measured.copy()
+            gids = plan.layout.node_gpus
+            for i, (then, now) in enumerate(zip(was.inputs, nodes)):
+                if then is not now:
+                    base.refresh(i, now, gids[i])
     else:
         plan.layout, plan._ever = Layout(measured), {}
-    plan.use = Usage(measured)
+    if base is None:
+        base = Usage(measured)
+    plan.use = base.copy()
     plan.candidate_limit = max(2, math.ceil(math.log2(max(2, len(plan.layout)))))
     plan._idle, plan._vram, plan._cpu = {}, {}, None
     on: dict[int, list[Allocation]] = {}
@@ -725,7 +740,7 @@ def snapshot_with_allocations(
     snapshot = ClusterSnapshot(nodes=tuple(out), running=tuple(allocations))
     # The plan's figures are those the snapshot shows, so it is the snapshot's own.
     plan.running = snapshot.running
-    SNAPSHOTS.put(snapshot, plan, nodes, made)
+    SNAPSHOTS.put(snapshot, plan, nodes, made, base)
     return snapshot
 
 

@@ -203,3 +203,69 @@ def test_copy_then_commit_matches_fresh_indexes(
         job = PendingJob(f"q{k}", "t", req)
         a, b = copy.place(job), fresh.place(job)
         assert isinstance(a, Placement) == isinstance(b, Placement)
+
+
+def _use_lists(snapshot: ClusterSnapshot) -> dict[str, list[object]]:
+    from mtgpu.schedd.placement import SNAPSHOTS
+
+    derived = SNAPSHOTS.get(snapshot)
+    assert derived is not None
+    use = derived.plan.use
+    return {k: list(getattr(use, k)) for k in type(use).__slots__}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    snapshot=clusters(),
+    rounds=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40), st.integers(0, 8), st.booleans())),
+            st.lists(requests(), max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_a_snapshot_from_the_last_one_has_the_use_of_a_fresh_one(
+    snapshot: ClusterSnapshot, rounds: list[tuple[list[tuple[int, int, int, bool]], list[ResourceRequest]]]
+) -> None:
+    """Each pass makes its snapshot from the last one and sets again only the members
+    that reported since: what it counts free, GPU by GPU, is what a snapshot made from
+    scratch counts, over any sequence of reports (GPUs listed in any order) and jobs."""
+    from mtgpu.schedd.placement import Allocation, snapshot_with_allocations
+
+    nodes = list(snapshot.nodes)
+    allocs: list[Allocation] = []
+    last = snapshot_with_allocations(nodes, allocs)
+    for k, (reports, reqs) in enumerate(rounds):
+        for i, used, ram, backwards in reports:
+            if i >= len(nodes):
+                continue
+            n = nodes[i]
+            gpus = [
+                GpuSnapshot(g.index, g.brand, g.type, g.vram_total, vram_used=(used + 5 * g.index) % 40 * G)
+                for g in n.gpus
+            ]
+            nodes[i] = NodeSnapshot(
+                name=n.name,
+                cpus=n.cpus,
+                ram_total=n.ram_total,
+                gpus=tuple(reversed(gpus) if backwards else gpus),
+                ram_used=min(ram * G, n.ram_total),
+                state=n.state,
+            )
+        plan = Plan(last)
+        for j, req in enumerate(reqs):
+            got = plan.place(PendingJob(f"r{k}-{j}", "t", req))
+            if isinstance(got, Placement):
+                plan.commit(got)
+                allocs.append(Allocation(got, None))
+        if allocs and k % 2:
+            allocs.pop(0)  # one ends
+        made = snapshot_with_allocations(nodes, allocs, previous=last)
+        fresh = snapshot_with_allocations(nodes, allocs)
+        assert _use_lists(made) == _use_lists(fresh)
+        assert [Plan(made).place(PendingJob("p", "t", r)) for r in reqs] == [
+            Plan(fresh).place(PendingJob("p", "t", r)) for r in reqs
+        ]
+        last = made
