@@ -191,13 +191,25 @@ class ClusterRuntime:
         loop = asyncio.get_running_loop()
         self.transport = SshRaftTransport(loop, self.name, self._dial, readonly=role == "readonly")
         peers = [v for v in voters if v != self.name]
-        return StateStore(
+        store = StateStore(
             self.name if role == "voter" else None,
             consumers,
             self.options.state_dir,
             peers=peers,
             transport_factory=self.transport.attach,
         )
+        if role == "voter":
+            store.expedite_elections(self.transport, self._succession)
+        return store
+
+    def _succession(self) -> list[str]:
+        """The voters in the order they stand when the leader's process ends: the most
+        capable first, as the leader hands the scheduler role on (``Coordinator``), so
+        the winner keeps it. Called on the tick thread, which applies the member list."""
+        ranked = sorted(
+            ((m["score"], m["name"]) for m in self.members.all() if m["role"] == "voter"), reverse=True
+        )
+        return [name for _, name in ranked]
 
     async def switch_role(self, role: str, voters: list[str]) -> bool:
         """Reopen the replica as a ``role`` member with ``voters``; False if it already is."""

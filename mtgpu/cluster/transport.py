@@ -48,6 +48,10 @@ thread; they only schedule work on the loop. An added voter is dialed if this me
 dials it (see below) and otherwise accepted when it dials; a dropped one loses its
 channel and is no longer dialed or accepted.
 
+``t.on_peer_ended = fn`` has ``fn(node)`` called on the tick thread when a voter ended
+its channel itself (its process ended or restarted), which is how a follower learns at
+once that a crashed leader is gone instead of waiting out an election timeout.
+
 ``t.peers()`` (on the loop) lists the connected peers for status output. After
 ``SyncObj.destroy()`` (``StateStore.close()``), ``await t.wait_closed()`` waits until
 every channel is closed. ``syncobj_admin`` utility messages are not carried: call
@@ -91,6 +95,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+import asyncssh
 from pysyncobj import pickle
 from pysyncobj.node import Node
 from pysyncobj.transport import Transport
@@ -106,6 +111,11 @@ Dial = Callable[[str], Awaitable[tuple[Any, Any, Closer]]]
 
 # Inbound events, handed from the loop to the tick thread.
 _CONN, _DISC, _MSG, _ROCONN, _RODISC, _ROMSG = range(6)
+
+# A disconnect's payload when the peer ended the channel (see ``on_peer_ended``).
+_ENDED = b"ended"
+#: What ``_pump`` says when the peer's end of an established channel closed.
+PEER_CLOSED = "closed by the peer"
 
 # Raft messages only a voter sends; dropped from read-only channels.
 _VOTER_ONLY = frozenset({"request_vote", "response_vote", "append_entries", "timeout_now"})
@@ -158,6 +168,13 @@ class SshRaftTransport(Transport):
         self._shut = False
         self._housekeeper: asyncio.Task[None] | None = None
         self._warned: dict[str, float] = {}
+        #: ``on_peer_ended(node)``, called on the tick thread after a voter's
+        #: disconnect when the voter ended its channel itself: its end closed or its
+        #: connection dropped (its process ended), or it redialed (it restarted). Not
+        #: for channels this member closed (dropped, dead for ``dead_after``, over
+        #: ``max_buffer``, shutting down). The state store calls an election at once
+        #: when that voter was its leader (``StateStore.expedite_elections``).
+        self.on_peer_ended: Callable[[Node], None] | None = None
 
     # ------------------------------------------------------------------ binding
 
@@ -271,6 +288,11 @@ class SshRaftTransport(Transport):
                 self._onNodeConnected(node)
         elif kind == _DISC:
             self._onNodeDisconnected(node)
+            if payload == _ENDED and self.on_peer_ended is not None:
+                try:
+                    self.on_peer_ended(node)
+                except Exception:  # noqa: BLE001 - a failed hook must not end the tick thread
+                    log.exception("handling the end of raft peer %s's channel failed", node.id)
         elif kind == _ROCONN:
             self._onReadonlyNodeConnected(node)
         elif kind == _RODISC:
@@ -378,13 +400,18 @@ class SshRaftTransport(Transport):
         except asyncio.CancelledError:
             self._close(ch, "transport closing")
             raise
+        ended = False
         if task.cancelled():
             reason = "cancelled"
         elif (exc := task.exception()) is not None:
             reason = describe(exc)
+            # The connection dropped under the channel (reset, or asyncssh's
+            # ConnectionLost): the peer's process or host went away.
+            ended = isinstance(exc, (OSError, asyncssh.DisconnectError))
         else:
             reason = task.result()
-        self._close(ch, reason)
+            ended = reason == PEER_CLOSED
+        self._close(ch, reason, ended=ended)
 
     async def _outbound(self, ch: Channel, link: Link) -> str:
         ch.writer.write(framing.hello(self._self_id, self._readonly))
@@ -462,7 +489,7 @@ class SshRaftTransport(Transport):
             # The peer redialed: disconnect the old channel first, then connect the
             # new one. The old one is no longer in _live, so its own close (maybe
             # much later) reports nothing.
-            self._post(_RODISC if old.readonly else _DISC, old.node)
+            self._post(_RODISC if old.readonly else _DISC, old.node, _ENDED)
             self._close(old, "replaced by a new channel")
         ch.up = True
         ch.since = time.time()
@@ -483,7 +510,7 @@ class SshRaftTransport(Transport):
         while not ch.closed:
             payload = await nxt()
             if payload is None:
-                return "closed by the peer"
+                return PEER_CLOSED
             if payload:
                 post(kind, node, payload)
         return ch.reason
@@ -497,7 +524,7 @@ class SshRaftTransport(Transport):
         else:
             log.debug("%s", text)
 
-    def _close(self, ch: Channel, reason: str, abort: bool = False) -> None:
+    def _close(self, ch: Channel, reason: str, abort: bool = False, ended: bool = False) -> None:
         if ch.closed:
             return
         ch.closed = True
@@ -507,7 +534,7 @@ class SshRaftTransport(Transport):
             ch.task.cancel()
         if self._live.get(ch.peer) is ch:
             del self._live[ch.peer]
-            self._post(_RODISC if ch.readonly else _DISC, ch.node)
+            self._post(_RODISC if ch.readonly else _DISC, ch.node, _ENDED if ended else None)
             log.info("raft peer %s disconnected: %s", ch.peer, reason)
         else:
             log.debug("raft channel %s closed: %s", ch.peer, reason)

@@ -157,6 +157,12 @@ class LocalTransport(Transport):
 #: scheduler counts every member's lease from its own start plus this.
 LEADER_FALLBACK = 5.0
 
+#: After a leader's process ended, how long each voter waits after the one before it
+#: in the order of succession before it calls an election itself
+#: (:meth:`StateStore.expedite_elections`): more than a vote's round trip on a busy
+#: host, far less than the election timeout.
+ELECTION_STEP = 0.5
+
 
 def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
     """The SyncObjConf MTGPU runs with, journaling under ``state_dir``.
@@ -415,6 +421,44 @@ class StateStore:
                 syncobj.set_election_deadline(s, time.monotonic() + conf.raftMaxTimeout)
 
         s.addOnTickCallback(hold)
+
+    def expedite_elections(
+        self, transport: Any, order: Callable[[], Sequence[str]], step: float = ELECTION_STEP
+    ) -> None:
+        """Replace a leader whose process ended without waiting out the election timeout.
+
+        ``transport`` calls ``on_peer_ended(node)`` on the tick thread when a voter
+        ended its channel itself (the SSH transport does: a process that crashed, was
+        killed or restarted closes its connections). When that voter is this
+        follower's leader, the survivors call an election in the order of
+        ``order()`` (every voter's name, the one that should lead first): the first
+        at once, the next ``step`` (:data:`ELECTION_STEP`) later if no one has won by then, and
+        so on, so two of them do not split the votes by standing together. A leader
+        whose host went away, or whose network did, closes nothing: then the timeout
+        (1-2 s) applies as before. Raft's safety does not depend on when an election
+        starts; only a voter whose log is as complete as a majority's can win one.
+        """
+        transport.on_peer_ended = lambda node: self._leader_ended(node, order, step)
+
+    def _leader_ended(self, node: Node, order: Callable[[], Sequence[str]], step: float) -> None:
+        s = self.sync
+        current = syncobj.leader(s)
+        if s.selfNode is None or current is None or current.id != node.id:
+            return  # a read-only member, or not this member's leader: nothing to replace
+        voters = {n.id for n in s.otherNodes if n is not None} | {s.selfNode.id}
+        voters.discard(node.id)
+        standing = [n for n in order() if n in voters]
+        standing += sorted(voters - set(standing))  # any the order leaves out, by name
+        me = s.selfNode.id
+        rank = standing.index(me)
+        when = time.monotonic() + rank * step
+        if when < syncobj.election_deadline(s):
+            syncobj.set_election_deadline(s, when)
+            log.info(
+                "the leader %s ended its raft channel: this member calls an election %s",
+                node.id,
+                "now" if not rank else f"in {rank * step:.1f}s unless another wins first",
+            )
 
     def close(self) -> None:
         """Stop the tick thread and flush the journal."""

@@ -162,6 +162,9 @@ class _Member:
                 **self.conf,
             )
             self.sync = self.store.sync
+            # As the daemon does, with the voters' order as given and a step long
+            # enough that a slow test host does not split the votes.
+            self.store.expedite_elections(self.transport, lambda: list(self.voters), step=2.0)
         await self.serve_commands()
 
     async def handle(self, process: Any) -> None:
@@ -328,6 +331,18 @@ class _Member:
             for conn in list(self.conns):
                 conn.close()
             self.conns.clear()
+        return {}
+
+    async def cmd_election_timeout(self, low: float, high: float) -> dict[str, Any]:
+        """Elections after ``low``-``high`` s without a leader from now on (this
+        member's next one too)."""
+        import random
+
+        from mtgpu.state import syncobj
+
+        conf = syncobj.conf(self.sync)
+        conf.raftMinTimeout, conf.raftMaxTimeout = low, high
+        syncobj.set_election_deadline(self.sync, time.monotonic() + random.uniform(low, high))
         return {}
 
     async def cmd_destroy(self) -> dict[str, Any]:

@@ -159,6 +159,33 @@ def test_kill9_leader_new_leader_and_commit(cl: Cluster) -> None:
     _note("killed leader restarted and caught up", f"{time.monotonic() - t0:.2f}s")
 
 
+def test_a_killed_leader_is_replaced_without_waiting_for_an_election_timeout(cl: Cluster) -> None:
+    """kill -9 closes the leader's connections: the survivor first in the order of
+    succession calls an election at once, and wins it in one round."""
+    old = _whole(cl)
+    others = [n for n in VOTERS if n != old]
+    term = cl.call(old, "status")["term"]
+    # With elections only after a minute without a leader, a new leader within the
+    # 30 s below can only come from the followers seeing the channel end.
+    for n in others:
+        cl.call(n, "election_timeout", low=60.0, high=61.0)
+    try:
+        t0 = time.monotonic()
+        cl.kill(old)
+        new = cl.leader(among=others, exclude=old, timeout=30.0)
+        took = time.monotonic() - t0
+        st = cl.call(new, "status")
+        assert new == others[0], (new, others)  # the first of the survivors in VOTERS' order
+        assert st["term"] == term + 1, (term, st)  # one election: the other did not stand
+        assert cl.call(new, "write", prefix="after-expedited-", n=1)["ok"] == 1
+        _note("kill -9 of the leader, elections slowed to 60 s", f"new leader after {took:.2f}s")
+        # The other survivor left its own election for later and follows.
+        assert cl.call(others[1], "status")["leader"] == new
+    finally:
+        for n in others:
+            cl.call(n, "election_timeout", low=1.0, high=2.0)
+
+
 def test_partitioned_leader_cannot_commit(cl: Cluster) -> None:
     old = _whole(cl)
     others = [n for n in VOTERS if n != old]

@@ -24,7 +24,8 @@ from pysyncobj.poller import createPoller
 from mtgpu.cluster import framing
 from mtgpu.cluster.handoff import LoopOutbox, TickInbox
 from mtgpu.cluster.transport import SshRaftTransport
-from mtgpu.state.store import make_conf
+from mtgpu.state import syncobj
+from mtgpu.state.store import StateStore, make_conf
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -446,6 +447,127 @@ def test_dynamic_membership_add_and_remove(tmp_path: Any) -> None:
         assert "without-n4" not in cons["n4"].items and not net.t["n4"].peers()
         for o in objs.values():
             o.destroy()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(go())
+
+
+def test_peer_ended_is_reported_only_when_the_peer_ended_its_channel() -> None:
+    """``on_peer_ended`` fires on the tick thread when the peer's end went (its process
+    ended, or it redialed after a restart), and never for a channel this member closed
+    itself, so a leader that drops a silent channel does not call elections."""
+
+    async def go() -> None:
+        net = Net()
+        a = _make(net, "a", ["b"], keepalive=0.2, dead_after=0.6)
+        b = _make(net, "b", ["a"], keepalive=0.2, dead_after=0.6)
+        ended: list[tuple[str, str, list[str]]] = []
+        net.t["a"].on_peer_ended = lambda n: ended.append(
+            (n.id, threading.current_thread().name, a.kinds("b"))
+        )
+        await _until(lambda: a.kinds("b") == ["NodeConnected"])
+        # b "restarts": a new channel authenticated as b replaces the old one.
+        net.down.add("b")
+        sa, sb = socket.socketpair()
+        r1, w1 = await asyncio.open_connection(sock=sa)
+        r2, w2 = await asyncio.open_connection(sock=sb)
+        serve = asyncio.ensure_future(net.t["a"].accept(r2, w2, "b"))
+        w1.write(framing.hello("b", False))
+        assert (await framing.FrameReader(r1, 4096).next_control())["welcome"] == "a"
+        w1.write(framing.ready())
+        await _until(lambda: len(ended) == 1)
+        peer, thread, kinds_then = ended[0]
+        assert peer == "b" and thread != threading.main_thread().name
+        assert kinds_then == ["NodeConnected", "NodeDisconnected"]  # after the disconnect
+        # The new channel stays silent: a drops it as dead, which a did, not b.
+        await _until(lambda: a.kinds("b")[-1] == "NodeDisconnected", 3)
+        await asyncio.wait_for(serve, 2)
+        w1.close()
+        await asyncio.sleep(0.2)
+        assert len(ended) == 1
+        # b comes back, then its transport ends (as a killed process's would).
+        net.down.discard("b")
+        await _until(lambda: a.kinds("b")[-1] == "NodeConnected", 5)
+        _stop(b)
+        await _until(lambda: len(ended) == 2)
+        assert ended[1][0] == "b"
+        # A read-only member going away is not a voter ending: nothing is reported.
+        r = _make(net, "r", ["a"], readonly=True)
+        await _until(lambda: "ReadonlyNodeConnected" in a.kinds("r"))
+        _stop(r)
+        await _until(lambda: a.kinds("r")[-1] == "ReadonlyNodeDisconnected")
+        await asyncio.sleep(0.1)
+        assert len(ended) == 2
+        # A failing hook is logged; the tick thread goes on delivering.
+        net.t["a"].on_peer_ended = lambda n: 1 / 0
+        c = _make(net, "c", ["a"])
+        net.t["a"].addNode(Node("c"))
+        await _until(lambda: "NodeConnected" in a.kinds("c"))
+        _stop(c)
+        await _until(lambda: a.kinds("c")[-1] == "NodeDisconnected")
+        assert a.tick.is_alive()
+        _stop(a)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(go())
+
+
+def test_survivors_stand_in_the_order_of_succession(tmp_path: Any) -> None:
+    """Five real stores over the transport, elections slowed to a minute: a follower
+    that ends moves no one's election; when the leader ends, the first survivor in the
+    order stands at once and wins in one term, and a survivor the order leaves out
+    ranks after those it names."""
+
+    async def go() -> None:
+        net = Net()
+        loop = asyncio.get_running_loop()
+        names = ["n1", "n2", "n3", "n4", "n5"]
+        stores: dict[str, StateStore] = {}
+        for n in names:
+            t = SshRaftTransport(loop, n, net.dial_for(n))
+            net.t[n] = t
+            stores[n] = StateStore(
+                n,
+                [Counter()],
+                str(tmp_path / n),
+                peers=[p for p in names if p != n],
+                transport_factory=t.attach,
+                fsync=False,
+            )
+        await _until(lambda: any(syncobj.is_leader(s.sync) for s in stores.values()), 15)
+        old = next(n for n, s in stores.items() if syncobj.is_leader(s.sync))
+        survivors = [n for n in names if n != old]
+        # The order names all but the survivor last by name, which still ranks last.
+        left_out = max(survivors)
+        order = [n for n in reversed(names) if n != left_out]
+        for n in names:
+            stores[n].expedite_elections(net.t[n], lambda: order, step=1.0)
+        for n in survivors:
+            conf = syncobj.conf(stores[n].sync)
+            conf.raftMinTimeout, conf.raftMaxTimeout = 60.0, 61.0
+            syncobj.set_election_deadline(stores[n].sync, time.monotonic() + 60.0)
+        term = stores[old].sync.raftCurrentTerm
+        expected = [n for n in order if n in survivors] + [left_out]
+        # A follower ending first: no survivor moves its election.
+        quitter = expected[1]
+        before = {n: syncobj.election_deadline(stores[n].sync) for n in survivors if n != quitter}
+        stores[quitter].close()
+        await _until(lambda: quitter not in net.t[old].peers())
+        await asyncio.sleep(0.3)
+        for n, when in before.items():
+            assert syncobj.election_deadline(stores[n].sync) >= when - 0.01, n
+        # The leader ends: the first standing survivor wins at once, in one term.
+        t0 = time.monotonic()
+        stores[old].close()
+        alive = [n for n in survivors if n != quitter]
+        await _until(lambda: any(syncobj.is_leader(stores[n].sync) for n in alive), 10)
+        took = time.monotonic() - t0
+        new = next(n for n in alive if syncobj.is_leader(stores[n].sync))
+        assert new == expected[0], (new, expected)
+        assert stores[new].sync.raftCurrentTerm == term + 1
+        assert took < 30  # far below the minute the timeouts were set to
+        for n in alive:
+            stores[n].close()
         await asyncio.sleep(0.3)
 
     asyncio.run(go())
