@@ -204,11 +204,38 @@ def write_release_stamps(prefix: Path, state_dir: str) -> None:
     os.chmod(prefix / RELEASE_STAMP, 0o644)
 
 
+def build_env() -> dict[str, str]:
+    """The environment for venv, pip and the packages pip builds: the admin's, less
+    every ``PYTHON*`` setting. MTGPU's launcher runs its own modules with
+    ``PYTHONSAFEPATH`` and ``PYTHONPATH`` set; a package built from source whose
+    ``setup.py`` imports itself from its own directory (PySyncObj's does) fails under
+    the first, and the second would put this tree before the virtualenv's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+
 def _offline_pip_env() -> dict[str, str]:
     """pip's environment for a bundle install: no registry, and no pip configuration of
     the host's (an index or find-links in /etc/pip.conf must not be consulted)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = {k: v for k, v in build_env().items() if not k.startswith("PIP_")}
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+
+
+def _pip(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    """Run a pip or venv step; a failure names the step, pip's error lines and what to do."""
+    try:
+        proc = run(argv, env=env if env is not None else build_env(), check=False, timeout=None)
+    except CommandError as exc:
+        raise SetupFailed(f"{what} failed: {exc}") from exc
+    if proc.returncode == 0:
+        return
+    lines = [ln.strip(" ×╰─>│") for ln in (proc.stderr + proc.stdout).splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(("note:", "hint:", "See above"))]
+    errors = [ln for ln in lines if "rror" in ln or "No matching distribution" in ln]
+    detail = " / ".join(dict.fromkeys((errors or lines)[-3:])).rstrip(".")
+    raise SetupFailed(
+        f"{what} failed ({proc.returncode}): {detail}. Check that this host reaches the package "
+        "index (pip's index, proxy and certificate settings), then run `mtgpu-setup install --yes` again"
+    )
 
 
 def build_venv(
@@ -240,7 +267,7 @@ def build_venv(
         if fresh:
             # pip runs from the bundle's own wheel: no ensurepip (python3-venv) needed.
             say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
-            _run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)])
+            _pip([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], f"creating {venv}")
         say(f"installing MTGPU {bundle['version']} into {venv} from the bundle's wheels ({wheels}), offline")
         offline = [
             str(py),
@@ -252,21 +279,22 @@ def build_venv(
             "--find-links",
             str(wheels),
         ]
-        _run(offline + [str(own[-1]) + _extras()], env=_offline_pip_env())
+        what = f"installing MTGPU from the bundle's wheels into {venv}"
+        _pip(offline + [str(own[-1]) + _extras()], what, env=_offline_pip_env())
         if _installed_version(prefix) == bundle["version"]:
             # The same release again with other code: pip would call it satisfied.
-            _run(offline + ["--no-deps", "--force-reinstall", str(own[-1])], env=_offline_pip_env())
+            _pip(offline + ["--no-deps", "--force-reinstall", str(own[-1])], what, env=_offline_pip_env())
     else:
         if fresh:
             say(f"creating the virtualenv {venv} from {SYSTEM_PYTHON}")
-            _run([SYSTEM_PYTHON, "-m", "venv", str(venv)])
-        elif run([str(py), "-c", "import pip"], check=False).returncode != 0:
-            _run([str(py), "-m", "ensurepip"])  # a bundle's venv has no pip of its own
+            _pip([SYSTEM_PYTHON, "-m", "venv", str(venv)], f"creating {venv}")
+        elif run([str(py), "-c", "import pip"], check=False, env=build_env()).returncode != 0:
+            _pip([str(py), "-m", "ensurepip"], f"adding pip to {venv}")  # a bundle's venv has none
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         if wheelhouse:
             pip += ["--no-index", "--find-links", wheelhouse]
         say(f"installing MTGPU from {root} into {venv}")
-        _run(pip + [str(root) + _extras()])
+        _pip(pip + [str(root) + _extras()], f"installing MTGPU and its Python dependencies into {venv}")
     # Tenants run the tools from here: everything must be world-readable.
     _run(["chmod", "-R", "a+rX", str(prefix)])
     docs = root / "docs"
@@ -955,15 +983,28 @@ def uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Set for the virtualenv's ``unpublish`` that stage one asks: it never asks again.
+_UNPUBLISH_ASKED = "MTGPU_UNPUBLISH_ASKED"
+
+
 def unpublish(run_dir: str, prefix: Path) -> None:
     """Unmount the published datasets and interpreters (what ``RUN_DIR/published.json``
     records)."""
     try:
         from mtgpu.accounts.published import Publisher
-    except ImportError:  # stage one's system Python: the virtualenv has the libraries
-        py = prefix / "venv" / "bin" / "python"
-        if py.exists():
-            call([str(py), "-m", "mtgpu.install.setup", "unpublish", "--run-dir", run_dir])
+    except ImportError as exc:
+        # Stage one's system Python lacks the libraries: the virtualenv's has them. It
+        # is asked once, and never by itself: a half-installed virtualenv lacks them too.
+        venv = prefix / "venv"
+        py = venv / "bin" / "python"
+        inside = os.path.realpath(sys.prefix) == os.path.realpath(venv)
+        if py.exists() and not inside and not os.environ.get(_UNPUBLISH_ASKED):
+            env = {**build_env(), _UNPUBLISH_ASKED: "1"}
+            call([str(py), "-I", "-m", "mtgpu.install.setup", "unpublish", "--run-dir", run_dir], env=env)
+        else:
+            say(
+                f"skipped unmounting published datasets and interpreters ({exc}); the virtualenv is incomplete"
+            )
         return
     undone = Publisher(run_dir).undo_all()
     if undone:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mtgpu_testing import REPO, free_port
+from mtgpu_testing import REPO, free_port, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -230,3 +230,133 @@ def test_missing_os_packages_are_listed_and_nothing_is_installed(tmp):
     assert "MTGPU cannot work without tmux, openssh-sftp-server, util-linux, passwd" in r.stdout
     assert "--skip-os-packages" in r.stdout and "Nothing was changed" in r.stdout
     assert not (tmp / "opt").exists() and not (tmp / "etc" / "mtgpu.yaml").exists()
+
+
+def _fresh_host_pip_env() -> dict[str, str]:
+    """pip as a fresh host has it: no cache, no configuration file, no local wheels
+    (only the certificate settings a proxy needs are kept)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
+    env.update(PIP_NO_CACHE_DIR="1", PIP_CONFIG_FILE=os.devnull)
+    return env
+
+
+def _clean_clone(dst: Path) -> Path:
+    """What a fresh clone of this tree holds: its tracked and not-ignored files."""
+    names = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, names):
+        src = REPO / os.fsdecode(name)
+        if src.is_file():
+            target = dst / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    return dst
+
+
+def test_the_readme_first_command_installs_from_nothing_with_pips_cache_off(tmp, monkeypatch):
+    """The README's first command, from a fresh clone, with pip's cache off and no local
+    wheels: every package, PySyncObj's source distribution too, is built here, under the
+    launcher's environment (PYTHONSAFEPATH once broke that build)."""
+    clone = _clean_clone(tmp / "clone")
+    cfg = tmp / "etc" / "mtgpu.yaml"
+    cfg.parent.mkdir()
+    port = free_port()
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "SSH_LISTEN": f"127.0.0.1:{port}",
+                "STATE_DIR": str(tmp / "state"),
+                "RUN_DIR": str(tmp / "run"),
+                "TENANT_HOME_ROOT": str(tmp / "homes"),
+                "SERVER_NAME": "freshtest",
+            }
+        )
+    )
+    for k, v in _fresh_host_pip_env().items():
+        monkeypatch.setenv(k, v)
+    for k in [k for k in os.environ if k.startswith("PIP_") and k not in _fresh_host_pip_env()]:
+        monkeypatch.delenv(k)
+    monkeypatch.setattr(sys.modules[__name__], "SETUP", str(clone / "bin" / "mtgpu-setup"))
+    first = _setup(["install", "--yes"], tmp)
+    assert "Traceback" not in first.stdout + first.stderr
+    py = tmp / "opt" / "venv" / "bin" / "python"
+    assert subprocess.run([str(py), "-I", "-c", "import pysyncobj, asyncssh"]).returncode == 0
+    st = _status(tmp)
+    assert st.returncode == 0 and "running (pid" in st.stdout, st.stdout + st.stderr
+    _setup(["uninstall", "--purge"], tmp)
+    for gone in (
+        tmp / "opt",
+        tmp / "state",
+        cfg,
+        tmp / "bin" / "mtgpu-admin",
+        tmp / "units" / "mtgpu.service",
+    ):
+        assert not gone.exists() and not gone.is_symlink(), gone
+
+
+def test_a_failed_pip_step_is_named_with_what_to_do_and_no_traceback(tmp, monkeypatch):
+    """A package index that cannot be reached: the step, pip's words and the fix, in
+    one line; no traceback."""
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    r = _setup(["install", "--yes"], tmp, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "Traceback" not in out
+    line = next(ln for ln in out.splitlines() if "Python dependencies" in ln)
+    assert "failed (1): " in line and "run `mtgpu-setup install --yes` again" in line, line
+
+
+def _pids_fence(limit: int) -> Path:
+    """A pids cgroup of this test's own, so a run-away command cannot take the host."""
+    v1 = Path("/sys/fs/cgroup/pids")
+    base = v1 if (v1 / "cgroup.procs").exists() else Path("/sys/fs/cgroup")
+    fence = base / f"mtgpu-test-fence-{os.getpid()}"
+    fence.mkdir()
+    (fence / "pids.max").write_text(f"{limit}\n")
+    return fence
+
+
+@pytest.mark.parametrize("stage", ["venv-only", "venv-without-dependencies"])
+def test_uninstall_purge_after_a_half_done_install_ends_and_leaves_nothing(tmp, stage):
+    """An install killed after making the virtualenv, or after pip put MTGPU in without
+    its libraries: `unpublish` asks the virtualenv's Python once and never itself, and
+    `uninstall --purge` ends at once and leaves nothing."""
+    venv = tmp / "opt" / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    if stage == "venv-without-dependencies":
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        shutil.copytree(REPO / "mtgpu", site / "mtgpu")
+    cfg = tmp / "etc" / "mtgpu.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(yaml.safe_dump({"STATE_DIR": str(tmp / "state"), "RUN_DIR": str(tmp / "run")}))
+    (tmp / "state").mkdir()
+    fence = _pids_fence(40)
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
+        env["MTGPU_PYTHON"] = "/usr/bin/python3"
+        argv = [SETUP, "uninstall", "--purge", "--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin")]
+        argv += ["--unit-dir", str(tmp / "units"), "--config", str(cfg)]
+        r = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            preexec_fn=lambda: (fence / "cgroup.procs").write_text(f"{os.getpid()}\n"),
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        events = fence / "pids.events"
+        assert not events.exists() or events.read_text().split() == ["max", "0"], events.read_text()
+        assert not (tmp / "opt").exists() and not cfg.exists() and not (tmp / "state").exists()
+    finally:
+        for pid in (fence / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+        wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
+        fence.rmdir()
