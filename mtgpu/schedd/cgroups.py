@@ -22,8 +22,8 @@ removes an exception that matches exactly. ``devices.list`` keeps printing
 ``a *:* rwm`` whatever was denied. So a major with a reserved device is denied
 minor by minor, and a major with none is denied with one wildcard.
 
-cgroup v2 guards devices with a BPF program, which this module does not load: on a
-host with only v2, GPU visibility variables are the only guard (logged).
+cgroup v2 guards devices with a BPF program instead (:mod:`mtgpu.schedd.bpfdev`),
+attached to the job's cgroup before the job enters it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtgpu.fsafe import signal_members
+from mtgpu.schedd import bpfdev
 
 log = logging.getLogger("mtgpu.schedd.cgroups")
 
@@ -264,19 +265,28 @@ class JobCgroup:
         pids_max: int | None,
         deny: Iterable[str],
         use_memory: bool = True,
+        gpus: tuple[Iterable[tuple[int, int]], Iterable[int]] = ((), ()),
     ) -> tuple[JobCgroup, dict[str, str]]:
         """Make and configure the job's cgroups; return them and what each enforces.
 
         A controller that cannot be set up is left out and reported in the second
         value (controller -> description), so the supervisor can fall back and say
-        why; nothing here raises for a missing feature.
+        why; nothing here raises for a missing feature. ``deny`` walls a v1 cgroup
+        off from GPU devices (:func:`device_deny_rules`); on v2, ``gpus`` (the
+        allowed devices and the GPU majors) does, with a BPF device program.
         """
         cpus = sorted(set(cpus))
         dirs: dict[str, str] = {}
         applied: dict[str, str] = {}
         if "v2" in parent_dirs:
             return cls._create_v2(
-                parent_dirs["v2"], name, ram=ram, cpus=cpus, pids_max=pids_max, use_memory=use_memory
+                parent_dirs["v2"],
+                name,
+                ram=ram,
+                cpus=cpus,
+                pids_max=pids_max,
+                use_memory=use_memory,
+                gpus=gpus,
             )
         for ctrl, parent in parent_dirs.items():
             if ctrl not in V1_CONTROLLERS or (ctrl == "memory" and not use_memory):
@@ -305,8 +315,9 @@ class JobCgroup:
         cpus: list[int],
         pids_max: int | None,
         use_memory: bool,
+        gpus: tuple[Iterable[tuple[int, int]], Iterable[int]],
     ) -> tuple[JobCgroup, dict[str, str]]:
-        applied = {"devices": "unavailable: cgroup v2 needs a BPF device program"}
+        applied: dict[str, str] = {}
         os.makedirs(parent, exist_ok=True)
         # Hand the controllers down from the top to our parent (best effort: the
         # top may lack some, and the parent must hold no processes).
@@ -340,6 +351,13 @@ class JobCgroup:
             except OSError as exc:
                 applied[ctrl] = f"unavailable: {exc}"
         applied["freezer"] = "cgroup v2"
+        allowed, majors = set(gpus[0]), set(gpus[1])
+        try:
+            bpfdev.attach(path, allowed, majors | {ma for ma, _ in allowed})
+            applied["devices"] = f"cgroup v2 (BPF device program: {len(allowed)} GPU device files allowed)"
+        except OSError as exc:
+            applied["devices"] = f"unavailable: {exc}"
+            log.warning("cgroup v2 %s: no GPU device wall: %s", name, exc)
         return cls({"v2": path}), applied
 
     # ------------------------------------------------------------------ processes

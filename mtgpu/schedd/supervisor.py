@@ -331,6 +331,7 @@ class Supervisor:
             pids_max=la.pids_max,
             deny=device_deny_rules(allowed, majors),
             use_memory=self.memory_mode != "watchdog",
+            gpus=(allowed, majors),
         )
         if not self.cg.dirs:
             self.cg = None
