@@ -12,7 +12,7 @@ of a job. Frozen dataclasses of plain values; nothing here does I/O.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -27,6 +27,11 @@ DEFAULT_PRIORITY = 50
 MAX_PRIORITY = 100
 #: Brands a bare name in ``gpus=NAME:N`` is taken to be; any other name is a GPU type.
 KNOWN_BRANDS = frozenset({"nvidia", "amd", "intel"})
+#: A job's warnings are kept in its record (replicated, and kept after it ends), so
+#: they are bounded: at most MAX_WARNINGS lines (the last one then says how many more
+#: there were), each at most MAX_WARNING_CHARS characters, about 4 KB a job at most.
+MAX_WARNINGS = 20
+MAX_WARNING_CHARS = 200
 
 
 class GpuMode(StrEnum):
@@ -106,7 +111,8 @@ class JobSpec:
 
     ``array`` is the array spec as written (``0-99%8``); :func:`mtgpu.schedd.jobfile.expand_array`
     gives the indices. ``time_limit`` is in seconds, ``None`` for no limit.
-    ``warnings`` holds one line per ignored ``#SBATCH`` option or similar.
+    ``warnings`` holds one line per distinct ignored ``#SBATCH`` option or similar,
+    bounded by :class:`WarningTally`.
     """
 
     request: ResourceRequest
@@ -201,10 +207,83 @@ class Placement:
         }
 
 
+class WarningTally:
+    """A job's warnings as they are found: a repeat is counted, not kept again, and
+    past MAX_WARNINGS distinct ones the rest are only counted, so neither the parse
+    nor the job's record grows with them.
+
+    >>> t = WarningTally()
+    >>> for w in ["a", "b", "a", "a"]:
+    ...     t.add(w)
+    >>> t.lines()
+    ('a (x3)', 'b')
+    """
+
+    __slots__ = ("_counts", "_more")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._more = 0
+
+    def add(self, line: str) -> None:
+        """Count one warning (cut to MAX_WARNING_CHARS, its NULs and undecodable
+        bytes written as escapes)."""
+        line = line[: MAX_WARNING_CHARS * 2].replace("\0", "\\x00")
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        if len(line) > MAX_WARNING_CHARS:
+            line = line[: MAX_WARNING_CHARS - 3] + "..."
+        if line in self._counts:
+            self._counts[line] += 1
+        elif len(self._counts) < MAX_WARNINGS:
+            self._counts[line] = 1
+        else:
+            self._more += 1
+
+    def lines(self) -> tuple[str, ...]:
+        """At most MAX_WARNINGS lines of at most MAX_WARNING_CHARS characters: each
+        distinct warning once, with ``(xN)`` if it came N times, and a last line
+        ``... and N more warnings`` if there were more distinct ones than fit."""
+        items = list(self._counts.items())
+        more = self._more
+        if more:  # the summary takes the last line
+            more += sum(n for _, n in items[MAX_WARNINGS - 1 :])
+            items = items[: MAX_WARNINGS - 1]
+        out = []
+        for text, n in items:
+            if n > 1:
+                count = f" (x{n})"
+                if len(text) + len(count) > MAX_WARNING_CHARS:
+                    text = text[: MAX_WARNING_CHARS - len(count) - 3] + "..."
+                text += count
+            out.append(text)
+        if more:
+            out.append(f"... and {more} more warning{'s' if more != 1 else ''}")
+        return tuple(out)
+
+
+def bound_warnings(warnings: Iterable[str]) -> tuple[str, ...]:
+    """``warnings`` within the bounds of :class:`WarningTally`: as they are if they
+    already are (at most MAX_WARNINGS lines of at most MAX_WARNING_CHARS), else
+    counted and cut as it does.
+
+    >>> bound_warnings(["x"] * 5000 + [f"w{i}" for i in range(30)])[-2:]
+    ('w17', '... and 12 more warnings')
+    """
+    if isinstance(warnings, (tuple, list)) and len(warnings) <= MAX_WARNINGS:
+        if all(isinstance(w, str) and len(w) <= MAX_WARNING_CHARS for w in warnings):
+            return tuple(warnings)
+    tally = WarningTally()
+    for w in warnings:
+        tally.add(str(w))
+    return tally.lines()
+
+
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
-    """A plain-dict form of a job spec (what the job table stores)."""
+    """A plain-dict form of a job spec (what the job table stores), its warnings
+    bounded (:func:`bound_warnings`) however the spec was made."""
     d = dataclasses.asdict(spec)
     d["request"]["gpu_mode"] = str(spec.request.gpu_mode)
+    d["warnings"] = bound_warnings(spec.warnings)
     return d
 
 

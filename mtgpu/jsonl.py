@@ -118,9 +118,34 @@ def error_answer(
     return refusal(ApiError(message, code, retryable=retryable), rid)
 
 
+#: The longest ``error`` text of a refusal: a message that quotes a tenant's input
+#: (an operation's name, a job id) never echoes more of it than this.
+MAX_ERROR_CHARS = 2048
+
+
+def bounded_error(text: str) -> str:
+    """``text``, or for a longer one its start and end (where the fix is said) with
+    the middle left out, MAX_ERROR_CHARS characters at most.
+
+    >>> len(bounded_error("no job " + "9" * 3_000_000 + " of yours")) <= MAX_ERROR_CHARS
+    True
+    """
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    cut = ""
+    for _ in range(3):  # the count's digits change its own length at most once
+        kept = MAX_ERROR_CHARS - len(cut)
+        cut = f" ... ({len(text) - kept} characters left out) ... "
+    head = (MAX_ERROR_CHARS - len(cut)) * 3 // 4
+    tail = MAX_ERROR_CHARS - len(cut) - head
+    return text[:head] + cut + text[-tail:]
+
+
 def refusal(exc: MtgpuError, rid: object = None) -> dict[str, Any]:
-    """The API answer for ``exc``: ``{"id", "ok": false, "error", "code", "retryable"}``."""
-    return {"id": rid, "ok": False, "error": str(exc), "code": exc.code, "retryable": exc.retryable}
+    """The API answer for ``exc``: ``{"id", "ok": false, "error", "code", "retryable"}``,
+    its text bounded (:func:`bounded_error`)."""
+    error = bounded_error(str(exc))
+    return {"id": rid, "ok": False, "error": error, "code": exc.code, "retryable": exc.retryable}
 
 
 def answer_error(answer: dict[str, Any]) -> ApiError | None:

@@ -80,3 +80,16 @@ def test_spec_from_dict_checks_what_the_constructor_would() -> None:
         spec_from_dict({**d, "request": {**d["request"], "colour": "blue"}})
     with pytest.raises(ValueError, match="sometimes"):
         spec_from_dict({**d, "request": {**d["request"], "gpu_mode": "sometimes"}})
+
+
+def test_what_the_table_stores_has_its_warnings_bounded_however_the_spec_was_made() -> None:
+    from mtgpu.jobspec import MAX_WARNING_CHARS, MAX_WARNINGS
+
+    many = ("the same warning",) * 300_000 + tuple(f"w{i} " + "x" * 5000 for i in range(100))
+    stored = spec_to_dict(JobSpec(ResourceRequest(), "true", warnings=many))["warnings"]
+    assert len(stored) == MAX_WARNINGS and all(len(w) <= MAX_WARNING_CHARS for w in stored)
+    assert stored[0] == "the same warning (x300000)" and stored[1].startswith("w0 xxx")
+    assert stored[-1] == f"... and {100 - MAX_WARNINGS + 2} more warnings"
+    # Bounded lines are stored as they are (so reading back gives the same spec).
+    again = JobSpec(ResourceRequest(), "true", warnings=tuple(stored))
+    assert spec_from_dict(spec_to_dict(again)) == again

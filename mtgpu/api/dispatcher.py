@@ -147,7 +147,7 @@ class Dispatcher:
                 )
             if op is None:
                 raise ApiError(
-                    f"unknown operation {name!r}; known: {', '.join(self.ops(caller))}", "unknown_op"
+                    f"unknown operation {quoted(name)}; known: {', '.join(self.ops(caller))}", "unknown_op"
                 )
             if op.admin and not caller.admin:
                 raise ApiError(f"{name} needs an admin; ask an admin of this cluster", "forbidden")
@@ -199,6 +199,18 @@ class Dispatcher:
             return await mw(caller, name, args, rest)
 
         return wrapped
+
+
+def quoted(text: str, n: int = 60) -> str:
+    """A tenant's ``text`` quoted in a message: its first ``n`` characters, with its
+    length if it is longer (a refusal never echoes a whole input back).
+
+    >>> quoted("job.lits")
+    "'job.lits'"
+    >>> quoted("x" * 100, 4)
+    "'xxxx'... (100 characters)"
+    """
+    return repr(text) if len(text) <= n else f"{text[:n]!r}... ({len(text)} characters)"
 
 
 def internal_error(name: str, caller: Caller, rid: Any = None) -> dict[str, Any]:

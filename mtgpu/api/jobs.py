@@ -20,7 +20,13 @@ from mtgpu.jobstate import FINAL_STATES, PENDING
 from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
 from mtgpu.schedd.jobenv import JobUser
-from mtgpu.schedd.jobfile import check_priority, expand_array, parse_job_file, script_text_error
+from mtgpu.schedd.jobfile import (
+    check_priority,
+    expand_array,
+    parse_job_file,
+    script_text_error,
+    text_value_error,
+)
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.types import KNOWN_BRANDS
@@ -532,6 +538,9 @@ def register(d: Dispatcher, host: JobHost) -> None:
             raise ValidationError("overrides has more than 64 keys; there are fewer directives")
         home = host.home_of(caller) or "/"
         workdir = arg(args, "workdir", str, "") or home
+        bad = text_value_error("workdir", workdir[:4097])
+        if bad is not None:
+            raise ValidationError(bad)
         if not workdir.startswith("/") or len(workdir) > 4096 or "\0" in workdir:
             raise ValidationError("workdir must be an absolute path of at most 4096 characters")
         brands = set(KNOWN_BRANDS) | {p.brand for p in o.gpu_probes}

@@ -23,6 +23,7 @@ from typing import Any
 
 from mtgpu.config.units import parse_count, parse_size
 from mtgpu.errors import JobError
+from mtgpu.jobspec import WarningTally
 from mtgpu.schedd import sbatch
 from mtgpu.schedd.timefmt import parse_time_limit
 from mtgpu.schedd.types import (
@@ -54,6 +55,8 @@ MAX_DIRECTIVE_VALUE = 1024
 MAX_JOB_NAME = 200
 #: The most GPUs one member may be asked for.
 MAX_GPUS = 1024
+#: The most seconds before its time limit a job may ask to be signalled (``--signal=SIG@N``).
+MAX_SIGNAL_SECONDS = 65535
 
 #: Every ``#MTGPU`` key, with what it expects (used in error messages).
 DIRECTIVES: dict[str, str] = {
@@ -283,6 +286,35 @@ def decode_job_file(data: bytes, name: str = "the job file") -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+#: What a directive's value (or the submission's working directory) may not hold: a
+#: NUL, or a lone surrogate (a byte that was not UTF-8, as Python decodes argv).
+_NOT_TEXT = re.compile("[\0\ud800-\udfff]")
+
+
+def _shown(text: str) -> str:
+    """``text`` with its NULs and lone surrogates written as escapes (``\\x00``), so
+    a refusal quoting it is plain text."""
+    return _NOT_TEXT.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def text_value_error(field: str, value: str) -> str | None:
+    """Why ``value`` (of ``field``) is not text a job can carry, or None: a NUL or a
+    byte that is not UTF-8 would reach file names, the environment and the job's
+    supervisor, which cannot take them.
+
+    >>> text_value_error("name", "a\\udcffb")
+    'the value of name has byte 0xff, which is not UTF-8 text; write it in UTF-8'
+    """
+    m = _NOT_TEXT.search(value)
+    if m is None:
+        return None
+    ch = m.group()
+    if ch == "\0":
+        return f"the value of {field} has a NUL character; remove it"
+    byte = f"byte 0x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else "a lone surrogate"
+    return f"the value of {field} has {byte}, which is not UTF-8 text; write it in UTF-8"
+
+
 def script_text_error(script: str) -> str | None:
     """Why a script received as text is not text, or None. A lone surrogate stands for
     a byte that was not UTF-8 (Python's surrogateescape), as read from a pipe."""
@@ -365,13 +397,21 @@ def parse_signal(value: str) -> tuple[int, float, bool]:
     before = 60.0
     if when:
         if not re.fullmatch(r"[0-9]{1,5}", when.strip()):
-            raise ValueError(f"{_cut(when)!r} is not a number of seconds (0 to 65535)")
+            raise ValueError(_signal_seconds(when))
         before = float(int(when))
     return num, before, batch
 
 
+def _signal_seconds(when: str) -> str:
+    return f"{_cut(when)!r} is not a number of seconds (0 to {MAX_SIGNAL_SECONDS})"
+
+
 def _signal(value: str) -> str:
-    parse_signal(value)
+    # The range is checked here, where a job is submitted, not in parse_signal: a job
+    # recorded before it was checked still launches.
+    _, before, _ = parse_signal(value)
+    if before > MAX_SIGNAL_SECONDS:
+        raise ValueError(_signal_seconds(value.partition("@")[2].strip()))
     return value.strip()
 
 
@@ -547,7 +587,7 @@ def _check_key(key: str, where: str) -> None:
 
 
 def _read_sbatch(
-    lineno: int | None, rest: str | list[str], raw: dict[str, _Raw], warnings: list[str]
+    lineno: int | None, rest: str | list[str], raw: dict[str, _Raw], warnings: WarningTally
 ) -> None:
     """Read one ``#SBATCH`` line (``lineno``), or the command line's sbatch options
     (``lineno`` None, ``rest`` the tokens): each option takes effect, warns that it has
@@ -561,7 +601,7 @@ def _read_sbatch(
         where = f"{at} {_cut(written, 60)}"
 
         def warn(msg: str, where: str = where) -> None:
-            warnings.append(f"{where}: {msg}")
+            warnings.add(f"{where}: {msg}")
 
         if not opt:
             raise JobError(
@@ -623,6 +663,9 @@ def _set(raw: dict[str, _Raw], key: str, value: str, where: str, source: str) ->
     """Record ``key=value`` from ``where``. A later line of the same kind wins, as in
     sbatch; the same setting on an ``#MTGPU`` and an ``#SBATCH`` line with different
     values is refused naming both; the command line wins over both."""
+    bad = text_value_error(key, value)
+    if bad is not None:
+        raise JobError(f"{_cut(where, 80)}: {bad}")
     group = _GROUPS.get(key, key)
     for k, r in list(raw.items()):
         if _GROUPS.get(k, k) != group:
@@ -647,7 +690,7 @@ def _build(
     default_workdir: str,
     default_name: str,
     brands: Collection[str],
-    warnings: list[str],
+    warnings: WarningTally,
 ) -> JobSpec:
     def get(key: str, conv: Callable[[str], Any], default: Any) -> Any:
         r = raw.get(key)
@@ -777,7 +820,7 @@ def _build(
         workdir=workdir,
         container=get("container", _text, None),
         requeue=get("requeue", _requeue, False),
-        warnings=tuple(warnings),
+        warnings=warnings.lines(),
         ntasks=per_node * nodes if per_node is not None else None,
         ntasks_per_node=per_node,
         export=get("export", _export, None),
@@ -822,15 +865,37 @@ def parse_job_file(
     leading ``--`` are accepted. ``default_workdir`` is the submit directory (or the
     tenant's home for ``mt-job submit -``); a relative ``workdir`` is taken from it.
     ``brands`` lists the names that ``gpus=NAME:N`` treats as a brand rather than a type.
-    Raises :class:`~mtgpu.errors.JobError` naming the line and directive.
+    Raises :class:`~mtgpu.errors.JobError` naming the line and directive; a NUL or an
+    undecodable byte it quotes is written as an escape (``\\udcff``).
     """
+    try:
+        return _parse(text, overrides, default_workdir, default_name, brands, options)
+    except JobError as exc:
+        said = str(exc)
+        if _NOT_TEXT.search(said) is None:
+            raise
+        raise JobError(_shown(said)) from None
+
+
+def _parse(
+    text: str,
+    overrides: Mapping[str, str] | None,
+    default_workdir: str,
+    default_name: str,
+    brands: Collection[str],
+    options: list[str] | None,
+) -> JobSpec:
     if not text.strip():
         raise JobError(
             "the job file is empty; write the commands the job runs in it "
             "(sbatch refuses an empty script too)"
         )
+    for field, value in (("workdir", default_workdir), ("name", default_name)):
+        bad = text_value_error(field, value)
+        if bad is not None:
+            raise JobError(f"submission: {bad}")
     raw: dict[str, _Raw] = {}
-    warnings: list[str] = []
+    warnings = WarningTally()  # repeats counted, bounded: the job's record keeps them
     for lineno, prefix, rest in _directive_lines(text):
         if prefix == "#MTGPU":
             _read_mtgpu(lineno, rest, raw)

@@ -129,6 +129,27 @@ def test_the_python_client_retries_by_code_not_by_message(monkeypatch):
     assert calls == [1]
 
 
+def test_a_refusal_quotes_a_bounded_prefix_of_what_it_was_sent():
+    from mtgpu.jsonl import MAX_ERROR_CHARS
+
+    d = _dispatcher()
+    answer = _ask(d, "x" * 3_000_000)
+    said = answer["error"]
+    assert answer["code"] == "unknown_op" and "(3000000 characters)" in said, said[:200]
+    assert said.startswith("unknown operation 'xxx") and said.endswith(
+        "known: buggy, job, state, strict, typo"
+    )
+    assert len(said) < 300, len(said)
+
+    def echo(caller: Caller, args: dict) -> None:
+        raise ApiError(f"no job {args['job_id']} of yours; `mt-job list` shows them", "not_found")
+
+    d.register("echo", echo)
+    said = _ask(d, "echo", job_id="9" * 3_000_000)["error"]
+    assert len(said) <= MAX_ERROR_CHARS and said.startswith("no job 999"), len(said)
+    assert said.endswith("999 of yours; `mt-job list` shows them") and "characters left out" in said
+
+
 # ------------------------------------------------------------ a hostile tenant
 
 
@@ -172,5 +193,42 @@ def test_a_hostile_tenants_malformed_requests_are_bad_requests_naming_the_proble
         assert want in a["error"] and len(a["error"]) < 300, (op, want, a)
         assert a["retryable"] is False
     assert raw["code"] == "bad_request" and '"args"' in raw["error"], raw
+    log = h.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log, log[-3000:]
+
+
+def test_a_hostile_tenants_submissions_are_stored_bounded_and_as_text(hostile):
+    from mtgpu.jobspec import MAX_WARNING_CHARS, MAX_WARNINGS
+    from mtgpu.jsonl import MAX_ERROR_CHARS
+
+    h, mal = hostile
+    # 256 lines of 1,362 ignored -Q each: 348,672 warnings, and a client's own list.
+    script = "#!/bin/sh\n" + "\n".join(["#SBATCH " + "-Q " * 1362] * 256) + "\ntrue\n"
+    with api_socket(h.run_dir, mal.uid) as s:
+        sent = {"script": script, "options": ["--hold"], "warnings": ["w" * 100] * 20_000}
+        a = call(s, "job.submit", sent)
+        assert a["ok"], a.get("error", "")[:300]
+        shown = call(s, "job.show", {"job_id": a["result"]["job_id"]})
+        unknown = call(s, "x" * 3_000_000)
+        long_id = call(s, "job.show", {"job_id": "9" * 3_000_000})
+        bad = [
+            (field, call(s, "job.submit", {"script": "#!/bin/sh\ntrue\n", **args}))
+            for field, args in (
+                ("workdir", {"workdir": "/tmp/a\udcffb"}),
+                ("name", {"options": ["-J", "a\udcffb"]}),
+                ("output", {"overrides": {"output": "/tmp/o\x00x"}}),
+            )
+        ]
+        signal = call(s, "job.submit", {"script": "#!/bin/sh\ntrue\n", "options": ["--signal=B:USR1@99999"]})
+        call(s, "job.cancel", {"job_ids": [a["result"]["job_id"]]})
+    for w in (a["result"]["warnings"], shown["result"]["warnings"]):
+        assert len(w) == MAX_WARNINGS and all(len(x) <= MAX_WARNING_CHARS for x in w), w
+        assert w[0].endswith("(x1362)") and w[-1].startswith("... and "), (w[0], w[-1])
+        assert not any(x.startswith("www") for x in w)
+    assert unknown["code"] == "unknown_op" and len(unknown["error"]) < 2000, len(unknown["error"])
+    assert long_id["code"] == "not_found" and len(long_id["error"]) <= MAX_ERROR_CHARS
+    for field, r in bad:
+        assert not r["ok"] and f"the value of {field} has " in r["error"], (field, r)
+    assert not signal["ok"] and "0 to 65535" in signal["error"], signal
     log = h.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "internal error" not in log, log[-3000:]

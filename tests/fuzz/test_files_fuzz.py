@@ -136,6 +136,48 @@ def test_job_files_parse_or_name_the_problem(script, overrides):
     assert spec.workdir.startswith("/")
 
 
+#: Text with what a job may not carry: NULs and lone surrogates (undecodable bytes).
+HOSTILE_TEXT = st.text(
+    st.sampled_from(["a", "/", "-", "=", " ", "@", "1", "\x00", "\udcff", "\ud800", "é"]), max_size=12
+)
+
+
+@fuzz(200)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([*SBATCH, "-J", "-o", "-D", "--signal", "--comment", "-Q"]), HOSTILE_TEXT),
+        max_size=6,
+    ),
+    st.dictionaries(
+        st.sampled_from(["name", "output", "error", "workdir", "container"]), HOSTILE_TEXT, max_size=2
+    ),
+)
+def test_what_a_job_carries_is_text_or_refused_as_one_line_of_text(options, overrides):
+    """A NUL or a lone surrogate in a value never reaches the spec (its supervisor
+    cannot take them); the refusal names the problem, as text."""
+    tally("fuzz_cases")
+    argv = [f"{opt}={value}" for opt, value in options]
+    try:
+        spec = parse_job_file("#!/bin/sh\ntrue\n", overrides, default_workdir="/home/ann", options=argv)
+    except JobError as exc:
+        text = str(exc)
+        assert text and "\n" not in text and "\x00" not in text, text
+        text.encode("utf-8")
+        return
+    for value in (
+        spec.name,
+        spec.output,
+        spec.error,
+        spec.workdir,
+        spec.container,
+        spec.signal,
+        *spec.warnings,
+    ):
+        if value is not None:
+            assert "\x00" not in value, value
+            value.encode("utf-8")
+
+
 CONFIG_VALUES = st.recursive(
     st.one_of(
         st.none(),

@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 
 from mtgpu.errors import JobError
+from mtgpu.jobspec import MAX_WARNING_CHARS, MAX_WARNINGS
 from mtgpu.schedd.jobfile import MAX_DIRECTIVE_LINE, MAX_HOST_LIST, expand_hostlist, parse_job_file
 
 
@@ -84,3 +85,88 @@ def test_absurd_numbers_are_refused_naming_the_line(directive):
     assert msg.startswith("line 2: #MTGPU ") and len(msg) < 300, msg
     with pytest.raises(JobError):
         _parse("", **dict([directive.split("=", 1)]))
+
+
+def test_repeated_warnings_are_counted_once_and_bounded_in_all():
+    # 64 lines of 1,362 ignored -Q each: 87,168 warnings, once each kept in the record.
+    line = "#SBATCH " + "-Q " * 1362
+    tracemalloc.start()
+    try:
+        spec = _parse("\n".join([line] * 64))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # counted as found, not listed and then counted
+    w = spec.warnings
+    assert len(w) == MAX_WARNINGS and all(len(x) <= MAX_WARNING_CHARS for x in w), w
+    assert w[0].startswith("line 2: #SBATCH -Q: ") and w[0].endswith(" (x1362)"), w[0]
+    assert w[1].startswith("line 3: #SBATCH -Q: ") and w[1].endswith(" (x1362)"), w[1]
+    assert w[-1] == f"... and {(64 - MAX_WARNINGS + 1) * 1362} more warnings", w[-1]
+    assert sum(map(len, w)) <= MAX_WARNINGS * MAX_WARNING_CHARS
+    # A warning that comes once is as it was; the command line's are counted too.
+    once = _parse("#SBATCH --mail-type=ALL").warnings
+    assert len(once) == 1 and not once[0].endswith("(x1)"), once
+    spec = parse_job_file(
+        "#!/bin/sh\ntrue\n", default_workdir="/home/ann", options=["--mail-type=ALL"] * 5000
+    )
+    said = once[0].removeprefix("line 2: #SBATCH ")
+    assert spec.warnings == (f"command line: {said} (x5000)",), spec.warnings
+
+
+def test_many_distinct_warnings_keep_the_first_and_count_the_rest():
+    spec = parse_job_file(
+        "#!/bin/sh\ntrue\n",
+        default_workdir="/home/ann",
+        options=[f"--mail-user=u{i}@x" for i in range(200)] + ["--comment=" + "c" * 4000],
+    )
+    w = spec.warnings
+    assert len(w) == MAX_WARNINGS and w[0].startswith("command line: --mail-user=u0@x: ")
+    assert w[-1] == f"... and {201 - MAX_WARNINGS + 1} more warnings", w[-1]
+    assert all(len(x) <= MAX_WARNING_CHARS for x in w)
+
+
+@pytest.mark.parametrize("seconds", ["99999", "65536"])
+def test_a_signal_time_beyond_the_range_it_names_is_refused(seconds):
+    with pytest.raises(JobError, match=r"is not a number of seconds \(0 to 65535\)"):
+        _parse(f"#SBATCH --signal=B:USR1@{seconds}")
+    with pytest.raises(JobError, match=r"0 to 65535"):
+        parse_job_file("#!/bin/sh\ntrue\n", default_workdir="/", options=[f"--signal=USR1@{seconds}"])
+    assert _parse("#SBATCH --signal=B:USR1@65535").signal == "B:USR1@65535"
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"options": ["-J", "a\udcffb"]}, "name"),
+        ({"options": ["--output=/tmp/o\udcffx"]}, "output"),
+        ({"options": ["--chdir=/tmp/\x00"]}, "workdir"),
+        ({"overrides": {"workdir": "/tmp/w\udcff"}}, "workdir"),
+        ({"overrides": {"error": "/tmp/e\ud800"}}, "error"),
+        ({"overrides": {"container": "img\x00"}}, "container"),
+        ({"script": "#!/bin/sh\n#MTGPU name=a\x00b\ntrue\n"}, "name"),
+        ({"script": "#!/bin/sh\n#SBATCH --comment=x\n#SBATCH --export=A=\udcfe\ntrue\n"}, "export"),
+        ({"default_workdir": "/home/ann/\udcff"}, "workdir"),
+        ({"default_name": "j\x00b"}, "name"),
+    ],
+)
+def test_a_value_with_a_nul_or_an_undecodable_byte_is_refused_naming_the_field(kw, field):
+    kw = {"default_workdir": "/home/ann", **kw}
+    script = kw.pop("script", "#!/bin/sh\ntrue\n")
+    overrides = kw.pop("overrides", None)
+    with pytest.raises(JobError) as exc:
+        parse_job_file(script, overrides, **kw)
+    msg = str(exc.value)
+    assert f"the value of {field} has " in msg and "\n" not in msg, msg
+    assert ("NUL" in msg) or ("not UTF-8 text" in msg), msg
+    msg.encode("utf-8")  # the refusal itself is text: its bad bytes are escapes
+
+
+def test_warnings_quote_nuls_and_undecodable_bytes_as_escapes():
+    spec = parse_job_file(
+        "#!/bin/sh\ntrue\n", default_workdir="/home/ann", options=["--comment=a\x00b\udcff", "-Q\x00"]
+    )
+    assert spec.warnings[0].startswith("command line: --comment=a\\x00b\\udcff: "), spec.warnings
+    assert spec.warnings[1].startswith("command line: -Q\\x00: "), spec.warnings
+    for w in spec.warnings:
+        assert "\x00" not in w, w
+        w.encode("utf-8")
