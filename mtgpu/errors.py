@@ -20,6 +20,8 @@ Clients decide on codes, never on the words of a message::
     │                        (also a ValueError, for the parsers that raise it)
     ├── GpuProbeError        a GPU probe failed or printed bad output
     ├── JobError             a job file or job request is invalid
+    ├── FenceError           a tenant's isolation cannot be set up: its session or
+    │                        job is refused, never run with less (code ``isolation``)
     └── SetupError           mtgpu-setup cannot do what was asked
 """
 
@@ -174,6 +176,13 @@ class GpuProbeError(MtgpuError):
 
 class JobError(MtgpuError):
     """A job file or job request is invalid or cannot be satisfied."""
+
+
+class FenceError(MtgpuError):
+    """A part of a tenant's fence (its private network, private /tmp, session cgroup)
+    cannot be set up here: what would have run in it is refused."""
+
+    code = "isolation"
 
 
 class SetupError(MtgpuError):

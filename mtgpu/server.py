@@ -67,6 +67,8 @@ from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
 from mtgpu.schedd.vramwatch import VramWatch
 from mtgpu.scripts import TENANT_TOOLS
+from mtgpu.sshd import hostcerts
+from mtgpu.sshd.hostcerts import HostCertificates
 from mtgpu.sshd.limits import Penalties
 from mtgpu.sshd.server import start_ssh_server
 from mtgpu.state import durable
@@ -161,6 +163,8 @@ class Daemon:
             else None
         )
         self.raft: Any = None  # the Raft transport over peer channels, in a cluster
+        #: This member's host certificates (set by start_ssh_server, in a cluster).
+        self.host_certs: HostCertificates | None = None
         self.cluster: Any = None  # mtgpu.cluster.runtime.ClusterRuntime, in a cluster
         #: The log index this member's replica must apply before it schedules, from
         #: when it last became the scheduler (None: it never has).
@@ -529,6 +533,9 @@ class Daemon:
                 await start_unix_api(o.api_socket, self.dispatcher, self.identify_uid, self._api_limits)
             )
             self._servers.append(await start_ssh_server(self, gateway))
+            if self.host_certs is not None:  # renewed well before they expire
+                self._tasks.append(loop.create_task(self.host_certs.run()))
+                hostcerts.register(self.dispatcher, self.host_certs)
             self.store = await self.cluster.open_store(consumers)
             self.raft = self.cluster.transport
         else:

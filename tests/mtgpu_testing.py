@@ -380,6 +380,9 @@ class Host:
     #: Directories this host has its own empty copy of (``/run/user``, say: another
     #: machine's tenants' runtime directories are not this one's).
     private_dirs: tuple[str, ...] = ()
+    #: Shell commands run in the daemon's mount namespace just before it starts, each
+    #: ending in `` && `` (the mounts a killed daemon left there, say).
+    before_start = ""
 
     def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
         if self.etc_baseline is None:
@@ -389,7 +392,7 @@ class Host:
             f"mount -t tmpfs -o mode=0755,size=64m mtgpu-private {p} && " for p in self.private_dirs
         )
         script = (
-            f"mount --bind {self.etc} /etc && {hide}exec {sys.executable} -m mtgpu.server "
+            f"mount --bind {self.etc} /etc && {hide}{self.before_start}exec {sys.executable} -m mtgpu.server "
             f"--config {self.config_path}"
         )
         log = open(self.log_path, "ab")  # noqa: SIM115

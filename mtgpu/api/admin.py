@@ -143,8 +143,15 @@ def register(d: Dispatcher, host: Any) -> None:
             return await cluster.peers.call(node, "logs", lines=n, level=args.get("level"), timeout=15)
         return {"node": host.options.server_name, "lines": recent.tail(n, level), "now": time.time()}
 
+    def isolation(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """The tenants' fence parts this host cannot set up now, whose sessions and
+        jobs it refuses (``mtgpu-setup status``)."""
+        fence = getattr(host, "fence", None)
+        return {"refused": fence.refused() if fence is not None else []}
+
     d.register("audit", audit, admin=True)
     d.register("logs", logs, admin=True)
+    d.register("isolation", isolation, admin=True)
     if getattr(host, "cluster", None) is None:
 
         def status(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:

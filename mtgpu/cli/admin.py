@@ -112,7 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     cl = sub.add_parser("cluster", help="the cluster: members, roles, the scheduler")
     add_common(cl)
     cls = cl.add_subparsers(dest="ccmd", required=True, metavar="ACTION")
-    add_common(cls.add_parser("status", help="members, their roles and state, the scheduler"))
+    cst = cls.add_parser("status", help="members, their roles and state, the scheduler")
+    add_common(cst)
+    cst.add_argument(
+        "--hosts",
+        metavar="PATTERNS",
+        help="the host patterns of the printed known_hosts line, comma-separated "
+        "(default: the members' names and addresses), e.g. 'gpu*.example.org'",
+    )
     rm = cls.add_parser("remove", help="take a member out of the cluster")
     add_common(rm)
     rm.add_argument("name")
@@ -269,6 +276,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         emit(args, r, f"removed {r['removed']} from the cluster")
     elif args.cmd == "cluster":
         st = api.call("cluster.status")
+        if getattr(args, "hosts", None) and st.get("mode") != "standalone":
+            st["known_hosts"] = scoped_known_hosts(st["known_hosts"], args.hosts)
         emit(args, st, _cluster_text)
     elif args.cmd in ("usage", "retention"):
         policy_admin.dispatch(args, api)
@@ -355,6 +364,22 @@ def _drain_text(r: dict[str, Any]) -> str:
     return f"{r['node']} is drained: it takes no new work{jobs}"
 
 
+def scoped_known_hosts(line: str, patterns: str) -> str:
+    """The cluster's ``@cert-authority`` line for the host patterns an admin gave.
+
+    >>> scoped_known_hosts("@cert-authority a1,[a1]:2222 ssh-ed25519 AAAA mtgpu-lab", "gpu*.lab")
+    '@cert-authority gpu*.lab ssh-ed25519 AAAA mtgpu-lab'
+    """
+    from mtgpu.cluster.identity import check_host_patterns
+
+    try:
+        check_host_patterns(patterns)
+    except ValueError as exc:
+        raise ValidationError(f"--hosts: {exc}") from None
+    marker, _, rest = line.split(" ", 2)
+    return f"{marker} {patterns} {rest}"
+
+
 def _cluster_text(st: dict[str, Any]) -> str:
     if st.get("mode") == "standalone":
         (m,) = st["members"]
@@ -386,7 +411,10 @@ def _cluster_text(st: dict[str, Any]) -> str:
             out.append(f"{m['name']} is drained: {m.get('drain_reason') or '(no reason given)'}")
     if st.get("warning"):
         out.append(f"warning: {st['warning']}")
-    out.append(f"users trust every member with this known_hosts line:\n  {st['known_hosts']}")
+    out.append(
+        "users trust every member with this known_hosts line (for these host names only; "
+        f"--hosts PATTERNS for others):\n  {st['known_hosts']}"
+    )
     return "\n".join(out)
 
 

@@ -3,9 +3,10 @@
 Members share one secret. From it (and the cluster ID) each derives the same two
 Ed25519 certificate authorities:
 
-- the **host CA** signs each member's own host key at start, so a user who adds one
-  ``@cert-authority`` line to ``known_hosts`` trusts every member, and members verify
-  each other's host keys the same way;
+- the **host CA** signs each member's own host key at start (and again well before
+  that certificate expires: mtgpu.sshd.hostcerts), so a user who adds one
+  ``@cert-authority`` line naming the members to ``known_hosts`` trusts every member,
+  and members verify each other's host keys the same way;
 - the **user CA** signs each member's peer identity: a certificate for the member's
   host key whose only principal is ``mtgpu-peer.NAME``. A peer logs in as that user
   name, so the certificate proves which member is on the other end.
@@ -18,6 +19,8 @@ channel.
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import asyncssh
@@ -26,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 PEER_PREFIX = "mtgpu-peer."
 CERT_VALIDITY = 30 * 86400
+#: A certificate is valid from this many seconds before it is signed (clocks differ).
+CERT_BACKDATE = 300
 
 
 def derive_key(label: str, cluster_id: str, secret: str) -> asyncssh.SSHKey:
@@ -68,14 +73,23 @@ class ClusterIdentity:
             cluster_id, derive_key("host-ca", cluster_id, secret), derive_key("user-ca", cluster_id, secret)
         )
 
-    def host_certificate(self, host_key: asyncssh.SSHKey, principals: list[str]) -> asyncssh.SSHCertificate:
-        """A host certificate for this member's host key (valid 30 days; renewed at start)."""
+    def host_certificate(
+        self,
+        host_key: asyncssh.SSHKey,
+        principals: list[str],
+        *,
+        now: float | None = None,
+        validity: int = CERT_VALIDITY,
+    ) -> asyncssh.SSHCertificate:
+        """A host certificate for this member's host key, valid from five minutes
+        before ``now`` (default: the real time) for ``validity`` seconds after it."""
+        at = int(time.time() if now is None else now)
         return self.host_ca.generate_host_certificate(
             host_key,
             key_id=principals[0],
             principals=principals,
-            valid_after="-5m",
-            valid_before=f"+{CERT_VALIDITY}s",
+            valid_after=at - CERT_BACKDATE,
+            valid_before=at + validity,
         )
 
     def peer_certificate(self, key: asyncssh.SSHKey, name: str) -> asyncssh.SSHCertificate:
@@ -91,11 +105,60 @@ class ClusterIdentity:
     def is_user_ca(self, key: asyncssh.SSHKey) -> bool:
         return key.public_data == self.user_ca.public_data
 
-    def known_hosts_line(self) -> str:
-        """The one line a user adds to ``~/.ssh/known_hosts`` to trust every member."""
-        pub = self.host_ca.export_public_key("openssh").decode().strip()
-        return f"@cert-authority * {pub.split()[0]} {pub.split()[1]} mtgpu-{self.cluster_id}"
+    def known_hosts_line(self, hosts: Sequence[str]) -> str:
+        """The one line a user adds to ``~/.ssh/known_hosts`` to trust every member:
+        the host CA for the host patterns ``hosts`` only (known_hosts_patterns)."""
+        kind, body = self.host_ca.export_public_key("openssh").decode().split()[:2]
+        return f"@cert-authority {check_host_patterns(','.join(hosts))} {kind} {body} mtgpu-{self.cluster_id}"
 
     def known_hosts(self) -> tuple[list, list, list]:
         """What asyncssh takes as ``known_hosts`` to accept exactly the members."""
         return ([], [self.host_ca.convert_to_public()], [])
+
+
+def known_hosts_patterns(members: Iterable[dict]) -> list[str]:
+    """The known_hosts host patterns of members (``name`` and ``address`` HOST:PORT):
+    each one's name and address as ``ssh`` looks them up, ``[HOST]:PORT`` off port 22.
+
+    >>> known_hosts_patterns([{"name": "a1", "address": "10.0.0.5:2222"},
+    ...                       {"name": "a2", "address": "[fd00::2]:22"}])
+    ['[a1]:2222', '[10.0.0.5]:2222', 'a2', 'fd00::2']
+    """
+    out: list[str] = []
+    for m in members:
+        host, _, port = str(m.get("address") or "").rpartition(":")
+        host = host.strip("[]")
+        for h in (str(m.get("name") or ""), host):
+            if not h or h in ("0.0.0.0", "::") or not port.isdigit():
+                continue
+            pattern = h if port == "22" else f"[{h}]:{port}"
+            if pattern not in out:
+                out.append(pattern)
+    return out
+
+
+def check_host_patterns(patterns: str) -> str:
+    """``patterns`` (comma-separated known_hosts host patterns) if they name some hosts,
+    else ValueError with the reason: a bare ``*`` would trust the CA for every host.
+
+    >>> check_host_patterns("gpu*.example.org,[10.0.0.5]:2222")
+    'gpu*.example.org,[10.0.0.5]:2222'
+    >>> check_host_patterns("*")
+    Traceback (most recent call last):
+    ...
+    ValueError: the host pattern '*' trusts the cluster's CA for every host; name the cluster's hosts (e.g. 'gpu*.example.org')
+    """
+    parts = patterns.split(",")
+    if not patterns or any(not p or any(c.isspace() or c == "#" for c in p) for p in parts):
+        raise ValueError(
+            f"bad host patterns {patterns!r}: give comma-separated names or patterns "
+            "without spaces (e.g. 'gpu*.example.org,10.0.0.5')"
+        )
+    for p in parts:
+        core = p[1 : p.index("]:")] if p.startswith("[") and "]:" in p else p
+        if set(core) <= set("*?."):
+            raise ValueError(
+                f"the host pattern {p!r} trusts the cluster's CA for every host; name the "
+                "cluster's hosts (e.g. 'gpu*.example.org')"
+            )
+    return patterns

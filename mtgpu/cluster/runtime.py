@@ -23,7 +23,7 @@ from typing import Any
 
 from mtgpu.cluster.coordinator import Coordinator, LocalView, discover
 from mtgpu.cluster.homes import HomesProbe, layout, workdir_help
-from mtgpu.cluster.identity import ClusterIdentity
+from mtgpu.cluster.identity import ClusterIdentity, known_hosts_patterns
 from mtgpu.cluster.lease import MemberLease, lease_seconds
 from mtgpu.cluster.lease import now as lease_now
 from mtgpu.cluster.members import Members, capability_score
@@ -674,7 +674,11 @@ class ClusterRuntime:
             "warning": warning,
             "homes": homes["homes"],
             "tenant_home_root": self.options.tenant_home_root,
-            "known_hosts": self.identity.known_hosts_line(),
+            # Scoped to the members' names and addresses (never `*`: users trust the
+            # cluster's CA for its hosts only).
+            "known_hosts": self.identity.known_hosts_line(
+                known_hosts_patterns([*members, {"name": self.name, "address": self.address}])
+            ),
         }
 
     def workdir_help(self, workdir: str) -> str:

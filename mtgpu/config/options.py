@@ -206,8 +206,9 @@ class Options:
     priority_aging: float = 10.0
     invite_ttl: float = 7 * 86400
     invite_max_failures: int = 3
-    ssh_login_grace_time: float = 120.0
-    ssh_max_startups: int = 100
+    ssh_login_grace_time: float = 30.0
+    ssh_max_startups: str = "30:30:100"  # START:RATE:FULL, see max_startups()
+    ssh_max_startups_per_source: int = 10
     ssh_max_auth_tries: int = 6
     ssh_penalty_failures: int = 10
     ssh_penalty_seconds: float = 60.0
@@ -300,6 +301,48 @@ def _posint(v: object) -> int:
             f"expected a positive whole number up to {MAX_COUNT}, got a number of {len(str(v))} digits"
         )
     return v
+
+
+def max_startups(text: str) -> tuple[int, int, int]:
+    """``SSH_MAX_STARTUPS`` as (start, rate, full), as OpenSSH's ``MaxStartups``: past
+    ``start`` unauthenticated connections a new one is dropped with probability
+    ``rate`` percent, rising linearly to 100 at ``full``. A plain number ``N`` is
+    ``N:100:N``: every connection past ``N`` is dropped.
+
+    >>> max_startups("10:30:100"), max_startups("100")
+    ((10, 30, 100), (100, 100, 100))
+    >>> max_startups("10:0:100")
+    Traceback (most recent call last):
+    ...
+    ValueError: RATE is 0; it is a percentage from 1 to 100, as in 10:30:100
+    """
+    parts = text.strip().split(":")
+    shape = "a positive whole number such as 100, or START:RATE:FULL such as 10:30:100"
+    if len(parts) not in (1, 3) or not all(p.strip().isdigit() and p.strip().isascii() for p in parts):
+        raise ValueError(f"expected {shape}, got {text[:40]!r}")
+    if any(len(p.strip()) > len(str(MAX_COUNT)) for p in parts):
+        raise ValueError(f"expected {shape}, each at most {MAX_COUNT}; got {text[:40]!r}")
+    if len(parts) == 1:
+        n = int(parts[0])
+        start, rate, full = n, 100, n
+    else:
+        start, rate, full = (int(p) for p in parts)
+    if min(start, full) <= 0 or max(start, full) > MAX_COUNT:
+        raise ValueError(f"expected {shape}, START and FULL from 1 to {MAX_COUNT}; got {text!r}")
+    if not 1 <= rate <= 100:
+        raise ValueError(f"RATE is {rate}; it is a percentage from 1 to 100, as in 10:30:100")
+    if start > full:
+        raise ValueError(f"START ({start}) is above FULL ({full}); write START:RATE:FULL with START <= FULL")
+    return start, rate, full
+
+
+def _startups(v: object) -> str:
+    """SSH_MAX_STARTUPS, kept as START:RATE:FULL (``--show`` prints it so)."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(
+            f"expected a positive whole number such as 100, or START:RATE:FULL such as 10:30:100, got {_kind(v)}"
+        )
+    return ":".join(str(n) for n in max_startups(str(v)))
 
 
 #: Every key that is a length of time, with the unit of a bare number (``s`` or ``d``):
@@ -1131,7 +1174,8 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "INVITE_TTL": duration_key("INVITE_TTL"),
     "INVITE_MAX_FAILURES": _posint,
     "SSH_LOGIN_GRACE_TIME": duration_key("SSH_LOGIN_GRACE_TIME"),
-    "SSH_MAX_STARTUPS": _posint,
+    "SSH_MAX_STARTUPS": _startups,
+    "SSH_MAX_STARTUPS_PER_SOURCE": _posint,
     "SSH_MAX_AUTH_TRIES": _posint,
     "SSH_PENALTY_FAILURES": _posint,
     "SSH_PENALTY_SECONDS": duration_key("SSH_PENALTY_SECONDS"),
@@ -1215,6 +1259,7 @@ RELOAD: dict[str, str] = {
     "INVITE_MAX_FAILURES": APPLIED,
     "SSH_LOGIN_GRACE_TIME": RESTART,
     "SSH_MAX_STARTUPS": RESTART,
+    "SSH_MAX_STARTUPS_PER_SOURCE": APPLIED,
     "SSH_MAX_AUTH_TRIES": APPLIED,
     "SSH_PENALTY_FAILURES": APPLIED,
     "SSH_PENALTY_SECONDS": APPLIED,
@@ -1365,6 +1410,25 @@ def _lines(node: yaml.Node, path: str, out: dict[str, int], file: str = "<config
             _lines(v, sub, out, file)
 
 
+#: Keys whose plain value YAML 1.1 would read as a base-60 number (``10:30:50`` is
+#: 37850): the text as written is validated instead.
+_AS_WRITTEN = ("SSH_MAX_STARTUPS",)
+
+
+def _as_written(node: yaml.Node, raw: dict[Any, Any]) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for k, v in node.value:
+        if (
+            isinstance(k, yaml.ScalarNode)
+            and k.value in _AS_WRITTEN
+            and isinstance(v, yaml.ScalarNode)
+            and v.style is None
+            and ":" in v.value
+        ):
+            raw[k.value] = v.value
+
+
 def load_text(text: str, path: str = "<config>") -> Options:
     """Validate configuration ``text`` and return the options; raise ConfigError."""
     try:
@@ -1374,6 +1438,8 @@ def load_text(text: str, path: str = "<config>") -> Options:
         if node is not None:
             _lines(node, "", lines, path)
         raw = yaml.safe_load(text)
+        if node is not None and isinstance(raw, dict):
+            _as_written(node, raw)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -1476,6 +1542,15 @@ def _check_whole(o: Options, lines: dict[str, int], path: str) -> None:
                 line=lines.get("CLUSTER_LOST_AFTER"),
                 path=path,
             )
+    full = max_startups(o.ssh_max_startups)[2]
+    if o.ssh_max_startups_per_source >= full:
+        raise ConfigError(
+            f"{o.ssh_max_startups_per_source} is not below the FULL of SSH_MAX_STARTUPS ({full}): one "
+            f"address could take every unauthenticated slot; set it below {full} or raise SSH_MAX_STARTUPS",
+            key="SSH_MAX_STARTUPS_PER_SOURCE",
+            line=lines.get("SSH_MAX_STARTUPS_PER_SOURCE", lines.get("SSH_MAX_STARTUPS")),
+            path=path,
+        )
     host = o.ssh_listen[0]
     if host not in ("0.0.0.0", "::", "localhost"):
         try:

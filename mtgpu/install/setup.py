@@ -819,12 +819,15 @@ def status(args: argparse.Namespace) -> int:
     version = "unknown"
     published = None
     retention = None
+    certificate = None
     if pid:
         try:
             api = ApiClient(options.api_socket, timeout=30)
             version = f"mtgpu {api.call('version')['version']}"
             published = api.call("published")
             retention = api.call("retention.status")
+            if options.cluster_mode == "cluster":
+                certificate = api.call("ssh.host_certificate")
         except MtgpuError as exc:
             if version == "unknown":
                 version = f"not answering ({exc})"
@@ -837,13 +840,31 @@ def status(args: argparse.Namespace) -> int:
         f"state:      {options.state_dir}",
         "host keys:",
     ] + [f"  {fp}" for fp in fingerprints(options.state_dir)]
+    lines += host_certificate_lines(certificate)
     if pid and version.startswith("mtgpu ") and version != VERSION:
         lines.insert(2, f"installed:  {VERSION} (the daemon runs the older one until it restarts)")
     lines += published_lines(options, published)
     lines += retention_lines(options, retention)
-    lines += isolation_lines(options)
+    refused = None
+    if pid:
+        try:
+            refused = ApiClient(options.api_socket, timeout=30).call("isolation")["refused"]
+        except MtgpuError:
+            pass  # not answering (said above), or a daemon older than this operation
+    lines += isolation_lines(options, refused)
     print("\n".join(lines))
     return 0 if pid else 3
+
+
+def host_certificate_lines(c: dict | None) -> list[str]:
+    """A member's host certificate: until when it is valid, or a warning when it is
+    near its end without renewal (the cluster CA's trust in this host ends then)."""
+    if c is None:
+        return []
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c["valid_before"]))
+    if c["warning"]:
+        return [f"host cert:  WARNING: {c['warning']}"]
+    return [f"host cert:  signed by the cluster's host CA, valid until {until} (renewed while running)"]
 
 
 def retention_lines(options: Any, r: dict | None) -> list[str]:
@@ -871,16 +892,28 @@ def retention_lines(options: Any, r: dict | None) -> list[str]:
     return out
 
 
-def isolation_lines(options: Options) -> list[str]:
-    """What tenant sessions are fenced with on this host, and what this kernel lacks."""
+def isolation_lines(options: Options, refused: list[dict] | None = None) -> list[str]:
+    """What tenant sessions are fenced with on this host, what this kernel lacks, and
+    the tenants' fence parts the running daemon cannot set up (``refused``, from its
+    ``isolation`` operation), whose sessions and jobs it refuses."""
     from mtgpu.schedd.fence import from_options
 
     fence = from_options(options)
-    return [
-        "isolation:",
-        f"  {fence.describe()}",
-        f"  {fence.network.describe() if fence.network else 'network: shared'}",
-    ] + [f"  WARNING: {line}" for line in fence.lacking()]
+    return (
+        [
+            "isolation:",
+            f"  {fence.describe()}",
+            f"  {fence.network.describe() if fence.network else 'network: shared'}",
+        ]
+        + [f"  WARNING: {line}" for line in fence.lacking()]
+        + [
+            f"  REFUSED: uid {r['uid']}: its {r['part']} cannot be set up (refused "
+            f"{r['refused']} time(s) since "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(r['since']))}): {r['cause']}; "
+            f"{r['fix']}"
+            for r in refused or []
+        ]
+    )
 
 
 def published_lines(options: Options, published: dict[str, Any] | None) -> list[str]:

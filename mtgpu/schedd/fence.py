@@ -31,6 +31,13 @@ setups) are bound back in, so homes and the API socket stay where they are.
 With ``TENANT_NETWORK: private`` each tenant also gets a network namespace of its
 own (:mod:`mtgpu.schedd.netns`), entered beside the mount namespace.
 
+Fail closed: a part that is configured but cannot be set up for a tenant (its session
+cgroup, its private /tmp, its network namespace, or ``setpriv`` to start anything
+fenced) raises :class:`~mtgpu.errors.FenceError`, naming the part and what the admin
+can do, and the login, job, forward or workspace is refused; nothing of the tenant
+runs with less isolation than configured. Each cause is logged once per tenant
+(:class:`~mtgpu.schedd.netns.Refusals`) and listed by ``mtgpu-setup status``.
+
 Nothing here ever runs as a tenant or reads tenant-controlled paths: every path is
 root's (cgroup files, ``RUN_DIR``).
 """
@@ -42,6 +49,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -50,9 +58,9 @@ from typing import TYPE_CHECKING
 
 from mtgpu.errors import CommandError
 from mtgpu.proc import run
-from mtgpu.schedd import cgroups
+from mtgpu.schedd import bpfdev, cgroups
 from mtgpu.schedd.cgroups import CgroupSystem
-from mtgpu.schedd.netns import TenantNetwork, release_file
+from mtgpu.schedd.netns import Refusals, TenantNetwork, mount_point, release_file
 
 if TYPE_CHECKING:
     from mtgpu.config import Options
@@ -69,6 +77,12 @@ SESSION_V2_CONTROLLERS = ("memory", "pids", "cpu")
 PRIVATE_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
 #: hidepid is per /proc mount (not per PID namespace) from this kernel on.
 HIDEPID_KERNEL = (5, 8)
+#: The fence parts set up here, as refusals name them, and what the admin can do.
+TMP_PART = "private /tmp, /var/tmp and /dev/shm (PRIVATE_TMP)"
+TMP_FIX = "see the cause in `mtgpu-setup status` or the daemon's log and remove it, or set PRIVATE_TMP: false"
+CGROUP_PART = f"session cgroup ({SLICE}/tenant-UID)"
+CGROUP_FIX = "see the cause in `mtgpu-setup status` or the daemon's log and repair the cgroup hierarchy"
+SPAWN_PART = "session fence (setpriv)"
 
 # Runs as root with only our own paths as arguments: joins the session cgroups, then
 # execs what follows "--" (nsenter and setpriv, then the tenant's program).
@@ -195,6 +209,12 @@ class TenantFence:
         self._held: dict[int, int] = {}
         #: Each tenant's network namespace (TENANT_NETWORK), None to share the host's.
         self.network: TenantNetwork | None = None
+        #: The parts that cannot be set up now, per tenant (shared with the network's).
+        self.refusals = Refusals()
+
+    def refused(self) -> list[dict[str, object]]:
+        """The tenants' fence parts refused now (for ``mtgpu-setup status``)."""
+        return self.refusals.now()
 
     def keep_also(self, paths: Iterable[str]) -> None:
         """Bind ``paths`` back too in the namespaces made from now on (what the daemon
@@ -216,22 +236,33 @@ class TenantFence:
         ):
             if ctrl not in have and ctrl not in v2:
                 out.append(f"no {ctrl} cgroup controller: {what} for sessions")
-        if "devices" not in have:
+        if "devices" not in have and not v2:
             out.append(
                 "no cgroup v1 devices controller: sessions are not walled off from GPU "
                 "device files (only the GPU visibility variables guard them)"
             )
+        elif "devices" not in have and self.limits.gpus == "free":
+            out.append(
+                "cgroup v2 with SESSION_GPUS: free: sessions are not walled off from GPU "
+                "device files (only the GPU visibility variables guard them); SESSION_GPUS: none walls them"
+            )
+        elif "devices" not in have and (why := bpfdev.unavailable()):
+            out.append(
+                f"cgroup v2 without BPF device programs ({why}): sessions and jobs are not walled "
+                "off from GPU device files (only the GPU visibility variables guard them)"
+            )
         if not self.tools["setpriv"]:
-            out.append("setpriv (util-linux) is missing: sessions start outside their cgroup")
+            out.append("setpriv (util-linux) is missing: tenants' sessions are refused")
         if self.tmp_size is not None and not (self.tools["nsenter"] and self.tools["unshare"]):
             out.append(
-                "nsenter/unshare (util-linux) are missing: /tmp, /var/tmp and /dev/shm "
-                "stay shared between tenants"
+                "nsenter/unshare (util-linux) are missing: tenants' sessions and jobs "
+                "are refused (PRIVATE_TMP: false would let them share /tmp)"
             )
         if self.network is not None and self.network.wanted and self.network.unsupported():
             out.append(
-                f"TENANT_NETWORK is private but {self.network.unsupported()}: tenants "
-                "share the host's loopback and reach each other's local services"
+                f"TENANT_NETWORK is private but {self.network.unsupported()}: tenants' "
+                "sessions and jobs are refused (TENANT_NETWORK: shared would let them "
+                "share the host's loopback)"
             )
         if self.tmp_size is not None and not self.hidepid:
             out.append(
@@ -260,7 +291,9 @@ class TenantFence:
     def session_cgroup(self, uid: int) -> list[str]:
         """Make (or refresh) ``uid``'s session cgroup; its ``cgroup.procs`` files.
 
-        A controller that cannot be set up is logged and left out, as for jobs.
+        A controller whose cgroup cannot be made (or, for ``devices``, walled off
+        from the GPUs) raises :class:`FenceError`: the session is refused. A limit
+        the kernel refuses to lower is logged (:func:`_write_limit`).
         """
         dirs = session_dirs(self.system, uid)
         procs = []
@@ -271,13 +304,14 @@ class TenantFence:
         for ctrl, path in dirs.items():
             try:
                 if ctrl == "v2":
-                    self._setup_v2(path)
+                    self._setup_v2(path, majors)
                 else:
                     os.makedirs(path, exist_ok=True)
                     self._setup_v1(ctrl, path, majors)
                 procs.append(f"{path}/cgroup.procs")
             except OSError as exc:
-                log.warning("session cgroup %s of uid %d: %s", ctrl, uid, exc)
+                raise self.refusals.refuse(uid, CGROUP_PART, f"{ctrl} at {path}: {exc}", CGROUP_FIX) from exc
+        self.refusals.cleared(uid, CGROUP_PART)
         return procs
 
     def _setup_v1(self, ctrl: str, path: str, majors: set[int]) -> None:
@@ -307,12 +341,17 @@ class TenantFence:
                 for rule in cgroups.device_deny_rules([], majors):
                     cgroups._write(f"{path}/devices.deny", rule)
 
-    def _setup_v2(self, path: str) -> None:
+    def _setup_v2(self, path: str, majors: set[int]) -> None:
         top = Path(path).parent.parent
+        made = not os.path.isdir(path)
         os.makedirs(path, exist_ok=True)
         if self.system.v1:
             return  # a hybrid host's v2 tree has no controllers: membership only
         lim = self.limits
+        if made and lim.gpus != "free":
+            # The GPU wall, before any process enters: a BPF device program the
+            # cgroup keeps for its life (a failure refuses the session).
+            bpfdev.attach(path, [], majors)
         for p in (top, Path(path).parent):
             for c in SESSION_V2_CONTROLLERS:
                 if c in self.system.v2_controllers:
@@ -363,27 +402,39 @@ class TenantFence:
     # ------------------------------------------------------------ namespace
 
     def namespace(self, uid: int) -> str | None:
-        """The file of ``uid``'s private mount namespace, made on first use; None when
-        ``PRIVATE_TMP`` is off or the host cannot make one (logged)."""
-        if self.tmp_size is None or not (self.tools["unshare"] and self.tools["nsenter"]):
+        """The file of ``uid``'s private mount namespace, made on first use; None only
+        when ``PRIVATE_TMP`` is off. Raises :class:`FenceError` when it is on and the
+        namespace cannot be made (the cause is logged once)."""
+        if self.tmp_size is None:
             return None
+        if not (self.tools["unshare"] and self.tools["nsenter"]):
+            raise self.refusals.refuse(
+                uid,
+                TMP_PART,
+                "nsenter/unshare (util-linux) are missing",
+                "install util-linux, or set PRIVATE_TMP: false",
+            )
         path = os.path.join(self.ns_dir, f"{uid}.mnt")
         with self._guard:
             lock = self._locks.setdefault(uid, threading.Lock())
         with lock:
-            if os.path.ismount(path):
-                return path
-            if uid in self._held:
-                return f"/proc/{os.getpid()}/fd/{self._held[uid]}"
             try:
-                found = self._find_namespace(uid, path)
-                if found:
-                    return found
-                self._make_namespace(uid, path)
+                found = self._namespace_locked(uid, path)
             except (OSError, CommandError) as exc:
-                log.error("private /tmp of uid %d cannot be made: %s", uid, exc)
-                return None
+                raise self.refusals.refuse(uid, TMP_PART, str(exc), TMP_FIX) from exc
+            self.refusals.cleared(uid, TMP_PART)
+            return found
+
+    def _namespace_locked(self, uid: int, path: str) -> str:
+        if os.path.ismount(path):
             return path
+        if uid in self._held:
+            return f"/proc/{os.getpid()}/fd/{self._held[uid]}"
+        found = self._find_namespace(uid, path)
+        if found:
+            return found
+        self._make_namespace(uid, path)
+        return path
 
     def tmp_source(self, uid: int) -> str:
         """The source name of the tmpfs of ``uid``'s private places in the namespaces
@@ -396,10 +447,15 @@ class TenantFence:
         if self._ns_ready:
             return
         os.makedirs(self.ns_dir, mode=0o700, exist_ok=True)
+        st = os.lstat(self.ns_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise OSError(f"{self.ns_dir} is not a directory of root's: remove it and restart the daemon")
         os.chmod(self.ns_dir, 0o700)
         # A namespace file can only be bound onto a mount that does not propagate;
-        # unbindable also keeps the files out of recursive binds of RUN_DIR.
-        if not os.path.ismount(self.ns_dir):
+        # unbindable also keeps the files out of recursive binds of RUN_DIR. A daemon
+        # killed earlier may have left the directory bound (and unbindable) already:
+        # binding it again would fail, so it is taken as it is.
+        if not mount_point(self.ns_dir):
             run(["mount", "--bind", self.ns_dir, self.ns_dir], check=True, timeout=30)
         run(["mount", "--make-unbindable", self.ns_dir], check=True, timeout=30)
         self._ns_ready = True
@@ -540,8 +596,9 @@ class TenantFence:
 
     def net_namespace(self, uid: int) -> str | None:
         """The file of ``uid``'s network namespace (made on first use), None when
-        tenants share the host's network."""
-        if self.network is None or not self.tools["nsenter"]:
+        tenants share the host's network (``TENANT_NETWORK: shared``). Raises
+        :class:`FenceError` when it is private and cannot be made."""
+        if self.network is None:
             return None
         return self.network.namespace(uid)
 
@@ -566,10 +623,13 @@ class TenantFence:
     def prefix(self, uid: int, gid: int, groups: Sequence[int], cwd: str) -> list[str]:
         """The argv that starts a tenant program fenced: run as root, it joins the
         session cgroup, enters the private namespace, becomes the tenant and execs
-        what follows. Empty when there is nothing to fence with (no setpriv)."""
+        what follows. Raises :class:`FenceError` when a part cannot be set up (or
+        setpriv is missing): the program is not started at all."""
         setpriv = self.tools["setpriv"]
         if not setpriv:
-            return []
+            raise self.refusals.refuse(
+                uid, SPAWN_PART, "setpriv (util-linux) is missing", "install util-linux"
+            )
         procs = self.session_cgroup(uid)
         ns = self.namespace(uid)
         net = self.net_namespace(uid)
@@ -667,4 +727,5 @@ def from_options(
         prepare=f._prepare_dir,
         loop=loop,
     )
+    f.network.refusals = f.refusals
     return f

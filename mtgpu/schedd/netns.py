@@ -23,6 +23,14 @@ each query to the same address in the host's namespace, bounded in size and numb
 
 Sockets inside a namespace are opened from a short-lived thread that joined it
 (``setns`` is per thread for network namespaces), never from a shared worker thread.
+
+Fail closed: when a tenant's namespace cannot be made (or the host cannot make any),
+:meth:`TenantNetwork.namespace` raises :class:`~mtgpu.errors.FenceError` and whatever
+would have run in it (a login, a job, a forward, a workspace) is refused; a tenant
+never runs in the host's namespace while ``TENANT_NETWORK`` is private. The cause is
+logged once per tenant (:class:`Refusals`) until the namespace can be made again.
+A namespace file found bound at start that is not a namespace this daemon's
+``mtnUID`` leads into (left by a killed daemon, say) is unbound and made again.
 """
 
 from __future__ import annotations
@@ -34,15 +42,17 @@ import hashlib
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
-from mtgpu.errors import CommandError
+from mtgpu.errors import CommandError, FenceError
 from mtgpu.proc import run
 
 log = logging.getLogger("mtgpu.schedd.netns")
@@ -55,6 +65,90 @@ VETH_PREFIX = "mtn"
 DNS_MAX_PENDING = 64
 DNS_MAX_TCP = 16
 DNS_TIMEOUT = 5.0
+
+#: The fence part this module makes, as refusals name it, and what the admin can do.
+NET_PART = "private network namespace (TENANT_NETWORK: private)"
+NET_FIX = (
+    "see the cause in `mtgpu-setup status` or the daemon's log and remove it, or set TENANT_NETWORK: shared"
+)
+
+
+class Refusals:
+    """The fence parts that cannot be set up now, per tenant. Each is logged once, as
+    an error with its cause, however often it is asked for again, until it is set up
+    (logged too); ``mtgpu-setup status`` lists them (:meth:`now`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def refuse(self, uid: int, part: str, cause: str, fix: str) -> FenceError:
+        """Record that ``part`` of ``uid``'s fence cannot be set up (``cause``, for the
+        admin); the error that refuses what would have run in it (for the tenant)."""
+        cause = " ".join(str(cause).split())[:500] or "unknown"
+        now = time.time()
+        with self._lock:
+            rec = self._now.get((uid, part))
+            first = rec is None
+            if rec is None:
+                rec = self._now[(uid, part)] = {"uid": uid, "part": part, "since": now, "refused": 0}
+            rec.update(cause=cause, fix=fix, last=now)
+            rec["refused"] += 1
+        if first:
+            log.error(
+                "isolation: uid %d: the %s cannot be set up: %s; its sessions and jobs are "
+                "refused until it can (%s)",
+                uid,
+                part,
+                cause,
+                fix,
+            )
+        else:
+            log.debug("isolation: uid %d: the %s still cannot be set up: %s", uid, part, cause)
+        return FenceError(
+            f"this host cannot set up your {part} now, so nothing was started (a tenant "
+            f"never runs with less isolation); the admin should {fix}"
+        )
+
+    def cleared(self, uid: int, part: str) -> None:
+        """``part`` of ``uid``'s fence is set up (again)."""
+        with self._lock:
+            rec = self._now.pop((uid, part), None)
+        if rec is not None:
+            log.warning(
+                "isolation: uid %d: the %s is set up again after %d refusal(s)", uid, part, rec["refused"]
+            )
+
+    def now(self) -> list[dict[str, Any]]:
+        """The parts refused now, oldest first: uid, part, cause, fix, since, last, refused."""
+        with self._lock:
+            return sorted((dict(r) for r in self._now.values()), key=lambda r: (r["since"], r["uid"]))
+
+
+def mount_point(path: str) -> bool:
+    """Whether ``path`` is a mount point in this mount namespace. Unlike
+    :func:`os.path.ismount` it sees a directory bound onto itself (same device), as
+    the namespace directory is: taking that for no mount and binding it again fails
+    once it is unbindable (``mount --bind`` exits 32)."""
+    want = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and _unescape(fields[4]) == want:
+                    return True
+    except OSError:
+        return os.path.ismount(path)
+    return False
+
+
+def _unescape(field: str) -> str:
+    r"""A mountinfo path: space, tab, newline and backslash come as octal escapes.
+
+    >>> _unescape("/run/a\\040b")
+    '/run/a b'
+    """
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def veth_name(uid: int) -> str:
@@ -159,6 +253,10 @@ class TenantNetwork:
         self._jobs: set[str] | None = None
         #: The daemon's event loop, which runs the DNS relays.
         self.loop = loop
+        #: The tenants whose namespace cannot be made now (the fence shares its own).
+        self.refusals = Refusals()
+        #: uids whose namespace file this daemon made, adopted or checked.
+        self._checked: set[int] = set()
 
     # ------------------------------------------------------------ reporting
 
@@ -185,8 +283,8 @@ class TenantNetwork:
         why = self.unsupported()
         if why:
             return (
-                f"network: shared, although TENANT_NETWORK is private: {why}; tenants "
-                "share the host's loopback"
+                f"network: REFUSED: TENANT_NETWORK is private but {why}; tenants' sessions "
+                "and jobs are refused until it is fixed (or TENANT_NETWORK is shared)"
             )
         return (
             f"network: private (TENANT_NETWORK: private): each tenant has its own "
@@ -199,28 +297,70 @@ class TenantNetwork:
         return os.path.join(self.ns_dir, f"{uid}.net")
 
     def namespace(self, uid: int) -> str | None:
-        """The file of ``uid``'s network namespace, made on first use; None in shared
-        mode or when it cannot be made (logged: the tenant then shares the host's)."""
-        if not self.private:
+        """The file of ``uid``'s network namespace, made on first use; None only with
+        ``TENANT_NETWORK: shared``. Raises :class:`FenceError` when it is private and
+        the namespace cannot be made (the cause is logged once): the caller refuses
+        what would have run in it, never running it in the host's namespace."""
+        if not self.wanted:
             return None
+        why = self.unsupported()
+        if why:
+            raise self.refusals.refuse(uid, NET_PART, why, f"fix this ({why}) or set TENANT_NETWORK: shared")
         path = self.path(uid)
         with self._guard:
             lock = self._locks.setdefault(uid, threading.Lock())
         with lock:
-            if os.path.ismount(path):
-                self._ensure_relays(uid, path)
-                return path
+            made = False
             try:
                 if self.prepare is not None:
                     self.prepare()
-                if not self._adopt(uid, path):
-                    self._make(uid, path)
+                if uid not in self._checked and os.path.ismount(path) and not self._still_ours(uid, path):
+                    # Bound by an earlier daemon that was killed, but not a namespace our
+                    # mtnUID leads into: unbound (it lies in our root-only directory), and
+                    # the tenant's namespace is found in its processes or made again.
+                    log.warning(
+                        "uid %d: %s is a namespace an earlier daemon left without its link: made again",
+                        uid,
+                        path,
+                    )
+                    self._close_relays(uid)
+                    release_file(path)
+                if not os.path.ismount(path):
+                    made = True
+                    if not self._adopt(uid, path):
+                        self._make(uid, path)
                 self._ensure_relays(uid, path)
             except (OSError, CommandError) as exc:
-                log.error("the private network of uid %d cannot be made: %s", uid, exc)
-                self._teardown(uid, path)
-                return None
+                if made:
+                    try:
+                        self._teardown(uid, path)
+                    except (OSError, CommandError) as again:
+                        log.warning("uid %d: removing its half-made network: %s", uid, again)
+                raise self.refusals.refuse(uid, NET_PART, str(exc), NET_FIX) from exc
+            self._checked.add(uid)
+            self.refusals.cleared(uid, NET_PART)
             return path
+
+    def _still_ours(self, uid: int, path: str) -> bool:
+        """Whether the namespace bound at ``path`` (before this daemon started) is one
+        this daemon's ``mtnUID`` leads into, which it then takes over (its rules put
+        back); else it is stale."""
+        ip, veth = str(self.tools["ip"]), veth_name(uid)
+        r = self._run([ip, "-o", "link", "show", veth], check=False)
+        if r.returncode != 0:
+            return False
+        ifindex = r.stdout.split(":", 1)[0].strip()
+        links = self._run(
+            [str(self.tools["nsenter"]), f"--net={path}", "--", ip, "-o", "link", "show", "eth0"], check=False
+        )
+        if links.returncode != 0 or f"eth0@if{ifindex}:" not in links.stdout:
+            return False
+        tenant = self._tenant_address(path)
+        if tenant:
+            self._forwarding_on()
+            self._rules(uid, tenant, add=True)
+        log.info("uid %d: private network an earlier daemon bound at %s taken over", uid, path)
+        return True
 
     def _run(self, argv: list[str], check: bool = True) -> CompletedProcess[str]:
         try:
@@ -567,6 +707,7 @@ class TenantNetwork:
         with self._guard:
             lock = self._locks.setdefault(uid, threading.Lock())
         with lock:
+            self._checked.discard(uid)
             self._teardown(uid, self.path(uid))
 
     def known(self) -> list[int]:

@@ -58,7 +58,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from mtgpu.errors import CommandError, JobError
+from mtgpu.errors import CommandError, FenceError, JobError
 from mtgpu.fsafe import signal_pid
 from mtgpu.jobstate import OUT_OF_MEMORY, JobState
 from mtgpu.proc import ROOT_CHILD_ENV, python_argv, run
@@ -319,7 +319,8 @@ class Runner:
         without one (call it in a thread from asyncio; concurrent calls are safe).
         Raises :class:`JobAlreadyStarted` for a job started here before,
         and :class:`JobError` if the supervisor cannot start (the job's result
-        then says FAILED).
+        then says FAILED) or its tenant's private /tmp or network cannot be made
+        (nothing is started: never in the host's instead).
         """
         job_dir = self.job_dir(launch.job_id)
         if launch.user.uid == 0:
@@ -365,6 +366,24 @@ class Runner:
                     f"job {launch.job_id} was already started on this host (term "
                     f"{old.get('launch', {}).get('term', '?')}); not starting it again"
                 ) from None
+        try:
+            mount_ns = self.tenant_namespace(launch.user.uid) if self.tenant_namespace else None
+            # A multi-member job's ranks reach each other on the members' own
+            # addresses (rendezvous, then gloo/NCCL on ports of their choosing): it
+            # keeps the host's network until jobs get an address of their own.
+            net_ns = (
+                self.tenant_net_namespace(launch.user.uid)
+                if self.tenant_net_namespace and launch.nnodes == 1
+                else None
+            )
+        except FenceError as exc:
+            # Its tenant's private /tmp or network cannot be made: the job does not
+            # start (never in ours instead); nothing of it ran, so no trace is kept.
+            try:
+                job_dir.rmdir()
+            except OSError:
+                pass
+            raise JobError(f"job {launch.job_id}: {exc}") from exc
         spec = {
             "version": 1,
             "launch": launch.to_dict(),
@@ -372,15 +391,8 @@ class Runner:
             "memory": self.memory,
             "created": time.time(),
             "jobinit": self.jobinit,
-            "mount_ns": self.tenant_namespace(launch.user.uid) if self.tenant_namespace else None,
-            # A multi-member job's ranks reach each other on the members' own
-            # addresses (rendezvous, then gloo/NCCL on ports of their choosing): it
-            # keeps the host's network until jobs get an address of their own.
-            "net_ns": (
-                self.tenant_net_namespace(launch.user.uid)
-                if self.tenant_net_namespace and launch.nnodes == 1
-                else None
-            ),
+            "mount_ns": mount_ns,
+            "net_ns": net_ns,
         }
         write_json(job_dir / SPEC, spec, durable=False)
         if launch.nnodes > 1 and self.job_network_on is not None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from mtgpu.aio import cancel_and_wait
-from mtgpu.errors import JobError
+from mtgpu.errors import FenceError, JobError
 from mtgpu.gpuinfo.types import NodeInventory
 from mtgpu.jobstate import FAILED, NODE_FAIL, PENDING
 from mtgpu.schedd.depend import Gates
@@ -878,7 +878,12 @@ class Scheduler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
-            log.exception("dispatch of %s failed", job.job_id)
+            if isinstance(exc, FenceError) or isinstance(exc.__cause__, FenceError):
+                # Its tenant's fence cannot be set up here: logged once already, with
+                # its cause; each job refused is one line, with no traceback.
+                log.warning("job %s not started: %s", job.job_id, exc)
+            else:
+                log.exception("dispatch of %s failed", job.job_id)
             await self.replicate(
                 self.table.finish,
                 job.job_id,

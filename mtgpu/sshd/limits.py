@@ -1,11 +1,15 @@
 """Bounds on what one user or one source address may hold open on the SSH server.
 
-- :class:`Penalties`: failed logins refuse a (source address, user name) pair for a
-  while (``SSH_PENALTY_FAILURES``, ``SSH_PENALTY_SECONDS``). Keyed on both, so one
-  tenant's failures from ``127.0.0.1`` lock out that name from there, not every
-  local user.
+- :class:`Penalties`: failed logins penalise a (source address, user name) pair for
+  a while (``SSH_PENALTY_FAILURES``, ``SSH_PENALTY_SECONDS``). Keyed on both, so one
+  tenant's failures from ``127.0.0.1`` touch that name from there, not every local
+  user. A penalty never refuses a key registered for the user: it slows each key
+  that is not (:func:`penalty_delay`) and refuses invite logins.
+- :func:`should_drop`: ``SSH_MAX_STARTUPS`` as OpenSSH's ``MaxStartups
+  start:rate:full``, random early drop of unauthenticated connections.
 - :class:`ConnectionLimits`: counts of connections per source address
-  (``SSH_MAX_CONNECTIONS_PER_SOURCE``), authenticated connections per user
+  (``SSH_MAX_CONNECTIONS_PER_SOURCE``), unauthenticated connections per source
+  address (``SSH_MAX_STARTUPS_PER_SOURCE``), authenticated connections per user
   (``SSH_MAX_CONNECTIONS_PER_USER``), session channels per user
   (``SSH_MAX_SESSIONS_PER_USER``) and forwarded channels and listeners per user
   (``SSH_MAX_FORWARDS_PER_USER``). A request past a limit is refused with a message
@@ -29,6 +33,7 @@ log = logging.getLogger("mtgpu.sshd")
 #: Option (lower-case key) and what it counts, for each kind of count.
 LIMITS = {
     "source": ("ssh_max_connections_per_source", "connections from {who}"),
+    "startup": ("ssh_max_startups_per_source", "unauthenticated connections from {who}"),
     "user": ("ssh_max_connections_per_user", "connections of {who}"),
     "session": ("ssh_max_sessions_per_user", "sessions (shells, commands, sftp) of {who}"),
     "forward": ("ssh_max_forwards_per_user", "forwarded connections and listeners of {who}"),
@@ -40,10 +45,44 @@ LIMITS = {
 EXPLAINED_PER_SOURCE = 4
 #: Distinct (source, user) pairs remembered; beyond this the oldest are forgotten.
 MAX_PENALTY_KEYS = 100_000
+#: Seconds each refused key waits while its (source, user) is penalised.
+PENALTY_DELAY = 1.0
+
+
+def should_drop(startups: int, start: int, rate: int, full: int, roll: Callable[[], int]) -> bool:
+    """Whether a new connection is dropped with ``startups`` unauthenticated ones open,
+    as OpenSSH's sshd decides for ``MaxStartups start:rate:full``: never below
+    ``start``, always from ``full``, in between with a probability rising linearly
+    from ``rate`` percent. ``roll``: a random whole number from 0 to 99.
+
+    >>> [should_drop(n, 10, 30, 100, lambda: 50) for n in (9, 10, 60, 99, 100)]
+    [False, False, True, True, True]
+    >>> [should_drop(n, 10, 30, 100, lambda: 0) for n in (9, 10)]
+    [False, True]
+    """
+    if startups < start:
+        return False
+    if startups >= full or rate >= 100:
+        return True
+    p = rate + (100 - rate) * (startups - start) // (full - start)
+    return roll() < p
+
+
+def penalty_delay(grace: float, max_auth_tries: int) -> float:
+    """How long each refused key of a penalised (source, user) waits: PENALTY_DELAY,
+    but short enough that SSH_MAX_AUTH_TRIES of them take at most a quarter of
+    SSH_LOGIN_GRACE_TIME, so the client still has time to offer its registered key.
+
+    >>> penalty_delay(30, 6), penalty_delay(3, 2), penalty_delay(0, 6)
+    (1.0, 0.375, 1.0)
+    """
+    if grace <= 0:  # no grace time: no limit to stay under
+        return PENALTY_DELAY
+    return min(PENALTY_DELAY, grace / (4 * max(1, max_auth_tries)))
 
 
 class Penalties:
-    """Refuse a user from a source address for a while after repeated failures.
+    """Penalise a user from a source address for a while after repeated failures.
 
     >>> now = [0.0]
     >>> p = Penalties(2, 60, clock=lambda: now[0])
@@ -87,7 +126,8 @@ class Penalties:
             self._count.pop(key, None)
             _trim(self._until)
             log.warning(
-                "penalizing %s for logins as %r for %.0fs after %d failed logins (SSH_PENALTY_FAILURES)",
+                "penalizing %s for logins as %r for %.0fs after %d failed logins (SSH_PENALTY_FAILURES): "
+                "only keys registered for that user log in from there, other keys are slowed",
                 addr,
                 user,
                 self.seconds,

@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import os
+import secrets
 import socket
 import stat
 import time
@@ -26,11 +27,13 @@ from asyncssh.stream import SSHReader, SSHWriter
 
 from mtgpu.accounts.names import check_username
 from mtgpu.cluster.identity import peer_name
+from mtgpu.config.options import max_startups
 from mtgpu.errors import AccountError, MtgpuError
 from mtgpu.gateway.session import Gateway, Principal, ungranted_message
 from mtgpu.gateway.spawn import connect_as
 from mtgpu.sshd import fastpath, interop, preauth
-from mtgpu.sshd.limits import ConnectionLimits, Held, LimitReached
+from mtgpu.sshd.hostcerts import HostCertificates
+from mtgpu.sshd.limits import ConnectionLimits, Held, LimitReached, penalty_delay, should_drop
 
 log = logging.getLogger("mtgpu.sshd")
 
@@ -258,9 +261,24 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             except LimitReached:
                 conn.abort()
             return
-        if self.counters["unauthenticated"] >= opts.ssh_max_startups:
+        addr = self.peer[0]
+        try:
+            # As OpenSSH's PerSourceMaxStartups: one address cannot hold the slots of
+            # everyone's key exchanges (idle connections that never send a banner).
+            self.held.take("startup", addr)
+        except LimitReached:
             self._why = (
-                f"refused: {self.counters['unauthenticated']} unauthenticated connections (SSH_MAX_STARTUPS)"
+                f"refused: {self.limits.counts['startup'][addr]} unauthenticated connections from "
+                f"{addr} (SSH_MAX_STARTUPS_PER_SOURCE is {self.limits.limit('startup')})"
+            )
+            conn.abort()
+            return
+        start, rate, full = max_startups(opts.ssh_max_startups)
+        have = self.counters["unauthenticated"]
+        if should_drop(have, start, rate, full, lambda: secrets.randbelow(100)):
+            self.held.give("startup", addr)
+            self._why = (
+                f"refused: {have} unauthenticated connections (SSH_MAX_STARTUPS is {start}:{rate}:{full})"
             )
             conn.abort()
             return
@@ -286,9 +304,11 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         self._authed = True
         if self._counted:
             self.counters["unauthenticated"] -= 1
+            self.held.give("startup", self.peer[0])
         assert self._candidate is not None
         user, kind, key = self._candidate
-        self.daemon.penalties.succeeded(self.peer[0], user)
+        if kind != "invitee":  # any key gets that far: its wrong codes count until one is right
+            self.daemon.penalties.succeeded(self.peer[0], user)
         self.principal = Principal(user, kind, key, self.peer, self.local)
         if kind != "peer":
             try:
@@ -324,14 +344,6 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             self.conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, self._refusal)
             return True
         self._user = username
-        left = self.daemon.penalties.penalized(self.peer[0], username)
-        if left and self.conn is not None:
-            why = (
-                f"too many failed logins as {username} from {self.peer[0]}; try again in "
-                f"{max(1, round(left))}s (SSH_PENALTY_FAILURES, SSH_PENALTY_SECONDS)"
-            )
-            self._why = f"penalised: {why}"
-            self.conn.disconnect(asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE, why)
         return True
 
     def password_auth_supported(self) -> bool:
@@ -375,9 +387,12 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         except Exception:  # noqa: BLE001 - a failed lookup is a refusal, never a crash
             log.exception("checking the key of %r", username)
             kind = None
+        if kind == "invitee" and self.daemon.penalties.penalized(self.peer[0], username):
+            kind = None  # an invite code is what a penalty guards: no guesses while it lasts
         if kind is None:
             self._candidate = None
             self._refused += 1
+            await self._penalty_pause(username)
             if self._refused >= self.daemon.options.ssh_max_auth_tries and self.conn is not None:
                 # Like OpenSSH's MaxAuthTries: too many refused keys end the connection.
                 self._why = (
@@ -390,6 +405,27 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             return False
         self._candidate = (username, kind, key.export_public_key("openssh").decode().strip())
         return True
+
+    async def _penalty_pause(self, username: str) -> None:
+        """While ``username`` from this address is penalised (PerSourcePenalties), a
+        refused key is answered late, and the client is told why once. A key
+        registered for the user never comes here: a penalty never keeps it out."""
+        left = self.daemon.penalties.penalized(self.peer[0], username)
+        if not left or self.conn is None:
+            return
+        why = (
+            f"too many failed logins as {username[:64]} from {self.peer[0]}: for "
+            f"{max(1, round(left))}s more only keys registered for {username[:64]} log in from here, "
+            "others are refused slowly (SSH_PENALTY_FAILURES, SSH_PENALTY_SECONDS)"
+        )
+        if not self._why:
+            self._why = f"penalised: {why}"
+            try:
+                self.conn.send_auth_banner(why + "\r\n")
+            except OSError:  # authentication ended meanwhile
+                pass
+        opts = self.daemon.options
+        await asyncio.sleep(penalty_delay(opts.ssh_login_grace_time, opts.ssh_max_auth_tries))
 
     async def _kind_for(self, username: str, key: asyncssh.SSHKey) -> str | None:
         if peer_name(username) is not None:
@@ -506,11 +542,16 @@ class MtgpuSSHServer(asyncssh.SSHServer):
 
     async def _tenant_netns(self, uid: int) -> str | None:
         """The tenant's private network namespace (TENANT_NETWORK), which its forwards
-        connect and listen in; None when tenants share the host's network."""
+        connect and listen in; None when tenants share the host's network. OSError
+        when it is private and cannot be made: the forward is refused, never made in
+        the host's network."""
         fence = getattr(self.daemon, "fence", None)
         if fence is None or os.geteuid() != 0 or uid == 0:
             return None
-        return await asyncio.to_thread(fence.net_namespace, uid)
+        try:
+            return await asyncio.to_thread(fence.net_namespace, uid)
+        except MtgpuError as exc:  # FenceError: the cause is in the log already
+            raise OSError(str(exc)) from exc
 
     async def _account(self, principal: Principal, uid: int) -> Any:
         """The OS account of the caller (made here if it is a tenant's first visit)."""
@@ -554,7 +595,12 @@ class MtgpuSSHServer(asyncssh.SSHServer):
         assert uid is not None and principal is not None
 
         async def listen() -> Any:
-            netns = await self._tenant_netns(uid)
+            try:
+                netns = await self._tenant_netns(uid)
+            except OSError as exc:
+                log.info("remote forward of %s:%d for %s: %s", bind, listen_port, principal.username, exc)
+                self.held.give("forward", principal.username)
+                return False
             if netns is None:
                 return await conn.forward_local_port(bind, listen_port, listen_host, listen_port)
             # The tenant's own process binds the port in the tenant's namespace: only the
@@ -679,15 +725,17 @@ async def start_ssh_server(daemon: Any, gateway: Gateway) -> asyncssh.SSHAccepto
     host, port = opts.ssh_listen
     keys: list[Any] = list(ensure_host_keys(opts.state_dir))
     ident = getattr(daemon, "identity", None)
+    certs: HostCertificates | None = None
     if ident is not None:
-        # Each member signs its own host key with the cluster's host CA at start.
-        principals = host_principals(opts.server_name, opts.ssh_listen[0])
-        keys = [(k, ident.host_certificate(k, principals)) for k in keys]
+        # Each member signs its own host key with the cluster's host CA at start, and
+        # again well before that expires (daemon.host_certs.run, a task of the daemon's).
+        certs = HostCertificates(ident, keys, lambda: host_principals(opts.server_name, opts.ssh_listen[0]))
+        keys = list(certs.pairs)
     counters = {"unauthenticated": 0}
     limits = ConnectionLimits(lambda: daemon.options, opts.server_name)
     daemon.ssh_limits = limits
     try:
-        return await asyncssh.create_server(
+        acceptor = await asyncssh.create_server(
             lambda: MtgpuSSHServer(daemon, gateway, counters, limits),
             host if host != "0.0.0.0" else "",
             port,
@@ -717,6 +765,10 @@ async def start_ssh_server(daemon: Any, gateway: Gateway) -> asyncssh.SSHAccepto
             "Another program may hold the port; choose another with SSH_LISTEN "
             "or stop that program"
         ) from exc
+    if certs is not None:
+        certs.attach(acceptor)  # renewed certificates go to this listener, which stays
+        daemon.host_certs = certs
+    return acceptor
 
 
 def host_principals(server_name: str, listen_host: str) -> list[str]:

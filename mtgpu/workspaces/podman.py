@@ -19,9 +19,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mtgpu.errors import CommandError
+from mtgpu.errors import CommandError, MtgpuError
 from mtgpu.proc import run
-from mtgpu.workspaces.types import LABEL, PodmanError, Tenant
+from mtgpu.workspaces.types import LABEL, PodmanError, Tenant, WorkspaceError
 
 log = logging.getLogger("mtgpu.workspaces")
 
@@ -141,7 +141,10 @@ class Podman(ContainerRuntime):
         argv = list(argv) if argv is not None else self.argv(*args)
         kw: dict[str, Any] = {}
         cwd = tenant.home if os.path.isdir(tenant.home) else "/"
-        netns = self.tenant_netns(tenant.uid) if self.tenant_netns and os.geteuid() == 0 else None
+        try:
+            netns = self.tenant_netns(tenant.uid) if self.tenant_netns and os.geteuid() == 0 else None
+        except MtgpuError as exc:  # FenceError: never run podman in the host's network instead
+            raise WorkspaceError(f"{what + ': ' if what else ''}{exc}") from exc
         if netns:
             # nsenter joins the namespace as root, setpriv becomes the tenant, and only
             # then does the tenant's shell change into the home.

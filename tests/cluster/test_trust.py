@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
+import time
 
 import asyncssh
 import pytest
+from mtgpu_testing import python_env
 
 from mtgpu.cluster.dial import connect_peer
 from mtgpu.cluster.identity import ClusterIdentity
@@ -112,20 +115,8 @@ def test_peers_get_no_shell(make_host):
         asyncio.run(try_shell())
 
 
-def test_one_cert_authority_line_trusts_every_member(make_host, tmp_path):
-    a = _cluster(make_host, "alpha")
-    b = _cluster(make_host, "beta")
-    ka = a.add_user("carol")
-    kb = b.add_user("carol")
-    line = ClusterIdentity.derive("lab", KEY).known_hosts_line()
-    kh = tmp_path / "known_hosts"
-    kh.write_text(
-        line.replace("@cert-authority *", "@cert-authority 127.0.0.1")
-        + "\n"
-        + line.replace("@cert-authority *", "@cert-authority [127.0.0.1]:*")
-        + "\n"
-    )
-    strict = [
+def _strict(kh):
+    return [
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
@@ -137,6 +128,27 @@ def test_one_cert_authority_line_trusts_every_member(make_host, tmp_path):
         "-o",
         "IdentitiesOnly=yes",
     ]
+
+
+def _ssh(host, key, kh, *cmd, **kw):
+    return subprocess.run(
+        ["ssh", *_strict(kh), "-p", str(host.port), "-i", str(key), "carol@127.0.0.1", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        **kw,
+    )
+
+
+def test_one_cert_authority_line_trusts_every_member(make_host, tmp_path):
+    a = _cluster(make_host, "alpha")
+    b = _cluster(make_host, "beta")
+    ka = a.add_user("carol")
+    kb = b.add_user("carol")
+    line = ClusterIdentity.derive("lab", KEY).known_hosts_line(["127.0.0.1", "[127.0.0.1]:*"])
+    kh = tmp_path / "known_hosts"
+    kh.write_text(line + "\n")
+    strict = _strict(kh)
     for host, key in ((a, ka), (b, kb)):
         r = subprocess.run(
             ["ssh", *strict, "-p", str(host.port), "-i", str(key), "carol@127.0.0.1", "echo trusted"],
@@ -155,3 +167,77 @@ def test_one_cert_authority_line_trusts_every_member(make_host, tmp_path):
         timeout=30,
     )
     assert r.returncode == 255 and "verification failed" in r.stderr.lower()
+
+
+def test_printed_known_hosts_line_names_the_members(make_host, tmp_path):
+    """`cluster status` prints an @cert-authority line for the members' names and
+    addresses, never `*`; that line, as printed, lets ssh verify the member."""
+    a = _cluster(make_host, "alpha")
+    ka = a.add_user("carol")
+    out = a.admin("cluster", "status").stdout
+    line = out.strip().splitlines()[-1].strip()
+    marker, hosts, kind, _body, comment = line.split(" ")
+    assert marker == "@cert-authority" and kind == "ssh-ed25519" and comment == "mtgpu-lab", out
+    assert hosts.split(",") == [f"[alpha]:{a.port}", f"[127.0.0.1]:{a.port}"], out
+    assert line == a.api("cluster.status")["result"]["known_hosts"]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(line + "\n")
+    r = _ssh(a, ka, kh, "echo trusted")
+    assert r.returncode == 0 and r.stdout.strip() == "trusted", r.stderr
+    # An admin may name the hosts another way; a pattern for every host is refused.
+    given = a.admin("cluster", "status", "--hosts", "gpu*.example.org").stdout
+    assert f"@cert-authority gpu*.example.org {kind} " in given
+    bad = a.admin("cluster", "status", "--hosts", "*", check=False)
+    assert bad.returncode != 0 and "trusts the cluster's CA for every host" in bad.stderr
+
+
+def test_host_certificate_is_renewed_while_the_server_runs(make_host, tmp_path):
+    """With a 30 s validity: the member signs its host key again before the end, the
+    running listener presents the new certificate, and ssh still verifies the host
+    (@cert-authority line) after the first certificate expired: same daemon, same
+    listening socket, and a session opened before goes on."""
+    a = make_host(
+        {"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab", "CLUSTER_KEY": KEY}, start=False, name="alpha"
+    )
+    a.env["MTGPU_HOST_CERT_VALIDITY"] = "30"
+    a.start()
+    pid = a.proc.pid
+    ka = a.add_user("carol")
+    first = a.api("ssh.host_certificate")["result"]
+    assert first["valid_before"] - first["valid_after"] == 30 + 300 and not first["warning"]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(a.api("cluster.status")["result"]["known_hosts"] + "\n")
+    r = _ssh(a, ka, kh, "echo trusted")
+    assert r.returncode == 0 and r.stdout.strip() == "trusted", r.stderr
+    # A session made with the first certificate: it must outlive the renewals.
+    held = subprocess.Popen(
+        ["ssh", *_strict(kh), "-p", str(a.port), "-i", str(ka), "carol@127.0.0.1", "read x; echo got $x"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < first["valid_before"] + 2 and time.time() < deadline:
+            time.sleep(1)
+        now = a.api("ssh.host_certificate")["result"]
+        assert now["valid_before"] > first["valid_before"] + 5 and not now["warning"], now
+        assert "renewed this member's host certificate" in a.log()
+        r = _ssh(a, ka, kh, "echo still trusted")
+        assert r.returncode == 0 and r.stdout.strip() == "still trusted", r.stderr
+        out, err = held.communicate("hello\n", timeout=30)
+        assert held.returncode == 0 and out.strip() == "got hello", err
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait()
+    assert a.proc.poll() is None and a.proc.pid == pid  # never restarted
+    st = subprocess.run(
+        [sys.executable, "-m", "mtgpu.install.setup", "status", "--config", str(a.config_path)],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=60,
+    )
+    assert "host cert:  " in st.stdout and "WARNING" not in st.stdout, st.stdout + st.stderr

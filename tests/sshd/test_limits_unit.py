@@ -11,9 +11,10 @@ import pytest
 from mtgpu.api.dispatcher import Caller
 from mtgpu.api.jobs import submission_key
 from mtgpu.api.unix import ApiConnections
-from mtgpu.errors import ApiError
+from mtgpu.config.options import Options, load_text, max_startups
+from mtgpu.errors import ApiError, ConfigError
 from mtgpu.lograte import RepeatFilter
-from mtgpu.sshd.limits import ConnectionLimits, Held, LimitReached, Penalties
+from mtgpu.sshd.limits import ConnectionLimits, Held, LimitReached, Penalties, penalty_delay, should_drop
 
 
 def test_penalties_key_on_source_and_user():
@@ -42,6 +43,7 @@ def test_a_success_clears_only_that_users_count():
 def _limits(**over):
     opts = SimpleNamespace(
         ssh_max_connections_per_source=2,
+        ssh_max_startups_per_source=2,
         ssh_max_connections_per_user=2,
         ssh_max_sessions_per_user=2,
         ssh_max_forwards_per_user=2,
@@ -120,3 +122,74 @@ def test_submission_keys_are_scoped_to_the_caller_and_bounded():
     for hostile in ("x" * 65, "a b", "k\n", "../k", "ключ"):
         with pytest.raises(ApiError, match="1 to 64 letters, digits"):
             submission_key(ann, hostile)
+
+
+def test_max_startups_drops_nothing_below_start_everything_at_full_and_ramps_between():
+    """As OpenSSH's MaxStartups 10:30:100: the chance of a drop is 30% at 10 open,
+    rising linearly to 100% at 100 (counted over every roll from 0 to 99)."""
+
+    def chance(n: int, spec: str = "10:30:100") -> int:
+        start, rate, full = max_startups(spec)
+        return sum(should_drop(n, start, rate, full, lambda r=r: r) for r in range(100))
+
+    assert [chance(n) for n in (0, 9, 10, 55, 99, 100, 500)] == [0, 0, 30, 65, 99, 100, 100]
+    # A plain number N is N:100:N: nothing below it, everything from it.
+    assert [chance(n, "3") for n in (2, 3, 4)] == [0, 100, 100]
+
+
+def test_max_startups_accepts_start_rate_full_and_a_plain_number():
+    assert load_text("SSH_MAX_STARTUPS: 10:30:100\n", "c.yaml").ssh_max_startups == "10:30:100"
+    # YAML 1.1 would read 10:30:50 as the base-60 number 37850: it is read as written.
+    assert load_text("SSH_MAX_STARTUPS: 20:30:50\n", "c.yaml").ssh_max_startups == "20:30:50"
+    assert load_text("SSH_MAX_STARTUPS: '20:30:50'\n", "c.yaml").ssh_max_startups == "20:30:50"
+    assert load_text("SSH_MAX_STARTUPS: 100\n", "c.yaml").ssh_max_startups == "100:100:100"
+    assert max_startups(Options().ssh_max_startups) == (30, 30, 100)
+    d = Options()
+    assert d.ssh_max_startups_per_source == 10 and d.ssh_login_grace_time == 30
+
+
+@pytest.mark.parametrize(
+    "value, key, words",
+    [
+        ("10:30", "SSH_MAX_STARTUPS", "START:RATE:FULL such as 10:30:100, got '10:30'"),
+        ("a:b:c", "SSH_MAX_STARTUPS", "START:RATE:FULL"),
+        ("10:30:100:5", "SSH_MAX_STARTUPS", "START:RATE:FULL"),
+        ("-5", "SSH_MAX_STARTUPS", "positive whole number"),
+        ("0", "SSH_MAX_STARTUPS", "from 1"),
+        ("0:30:100", "SSH_MAX_STARTUPS", "from 1"),
+        ("10:0:100", "SSH_MAX_STARTUPS", "RATE is 0; it is a percentage from 1 to 100"),
+        ("10:101:100", "SSH_MAX_STARTUPS", "RATE is 101"),
+        ("100:30:10", "SSH_MAX_STARTUPS", "START (100) is above FULL (10)"),
+        ("1:30:" + "9" * 40, "SSH_MAX_STARTUPS", "each at most"),
+        ("[1, 2]", "SSH_MAX_STARTUPS", "got a list"),
+        ("true", "SSH_MAX_STARTUPS", "got a boolean"),
+        # The issue's own configuration: one address could hold every slot.
+        ("100\nSSH_MAX_STARTUPS_PER_SOURCE: 128", "SSH_MAX_STARTUPS_PER_SOURCE", "not below the FULL"),
+        ("5", "SSH_MAX_STARTUPS_PER_SOURCE", "set it below 5 or raise SSH_MAX_STARTUPS"),
+    ],
+)
+def test_bad_max_startups_is_one_line_naming_the_key_and_the_fix(value, key, words):
+    with pytest.raises(ConfigError) as exc:
+        load_text(f"SSH_MAX_STARTUPS: {value}\n", "/etc/mtgpu/mtgpu.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("/etc/mtgpu/mtgpu.yaml:"), msg
+    assert f": {key}: " in msg and words in msg and "\n" not in msg and len(msg) < 300, msg
+
+
+def test_the_penalty_delay_leaves_time_for_the_registered_key():
+    assert penalty_delay(30, 6) == 1.0
+    # Never so long that SSH_MAX_AUTH_TRIES refused keys eat the grace time.
+    for grace, tries in ((3, 2), (5, 20), (1, 1)):
+        assert penalty_delay(grace, tries) * tries <= grace / 4
+
+
+def test_unauthenticated_connections_are_counted_per_source():
+    limits = _limits()
+    a, b, c, d = Held(limits), Held(limits), Held(limits), Held(limits)
+    a.take("startup", "10.0.0.1")
+    b.take("startup", "10.0.0.1")
+    with pytest.raises(LimitReached, match="SSH_MAX_STARTUPS_PER_SOURCE is 2"):
+        c.take("startup", "10.0.0.1")
+    d.take("startup", "10.0.0.2")  # another address has its own
+    a.give("startup", "10.0.0.1")  # a login gives its slot back
+    c.take("startup", "10.0.0.1")
