@@ -1461,6 +1461,13 @@ def load_text(text: str, path: str = "<config>") -> Options:
             raise ConfigError(str(exc), key=sub, line=lines.get(sub, lines.get(k)), path=path) from exc
         except ValueError as exc:
             raise ConfigError(str(exc), key=k, line=lines.get(k), path=path) from exc
+    if "ssh_max_startups_per_source" not in values and "ssh_max_startups" in values:
+        # A low SSH_MAX_STARTUPS of an older configuration: the per-address cap, which it
+        # did not set, follows it (half its FULL) rather than stopping the daemon.
+        full = max_startups(values["ssh_max_startups"])[2]
+        default = Options.__dataclass_fields__["ssh_max_startups_per_source"].default
+        if isinstance(default, int) and default >= full:
+            values["ssh_max_startups_per_source"] = max(1, full // 2)
     top = {k: n for k, n in lines.items() if k in _KEYS}
     opts = Options(**values, source=path, key_lines=top)
     _check_whole(opts, lines, path)

@@ -165,7 +165,11 @@ def test_max_startups_accepts_start_rate_full_and_a_plain_number():
         ("true", "SSH_MAX_STARTUPS", "got a boolean"),
         # The issue's own configuration: one address could hold every slot.
         ("100\nSSH_MAX_STARTUPS_PER_SOURCE: 128", "SSH_MAX_STARTUPS_PER_SOURCE", "not below the FULL"),
-        ("5", "SSH_MAX_STARTUPS_PER_SOURCE", "set it below 5 or raise SSH_MAX_STARTUPS"),
+        (
+            "5\nSSH_MAX_STARTUPS_PER_SOURCE: 5",
+            "SSH_MAX_STARTUPS_PER_SOURCE",
+            "set it below 5 or raise SSH_MAX_STARTUPS",
+        ),
     ],
 )
 def test_bad_max_startups_is_one_line_naming_the_key_and_the_fix(value, key, words):
@@ -174,6 +178,16 @@ def test_bad_max_startups_is_one_line_naming_the_key_and_the_fix(value, key, wor
     msg = str(exc.value)
     assert msg.startswith("/etc/mtgpu/mtgpu.yaml:"), msg
     assert f": {key}: " in msg and words in msg and "\n" not in msg and len(msg) < 300, msg
+
+
+def test_an_older_low_max_startups_still_starts_with_the_per_source_cap_below_it():
+    """A configuration from before the per-address cap, with SSH_MAX_STARTUPS at 8:
+    the cap it never set follows it; one that sets both too high is still refused."""
+    assert load_text("SSH_MAX_STARTUPS: 8\n", "c.yaml").ssh_max_startups_per_source == 4
+    assert load_text("SSH_MAX_STARTUPS: 2\n", "c.yaml").ssh_max_startups_per_source == 1
+    assert load_text("SSH_MAX_STARTUPS: 100\n", "c.yaml").ssh_max_startups_per_source == 10
+    with pytest.raises(ConfigError, match="SSH_MAX_STARTUPS_PER_SOURCE"):
+        load_text("SSH_MAX_STARTUPS: 8\nSSH_MAX_STARTUPS_PER_SOURCE: 8\n", "c.yaml")
 
 
 def test_the_penalty_delay_leaves_time_for_the_registered_key():
