@@ -16,12 +16,14 @@ records it is given and the time it is told.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
+from mtgpu.jobstate import CANCELLED, COMPLETED, FINAL_STATES, PENDING
 from mtgpu.state.codec import JobRecord
 
 if TYPE_CHECKING:
@@ -118,6 +120,37 @@ def gate(
     "never", REASON, why)`` with Slurm's reason (JobHeldUser, BeginTime, Dependency,
     DependencyNeverSatisfied). ``tasks_of(ID)`` gives the records an id names (an
     array's tasks); ``same_name`` the tenant's jobs of the same name (for singleton)."""
+
+    def item(kind: str, ids: tuple[str, ...]) -> tuple[str, str]:
+        if kind == "singleton":
+            earlier = [
+                j
+                for j in same_name
+                if j.job_id != job.job_id and j.state not in FINAL and _order(j) < _order(job)
+            ]
+            return ("wait", f"job {earlier[0].job_id} of the same name") if earlier else ("ok", "")
+        return _item(kind, ids, tasks_of)
+
+    return _decide(job, spec_dependency, now, item)
+
+
+def _item(kind: str, ids: tuple[str, ...], tasks_of: Callable[[str], list[JobRecord]]) -> tuple[str, str]:
+    """("ok" | "wait" | "never", why) for one ``after*`` item."""
+    named = [tasks_of(i) for i in ids]
+    missing = [i for i, rs in zip(ids, named) if not rs]
+    if missing:
+        # Its record is gone (purged after JOB_RETENTION_DAYS): only after/afterany are met.
+        return ("ok", "") if kind in ("after", "afterany") else ("never", f"job {missing[0]} is gone")
+    return _one(kind, [r for rs in named for r in rs])
+
+
+def _decide(
+    job: JobRecord,
+    spec_dependency: str | None,
+    now: float,
+    item: Callable[[str, tuple[str, ...]], tuple[str, str]],
+) -> tuple[str, str, str]:
+    """:func:`gate`, with ``item(kind, ids)`` saying how each item of the dependency stands."""
     if job.held:
         return "wait", HELD, "held: `mt-job release` lets it start"
     begin = job.begin_time
@@ -125,26 +158,8 @@ def gate(
         return "wait", BEGIN, "it may not start before its --begin time"
     if not spec_dependency:
         return "ok", "", ""
-    dep = parse_dependency(spec_dependency)
-    results = []
-    for kind, ids in dep.items:
-        if kind == "singleton":
-            earlier = [
-                j
-                for j in same_name
-                if j.job_id != job.job_id and j.state not in FINAL and _order(j) < _order(job)
-            ]
-            results.append(("wait", f"job {earlier[0].job_id} of the same name") if earlier else ("ok", ""))
-            continue
-        records = [r for i in ids for r in tasks_of(i)]
-        missing = [i for i in ids if not tasks_of(i)]
-        if missing:
-            # Its record is gone (purged after JOB_RETENTION_DAYS): only after/afterany are met.
-            results.append(
-                ("ok", "") if kind in ("after", "afterany") else ("never", f"job {missing[0]} is gone")
-            )
-            continue
-        results.append(_one(kind, records))
+    dep = _parsed(spec_dependency)
+    results = [item(kind, ids) for kind, ids in dep.items]
     states = [s for s, _ in results]
     if dep.any_of:
         if "ok" in states:
@@ -157,6 +172,12 @@ def gate(
     if "wait" in states:
         return "wait", DEPENDENCY, next(w for s, w in results if s == "wait")
     return "ok", "", ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Dependency:
+    """:func:`parse_dependency`, once per text (the jobs of an array share theirs)."""
+    return parse_dependency(text)
 
 
 def _order(j: JobRecord) -> tuple[float, int, int]:
@@ -213,6 +234,82 @@ def parse_begin(text: str, now: float) -> float:
     )
 
 
+class _View:
+    """What the gates read of the job table, each part made once and not per waiting
+    job (a pass over thousands of them reads each record a few times, not once per
+    job): the tenants' active jobs by name, for ``singleton``; the records each id
+    names, per tenant; and how each dependency item stands."""
+
+    def __init__(self, table: JobTable) -> None:
+        self.table = table
+        #: (user, name) -> (their active jobs in the table's order, the least
+        #: :func:`_order` among the first k of them, for each k): made on first use.
+        self._names: dict[tuple[str, str], tuple[list[JobRecord], list[tuple[float, int, int]]]] | None = None
+        self._tasks: dict[tuple[str, str], list[JobRecord]] = {}
+        self._items: dict[tuple[str, str, tuple[str, ...]], tuple[str, str]] = {}
+        #: The jobs this pass ends for a dependency never met, as they read once ended.
+        self.ending: dict[str, JobRecord] = {}
+
+    def check(self, job: JobRecord, now: float) -> tuple[str, str, str]:
+        return _decide(job, job.spec.dependency, now, lambda kind, ids: self._item(job, kind, ids))
+
+    def ended(self, records: Iterable[JobRecord]) -> None:
+        """Read ``records`` as CANCELLED from here on (this pass ends them)."""
+        for r in records:
+            self.ending[r.job_id] = dataclasses.replace(r, state=CANCELLED)
+        self._items = {}
+
+    def _item(self, job: JobRecord, kind: str, ids: tuple[str, ...]) -> tuple[str, str]:
+        if kind == "singleton":
+            earlier = self._earlier(job)
+            return ("wait", f"job {earlier} of the same name") if earlier else ("ok", "")
+        key = (job.user, kind, ids)
+        hit = self._items.get(key)
+        if hit is None:
+            user = job.user
+            hit = self._items[key] = _item(kind, ids, lambda i: self._tasks_of(user, i))
+        return hit
+
+    def _tasks_of(self, user: str, jid: str) -> list[JobRecord]:
+        key = (user, jid)
+        hit = self._tasks.get(key)
+        if hit is None:
+            hit = self._tasks[key] = [r for r in self.table.task_records(jid) if r.user == user]
+        if self.ending:
+            ending = self.ending
+            return [ending.get(r.job_id, r) for r in hit]
+        return hit
+
+    def _earlier(self, job: JobRecord) -> str | None:
+        """The first (in the table's order) active job of the same tenant and name
+        submitted before ``job``, if any."""
+        if self._names is None:
+            self._names = {}
+            for r in self.table.active_records():
+                if r.state in FINAL:
+                    continue
+                group = self._names.get((r.user, r.name))
+                if group is None:
+                    group = self._names[(r.user, r.name)] = ([], [])
+                order = _order(r)
+                group[0].append(r)
+                group[1].append(min(group[1][-1], order) if group[1] else order)
+        group = self._names.get((job.user, job.name))
+        mine = _order(job)
+        if group is None or not group[1][-1] < mine:
+            return None
+        # The least order so far only falls: the first job before ``job`` is where it
+        # first falls below ``job``'s (``job`` itself is not before itself).
+        least, lo, hi = group[1], 0, len(group[1]) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if least[mid] < mine:
+                hi = mid
+            else:
+                lo = mid + 1
+        return group[0][lo].job_id
+
+
 class Gates:
     """The pending jobs a scheduler keeps out of its queue until their gates open: held,
     not yet at their --begin time, or waiting on a dependency."""
@@ -221,35 +318,33 @@ class Gates:
         self.waiting: dict[str, None] = {}
 
     def check(self, job: JobRecord, table: JobTable, now: float) -> tuple[str, str, str]:
-        """:func:`gate` for ``job``, looking only at its own tenant's jobs."""
-        user = job.user
-        dependency = job.spec.dependency
-        if not (job.held or job.begin_time or dependency):
+        """:func:`gate` for ``job``, looking only at its own tenant's jobs. For one job:
+        :meth:`review` looks at every waiting job with one read of the table."""
+        if not (job.held or job.begin_time or job.spec.dependency):
             return "ok", "", ""
-
-        def tasks_of(jid: str) -> list[JobRecord]:
-            return [r for r in table.task_records(jid) if r.user == user]
-
-        same: list[JobRecord] = []
-        if dependency and "singleton" in dependency.lower():
-            same = [r for r in table.active_records() if r.user == user and r.name == job.name]
-        return gate(job, dependency, tasks_of, same, now)
+        return _View(table).check(job, now)
 
     def review(
         self, table: JobTable, queued: Callable[[str], bool], now: float
     ) -> tuple[list[JobRecord], list[tuple[str, str]], dict[str, tuple[str, str]]]:
         """Look at every waiting job again: (records whose gates opened, (job id, why)
         of those whose dependency can never be met and that end for it, {job id:
-        (reason, why)} of those still waiting)."""
+        (reason, why)} of those still waiting).
+
+        The table is read once for all of them, so a pass costs time in proportion to
+        the jobs, not their square. A job whose dependency can only be met by one that
+        ends here ends here too, and so on down a chain: all in this pass."""
+        view = _View(table)
         opened: list[JobRecord] = []
         never: list[tuple[str, str]] = []
         still: dict[str, tuple[str, str]] = {}
+        kept: dict[str, JobRecord] = {}
         for jid in list(self.waiting):
             j = table.record(jid)
             if j is None or j.state != PENDING or queued(jid):
                 self.waiting.pop(jid, None)
                 continue
-            state, reason, why = self.check(j, table, now)
+            state, reason, why = view.check(j, now)
             if state == "ok":
                 self.waiting.pop(jid, None)
                 opened.append(j)
@@ -258,4 +353,49 @@ class Gates:
                 never.append((jid, why))
             else:
                 still[jid] = (reason, why)
+                kept[jid] = j
+        if never and still:
+            self._end_behind(view, [jid for jid, _ in never], kept, never, still, now)
         return opened, never, still
+
+    def _end_behind(
+        self,
+        view: _View,
+        ending: list[str],
+        kept: dict[str, JobRecord],
+        never: list[tuple[str, str]],
+        still: dict[str, tuple[str, str]],
+        now: float,
+    ) -> None:
+        """Look again, as if ``ending`` had ended, at the waiting jobs that name them;
+        those whose dependency can then never be met join ``never`` (and theirs are
+        looked at in turn). Each job is looked at once per round, a round being the
+        jobs that end for the last one's."""
+        dependents: dict[str, list[str]] = {}
+        for jid, j in kept.items():
+            if j.spec.dependency:
+                for named in dict.fromkeys(_parsed(j.spec.dependency).job_ids()):
+                    dependents.setdefault(named, []).append(jid)
+        table = view.table
+        while ending:
+            records = [r for e in ending if (r := table.record(e)) is not None]
+            view.ended(records)
+            behind: dict[str, None] = {}
+            for r in records:
+                for name in (r.job_id, r.array_id, r.numeric_id):
+                    for other in dependents.get(name or "", ()):
+                        if other in still:
+                            behind[other] = None
+            ending = []
+            for jid in behind:
+                j = kept[jid]
+                state, reason, why = view.check(j, now)
+                if state != "never":
+                    continue  # one it now could start is queued by the next pass, once these have ended
+                if j.spec.kill_on_invalid_dep:
+                    del still[jid]
+                    self.waiting.pop(jid, None)
+                    never.append((jid, why))
+                    ending.append(jid)
+                else:
+                    still[jid] = (reason, why)

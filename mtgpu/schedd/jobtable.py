@@ -46,6 +46,9 @@ class JobTable(SyncObjConsumer):
         # The typed form of each record, made once per change of the job (see record()).
         self._records: dict[str, JobRecord] = {}
         self._specs: codec.SpecCache = {}
+        # An array's id -> its tasks' ids, in the table's order (made from the records):
+        # what an array's id names is looked up, not searched for among every job.
+        self.array_tasks: dict[str, dict[str, None]] = {}
         # The pending and running jobs whose earlier run may still run somewhere
         # (their record's ``old_run``), made from the records: the agents and the
         # scheduler look at these every second, not at every active job.
@@ -111,6 +114,10 @@ class JobTable(SyncObjConsumer):
         self.running_ids = {jid: None for jid, j in self.jobs.items() if j["state"] == RUNNING}
         self.old_run_ids = {jid: None for jid, j in self.jobs.items() if _waits_for_old_run(j)}
         self.numeric_ids = {j["numeric_id"]: jid for jid, j in self.jobs.items() if j.get("numeric_id")}
+        self.array_tasks = {}
+        for jid, j in self.jobs.items():
+            if j.get("array_id"):
+                self.array_tasks.setdefault(j["array_id"], {})[jid] = None
         self.pending_by_user = {}
         self.pending_script_bytes, self._pending_scripts = {}, {}
         for j in self.jobs.values():
@@ -164,6 +171,8 @@ class JobTable(SyncObjConsumer):
         self.jobs[jid] = record
         if old is None and record.get("numeric_id"):
             self.numeric_ids[record["numeric_id"]] = jid
+        if old is None and record.get("array_id"):
+            self.array_tasks.setdefault(record["array_id"], {})[jid] = None
         if record["state"] in ACTIVE_STATES:
             self.active_ids[jid] = None
         else:
@@ -263,7 +272,8 @@ class JobTable(SyncObjConsumer):
         tid = self.numeric_ids.get(job_id)
         if tid is not None and tid in self.jobs:
             return [self.jobs[tid]]
-        return [r for r in list(self.jobs.values()) if r.get("array_id") == job_id]
+        jobs = self.jobs
+        return [jobs[t] for t in list(self.array_tasks.get(job_id, ())) if t in jobs]
 
     def all(self) -> list[dict[str, Any]]:
         return list(self.jobs.values())
@@ -673,6 +683,11 @@ class JobTable(SyncObjConsumer):
                 self._records.pop(jid, None)
                 if j.get("numeric_id"):
                     self.numeric_ids.pop(j["numeric_id"], None)
+                tasks = self.array_tasks.get(j.get("array_id") or "")
+                if tasks is not None:
+                    tasks.pop(jid, None)
+                    if not tasks:
+                        del self.array_tasks[j["array_id"]]
                 self.active_ids.pop(jid, None)
                 self.running_ids.pop(jid, None)
                 self.old_run_ids.pop(jid, None)

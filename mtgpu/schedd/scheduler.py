@@ -337,12 +337,14 @@ class Scheduler:
             if j is not None and j.state == PENDING:
                 self._enqueue(j)
 
-    def _enqueue(self, j: JobRecord) -> None:
+    def _enqueue(self, j: JobRecord, gated: bool = True) -> None:
         from mtgpu.schedd.types import PendingJob
 
         if j.old_run:
             return  # its earlier run may still be running: queued once it is known to be over
-        if self.gates.check(j, self.table, self.clock())[0] != "ok":
+        # A dependency is looked at by the next pass, with every waiting job's (Gates.review
+        # reads the table once for all of them); held and --begin are looked at now.
+        if gated and (j.spec.dependency or self.gates.check(j, self.table, self.clock())[0] != "ok"):
             self.gates.waiting[j.job_id] = None  # looked at again by each pass
             return
         spec = j.spec
@@ -751,7 +753,7 @@ class Scheduler:
         now = self.clock()
         opened, never, still = self.gates.review(self.table, lambda jid: jid in self.queue, now)
         for j in opened:
-            self._enqueue(j)
+            self._enqueue(j, gated=False)
         if never:
             await self.replicate(self.table.end_never_satisfied, never, now)
         infos = {}

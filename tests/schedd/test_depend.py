@@ -170,3 +170,130 @@ def test_begin_times() -> None:
     assert 1_000_000.0 <= at < 1_000_000.0 + 86400
     with pytest.raises(ValueError, match="is not a start time"):
         parse_begin("tomorrow-ish", 0.0)
+
+
+def test_singleton_reads_as_the_one_job_at_a_time_scan_did() -> None:
+    """The per-name index gives the same answer (and the same job named) as looking
+    at every active job of the tenant, however submission times and table order differ."""
+    import random
+
+    rnd = random.Random(57)
+    records = []
+    for n in range(300):
+        state = rnd.choice(["PENDING", "PENDING", "RUNNING", "COMPLETED"])
+        spec = {"dependency": rnd.choice(["singleton", "singleton?afterok:1", "afterany:2,singleton"])}
+        records.append(
+            rec(
+                str(n + 1),
+                state,
+                user=rnd.choice(["ann", "bob"]),
+                name=rnd.choice(["a", "b", "c"]),
+                t=float(rnd.randrange(20)),
+                spec=spec,
+            )
+        )
+    t = Table(*records)
+    g = Gates()
+    g.waiting.update(dict.fromkeys(r.job_id for r in records if r.state == "PENDING"))
+    opened, never, still = g.review(t, lambda jid: False, 100.0)
+    assert not never and set(g.waiting) == set(still)
+    for r in records:
+        if r.state != "PENDING":
+            continue
+        mine = [o for o in t.active_records() if o.user == r.user and o.name == r.name]
+        owned = lambda i, u=r.user: [o for o in t.task_records(i) if o.user == u]  # noqa: E731
+        state, reason, why = gate(r, r.spec.dependency, owned, mine, 100.0)
+        if state == "ok":
+            assert r in opened
+        else:
+            assert still[r.job_id] == (reason, why)
+
+
+# -------------------------------------------------- the real table and scheduler
+
+
+def _submit(table, dependency: str | None = None, tasks: list[int] | None = None, **spec: object) -> str:
+    asked = {**spec_to_dict(JobSpec(ResourceRequest(), "true")), "dependency": dependency, **spec}
+    record = {"user": "ann", "uid": 2000, "name": "j", "workdir": "/w", "spec": asked}
+    return table.submit(record, tasks, 1.0, _doApply=True)["job_id"]
+
+
+def _scheduler(table):
+    from mtgpu.schedd.scheduler import Scheduler
+
+    async def apply(method, *args, **kw):
+        return method(*args, _doApply=True)
+
+    async def dispatch(job, term):
+        raise AssertionError("no member: nothing starts")
+
+    s = Scheduler(table, apply, dispatch, term=lambda: 1, clock=lambda: 100.0)
+    s._recheck = False  # no member reports here: nothing is refused as one no member could run
+    return s
+
+
+def test_a_pass_over_thousands_of_gated_tasks_reads_each_record_a_few_times(monkeypatch) -> None:
+    """`array=0-1999` with singleton, and another array after it: submitting them and
+    one pass read each record a few times, not once per waiting task (counted, not timed)."""
+    import asyncio
+
+    from mtgpu.schedd.jobtable import JobTable
+
+    n = 2000
+    table = JobTable()
+    first = _submit(table, "singleton", list(range(n)))
+    second = _submit(table, f"afterok:{first}", list(range(n)))
+    reads = [0]
+    typed = JobTable.typed
+
+    def counted(self, j):
+        reads[0] += 1
+        return typed(self, j)
+
+    monkeypatch.setattr(JobTable, "typed", counted)
+    s = _scheduler(table)
+    s.accepted([f"{first}_{i}" for i in range(n)] + [f"{second}_{i}" for i in range(n)])
+    asyncio.run(s.run_pass())
+    assert reads[0] < 10 * 2 * n, reads[0]
+    # What they wait for is as before: the first task runs first, the rest one at a time.
+    assert f"{first}_0" in s.queue and len(s.queue) == 1
+    assert s.pending_info[f"{first}_7"].message == f"job {first}_0 of the same name"
+    assert s.pending_info[f"{second}_0"].message == f"job {first}_0 has not ended"
+
+
+def test_a_chain_behind_a_cancelled_head_ends_in_one_pass() -> None:
+    """1,000 jobs, each afterok the one before, behind a head that is cancelled: one
+    pass ends them all, each with the reason it would have had ended on its own."""
+    import asyncio
+
+    from mtgpu.schedd.jobtable import JobTable
+
+    table = JobTable()
+    head = _submit(table)
+    chain = [head]
+    for _ in range(1000):
+        chain.append(_submit(table, f"afterok:{chain[-1]}"))
+    # Beside the chain: one met by a job that ends here (queued by the next pass, once
+    # that job has ended), and one kept pending by --kill-on-invalid-dep=no (its own
+    # dependents wait on it, as it may still be cancelled).
+    opens = _submit(table, f"afternotok:{chain[500]}")
+    kept = _submit(table, f"afterok:{chain[3]}", kill_on_invalid_dep=False)
+    behind_kept = _submit(table, f"afterok:{kept}")
+    s = _scheduler(table)
+    s.rebuild()
+    table.cancel([head], "ann", 50.0, _doApply=True)
+    asyncio.run(s.run_pass())
+    for before, jid in zip(chain, chain[1:]):
+        j = table.get(jid)
+        assert j["state"] == "CANCELLED", jid
+        assert j["reason"] == f"DependencyNeverSatisfied: job {before} ended CANCELLED (afterok)"
+    assert table.get(kept)["state"] == "PENDING"
+    assert (s.pending_info[kept].reason, s.pending_info[kept].message) == (
+        "DependencyNeverSatisfied",
+        f"job {chain[3]} ended CANCELLED (afterok)",
+    )
+    assert table.get(behind_kept)["state"] == "PENDING"
+    assert s.pending_info[behind_kept].reason == "Dependency"
+    assert table.get(opens)["state"] == "PENDING" and opens not in s.queue
+    asyncio.run(s.run_pass())
+    assert opens in s.queue and table.get(behind_kept)["state"] == "PENDING"

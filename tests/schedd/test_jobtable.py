@@ -312,3 +312,23 @@ def test_numeric_ids_survive_a_state_dump_and_a_replay_alike():
     c._deserialize(data)
     assert c.numeric_ids == {"2": "1_0", "3": "1_1", "5": "4_7"}
     assert [j["job_id"] for j in c.tasks_of("5")] == ["4_7"]
+
+
+def test_an_arrays_tasks_are_looked_up_through_purges_and_a_state_dump():
+    """What an array's id names comes from an index of the records (not a search of
+    every job), kept through purges and made again from a dump, which does not hold it."""
+    t = JobTable()
+    t.submit(dict(RECORD), None, 1.0, _doApply=True)
+    assert t.submit(dict(RECORD), [0, 1, 2], 1.0, _doApply=True)["job_id"] == "2"
+    t.finish("2_1", "COMPLETED", 0, "", 2.0, _doApply=True)
+    t.purge(["2_1"], _doApply=True)
+    assert [j["job_id"] for j in t.tasks_of("2")] == ["2_0", "2_2"]
+    data = pickle.loads(pickle.dumps(t._serialize()))
+    assert "array_tasks" not in data
+    c = JobTable()
+    c._deserialize(data)
+    assert [j["job_id"] for j in c.tasks_of("2")] == ["2_0", "2_2"]
+    for jid in ("2_0", "2_2"):
+        c.finish(jid, "FAILED", 1, "", 3.0, _doApply=True)
+    c.purge(["2_0", "2_2"], _doApply=True)
+    assert c.tasks_of("2") == [] and "2" not in c.array_tasks
