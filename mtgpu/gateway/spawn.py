@@ -295,21 +295,22 @@ async def connect_as(
     port: int,
     timeout: float = 15,
     *,
-    netns: str | None = None,
+    fence: Sequence[str] = (),
     listen: bool = False,
 ) -> socket.socket:
     """A TCP connection to ``host:port`` made by a process of ``account`` (its uid, gid
     and groups), handed back to the daemon: the connection is the tenant's, as the
     kernel sees it (its owner in ``/proc/net/tcp``, ``iptables -m owner``), not root's.
 
-    ``netns`` is the tenant's network namespace (``TENANT_NETWORK: private``): the
-    process joins it first (as root, through nsenter) and then becomes the tenant, so
-    ``127.0.0.1`` is the tenant's own loopback. With ``listen`` the socket is a
-    listening one bound at ``host:port`` instead (``ssh -R``).
+    ``fence`` (from :meth:`mtgpu.schedd.fence.TenantFence.prefix`, as for sessions)
+    starts the helper as root in the tenant's session cgroup, private mount namespace
+    and network namespace (``TENANT_NETWORK: private``: ``127.0.0.1`` is the tenant's
+    own loopback), where it becomes the tenant: a tenant who attaches to it (same UID)
+    finds nothing a session of theirs lacks. With ``listen`` the socket is a listening
+    one bound at ``host:port`` instead (``ssh -R``).
 
     Raises ``OSError`` with the reason if it cannot connect.
     """
-    import shutil
     import sys
 
     ours, theirs = socket.socketpair()
@@ -317,24 +318,9 @@ async def connect_as(
         kwargs: dict = {}
         prefix: list[str] = []
         if os.geteuid() == 0 and account.uid != 0:
-            if netns:
-                tools = [shutil.which(t, path="/usr/bin:/bin") for t in ("nsenter", "setpriv")]
-                if not all(tools):
-                    raise OSError(
-                        "nsenter and setpriv (util-linux) are needed to reach a tenant's private network"
-                    )
-                groups = ",".join(map(str, account.groups))
-                prefix = [
-                    str(tools[0]),
-                    f"--net={netns}",
-                    "--",
-                    str(tools[1]),
-                    f"--reuid={account.uid}",
-                    f"--regid={account.gid}",
-                    f"--groups={groups}" if groups else "--clear-groups",
-                    "--",
-                ]
-            else:
+            if fence:
+                prefix = list(fence)
+            else:  # a daemon without a fence: its sessions run so too
                 kwargs = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
         proc = await aspawn(
             [

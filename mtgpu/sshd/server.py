@@ -530,8 +530,8 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             # the kernel's owner checks) see the tenant, never root.
             try:
                 account = await self._account(principal, uid)
-                netns = await self._tenant_netns(uid)
-                sock = await connect_as(account, dest_host, dest_port, netns=netns)
+                fence = await self._tenant_fence(account)
+                sock = await connect_as(account, dest_host, dest_port, fence=fence)
             except OSError as exc:
                 log.info("forwarding to %s:%d for %s: %s", dest_host, dest_port, who, exc)
                 raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(exc)) from None
@@ -539,6 +539,15 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             return SSHForwarder(peer)
 
         return connect()  # type: ignore[return-value]
+
+    async def _tenant_fence(self, account: Any) -> list[str]:
+        """What starts a forward's helper in the tenant's fence (session cgroup, mount
+        and network namespaces), as sessions start; OSError when a part cannot be set
+        up: the forward is refused, never made outside the fence."""
+        try:
+            return await self.gateway.fence_argv(account)
+        except MtgpuError as exc:  # FenceError: the cause is in the log already
+            raise OSError(str(exc)) from exc
 
     async def _tenant_netns(self, uid: int) -> str | None:
         """The tenant's private network namespace (TENANT_NETWORK), which its forwards
@@ -607,7 +616,8 @@ class MtgpuSSHServer(asyncssh.SSHServer):
             # tenant's processes reach it, and it holds only ports the tenant may hold.
             try:
                 account = await self._account(principal, uid)
-                sock = await connect_as(account, bind, listen_port, netns=netns, listen=True)
+                fence = await self._tenant_fence(account)
+                sock = await connect_as(account, bind, listen_port, fence=fence, listen=True)
             except OSError as exc:
                 log.info("remote forward of %s:%d for %s: %s", bind, listen_port, principal.username, exc)
                 self.held.give("forward", principal.username)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -417,3 +418,111 @@ def test_restart_keeps_running_tenants_networks_and_stop_cleans_the_rest(net: Ne
     finally:
         h.cleanup()
     assert h.remove_network_rules() == []
+
+
+# --------------------------------------------------------------- forward helpers
+
+#: A listener in the tenant's namespace that never accepts, its queue filled by its own
+#: clients: a connection to it waits (SYN retries) until the helper's timeout.
+STUCK_LISTENER = r"""
+import socket, sys, time
+srv = socket.socket()
+srv.bind(("127.0.0.1", int(sys.argv[1])))
+srv.listen(0)
+held = []
+for _ in range(4):
+    c = socket.socket()
+    c.setblocking(False)
+    c.connect_ex(("127.0.0.1", int(sys.argv[1])))
+    held.append(c)
+print("stuck", flush=True)
+time.sleep(int(sys.argv[2]))
+"""
+
+
+def _procs_of(uid: int) -> dict[int, str]:
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            status = (d / "status").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        if str(uid) in uids:
+            found[int(d.name)] = cmd
+    return found
+
+
+@pytest.mark.parametrize("flag", ["-W", "-L"])
+def test_a_forward_helper_runs_inside_the_tenants_fence(host: Host, flag: str) -> None:
+    """The process that makes a tenant's forwarded connection is the tenant's, so the
+    tenant may attach to it: it must be inside the session cgroup and the private mount
+    namespace, like every other process of that UID, for as long as it lives."""
+    uid = uid_of(host, "ann")
+    port = free_port()
+    listener = subprocess.Popen(
+        [
+            "ssh",
+            *SSH_OPTS,
+            "-i",
+            str(host.keys_of["ann"]),
+            "-p",
+            str(host.port),
+            f"ann@{host.address}",
+            f"exec python3 -c '{STUCK_LISTENER}' {port} 40",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    fwd = None
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "stuck"
+        session = next(p for p, cmd in _procs_of(uid).items() if "stuck" in cmd or str(port) in cmd)
+        mnt = os.readlink(f"/proc/{session}/ns/mnt")
+        base = ["ssh", *SSH_OPTS, "-i", str(host.keys_of["ann"]), "-p", str(host.port)]
+        if flag == "-W":
+            fwd = subprocess.Popen(
+                [*base, "-W", f"127.0.0.1:{port}", f"ann@{host.address}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        else:
+            lport = free_port()
+            fwd = subprocess.Popen(
+                [*base, "-N", "-L", f"127.0.0.1:{lport}:127.0.0.1:{port}", f"ann@{host.address}"],
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", lport)) == 0, 20, "the -L listener")
+            held = socket.create_connection(("127.0.0.1", lport))
+        helper = wait_for(
+            lambda: next(
+                (p for p, cmd in _procs_of(uid).items() if " -I -c " in cmd and "connect" in cmd), None
+            ),
+            20,
+            "the forward helper to wait on the stuck listener",
+        )
+        checked = 0
+        for pid in [helper, *_procs_of(uid)]:
+            try:
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+                ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            except OSError:
+                continue  # ended meanwhile
+            assert f"tenant-{uid}" in cgroup, (pid, _procs_of(uid).get(pid), cgroup)
+            assert ns == mnt, (pid, _procs_of(uid).get(pid), ns, mnt)
+            checked += 1
+        assert checked >= 2
+        if flag == "-L":
+            held.close()
+    finally:
+        for p in (fwd, listener):
+            if p is not None:
+                p.kill()
+                p.wait()
+        sh(host, "ann", "pkill -u ann -f 'stuck' || true")
