@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import warnings
+
 __version__ = "0.1.0"
+
+
+def _quiet_crypto_deprecations() -> None:
+    """Hide the CryptographyDeprecationWarning lines (DSA and others) that asyncssh
+    triggers on import with a newer cryptography: every MTGPU program starts here,
+    and they are about asyncssh's code, not anything a user or admin can act on."""
+    try:
+        from cryptography.utils import CryptographyDeprecationWarning
+    except ImportError:  # pragma: no cover - cryptography comes with asyncssh
+        return
+    warnings.filterwarnings(
+        "ignore", category=CryptographyDeprecationWarning, module=r"(asyncssh|cryptography)(\.|$)"
+    )
+
+
+_quiet_crypto_deprecations()
 
 #: The layout of STATE_DIR. A release that changes it so that older releases can no
 #: longer read it raises this; `mtgpu-setup install` refuses to put an older

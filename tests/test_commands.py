@@ -83,6 +83,29 @@ def test_each_program_prints_that_help_and_the_one_version(
     assert (version.returncode, version.stdout) == (0, VERSION + "\n"), version.stderr
 
 
+REPO = Path(__file__).resolve().parent.parent
+#: The server, the laptop client, and a tenant's command that reaches asyncssh.
+QUIET = ("mtgpu-server", "remotegpu-cli", "mt-job", "mtgpu-admin")
+
+
+@pytest.mark.parametrize("program", QUIET)
+def test_version_is_one_line_and_nothing_on_stderr(program: str) -> None:
+    """This tree's entry point, as the installed script calls it: asyncssh with a newer
+    cryptography printed 15 lines of CryptographyDeprecationWarning before the version."""
+    module, func = console_scripts()[program].split(":")
+    code = f"import sys; sys.argv[0] = {program!r}; from {module} import {func} as f; sys.exit(f())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MTGPU_"))}
+    r = subprocess.run(
+        [sys.executable, "-c", code, "--version"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(REPO)},
+        timeout=60,
+        cwd="/",
+    )
+    assert (r.returncode, r.stdout, r.stderr) == (0, VERSION + "\n", "")
+
+
 def test_the_walk_leaves_out_what_is_hidden() -> None:
     setup = PROGRAMS["mtgpu-setup"]
     assert "unpublish" not in subcommands(setup)  # uninstall's own second half

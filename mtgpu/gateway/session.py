@@ -295,6 +295,12 @@ class Gateway:
         self, process: asyncssh.SSHServerProcess, account: Account, argv: list[str], env: dict[str, str]
     ) -> None:
         """Run ``argv`` as the tenant on a new pty that is its controlling terminal."""
+        live = getattr(self.host, "terminals", None)
+        if live is not None:
+            # The login will ask which of the tenant's terminals still answer: ask
+            # their connections now, while its program starts, so that a frozen
+            # one has had its whole deadline by then.
+            live.prime(account.uid)
         fence = await self.fence_argv(account)
         master, slave = os.openpty()
         tty, probe = os.ttyname(slave), connection_probe(process.channel)
@@ -317,7 +323,6 @@ class Gateway:
         finally:
             os.close(slave)
         child = Spawned(proc, master_fd=master)
-        live = getattr(self.host, "terminals", None)
         if live is not None:  # so a later login can tell whether this one still answers
             live.add(tty, account.uid, probe)
         _hook_signals(process, child)

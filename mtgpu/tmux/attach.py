@@ -52,9 +52,10 @@ from mtgpu.tmux.terminal import (
     workspace_session,
 )
 
-#: How long the daemon may take to say which terminals are dead (it probes them
-#: for mtgpu.tmux.runtime.PROBE_TIMEOUT).
-_ASK_TIMEOUT = 8.0
+#: How long the daemon may take to say which terminals are dead. It answers within
+#: about a second (mtgpu.gateway.liveness.ANSWER_DEADLINE); this is for a daemon
+#: under load, where giving up would put the login in a new, empty session.
+_ASK_TIMEOUT = 20.0
 #: How long a message stays in tmux's status line, in milliseconds.
 _NOTE_MS = 15000
 _FALLBACK_TERM = "xterm-256color"

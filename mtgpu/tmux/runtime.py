@@ -12,9 +12,11 @@ for another uid first and so deny that tenant every terminal.
 
 **Live connections** (:class:`LiveTerminals`). Every pty the gateway serves is
 recorded by its terminal name with a probe that asks the client's SSH
-connection for an answer. A new login asks which of the terminals attached to
-its sessions are on connections that no longer answer (a laptop asleep, a
-network gone), so it can take those sessions over.
+connection for an answer (:mod:`mtgpu.gateway.liveness`). A new login asks which
+of the terminals attached to its sessions are on connections that no longer
+answer (a laptop asleep, a network gone), so it can take those sessions over.
+The gateway starts those questions (:meth:`LiveTerminals.prime`) as soon as the
+new terminal is opened, so the answer is ready when the login asks.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from mtgpu.text import one_line
 log = logging.getLogger("mtgpu.tmux")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: How long a connection has to answer before its terminal counts as dead. A live
-#: client answers in one round trip; a frozen one never does.
-PROBE_TIMEOUT = 3.0
+#: The most a probe may take before its terminal counts as dead. The gateway's
+#: probe bounds itself much sooner (mtgpu.gateway.liveness.ANSWER_DEADLINE); this
+#: only stops one that never returns.
+PROBE_TIMEOUT = 5.0
 #: What one question may name (a tenant's own terminals; more is refused).
 MAX_TTYS = 64
 #: Distinct failures remembered so that each is logged once.
@@ -103,6 +106,17 @@ class LiveTerminals:
 
     def add(self, tty: str, uid: int, probe: Probe) -> None:
         self._by_tty[tty] = _Terminal(uid, probe)
+
+    def prime(self, uid: int) -> int:
+        """Start asking every terminal of ``uid`` now, without waiting (a new login
+        of that tenant will ask :meth:`dead` shortly). Returns how many."""
+        n = 0
+        for t in self._by_tty.values():
+            start = getattr(t.probe, "start", None)
+            if t.uid == uid and start is not None:
+                start()
+                n += 1
+        return n
 
     def remove(self, tty: str, probe: Probe) -> None:
         t = self._by_tty.get(tty)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtgpu.jobstate import COMPLETED, FINAL_STATES, PENDING
+from mtgpu.jobstate import CANCELLED, COMPLETED, FINAL_STATES, PENDING
 
 FINAL = FINAL_STATES
 
@@ -258,7 +258,10 @@ def job_cells(job: dict[str, Any], server: str, now: float, wide: bool = False) 
         pos = job.get("position")
         reason = (f"#{pos} " if pos else "") + str(job.get("reason") or "")
     elif state in FINAL:
-        reason = f"exit {job.get('exit_code')}" if job.get("exit_code") is not None else ""
+        # A cancelled job's exit status is the cancellation's, not its program's:
+        # "CANCELLED exit 0" read as if it had finished.
+        shown = job.get("exit_code") is not None and state != CANCELLED
+        reason = f"exit {job.get('exit_code')}" if shown else ""
         if job.get("reason") and state != COMPLETED:
             reason = (reason + " " + str(job["reason"])).strip()
     elif job.get("cancel_requested"):

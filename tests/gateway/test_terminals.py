@@ -256,18 +256,36 @@ def _start_work(t, tag):
     t.wait_for(f"{tag}-42")
 
 
-def test_a_killed_client_then_a_new_login_shows_the_earlier_screen(shared_host, terms):
+#: The client's environment: this process's, or a laptop in the C locale.
+CLIENT_ENVS = [
+    pytest.param(None, id="default"),
+    pytest.param({"PATH": CLIENT_PATH, "TERM": "xterm-256color", "LC_ALL": "C"}, id="LC_ALL=C"),
+]
+
+
+def _running(host, user, session):
+    """What runs in ``session``'s active pane."""
+    return _tmux_as(
+        host, user, "display", "-p", "-t", f"={session}:", "#{pane_current_command}"
+    ).stdout.strip()
+
+
+@pytest.mark.parametrize("env", CLIENT_ENVS)
+def test_a_killed_client_then_a_new_login_shows_the_earlier_screen(shared_host, terms, env):
     host = shared_host
-    key = host.add_user("kilo")
-    first = terms(host, "kilo", key)
+    user = "kilo" if env is None else "kiloc"
+    key = host.add_user(user)
+    first = terms(host, user, key, env=env)
     _start_work(first, "killed")
     first.kill()
     time.sleep(1.5)
-    second = terms(host, "kilo", key)
+    second = terms(host, user, key, env=env)
     second.wait_for("killed-42")
-    assert _tmux_as(host, "kilo", "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
+    assert _tmux_as(host, user, "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
+    assert _tmux_as(host, user, "list-clients", "-F", "#{client_session}").stdout.split() == ["main"]
+    assert _running(host, user, "main") == "sleep"
     assert (
-        subprocess.run(["pgrep", "-u", host.passwd("kilo")[2], "-x", "sleep"], capture_output=True).returncode
+        subprocess.run(["pgrep", "-u", host.passwd(user)[2], "-x", "sleep"], capture_output=True).returncode
         == 0
     )
 
@@ -289,30 +307,31 @@ def frozen():
             pass
 
 
-def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, terms, frozen):
+@pytest.mark.parametrize("env", CLIENT_ENVS)
+def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, terms, frozen, env):
     host = shared_host
-    key = host.add_user("frida")
-    first = terms(host, "frida", key)
+    user = "frida" if env is None else "fridac"
+    key = host.add_user(user)
+    first = terms(host, user, key, env=env)
     _start_work(first, "frozen")
     pid = first.ssh_pid()
     assert pid is not None
     frozen(pid)  # a laptop lid closed: the server still holds the connection
-    time.sleep(1.5)
+    time.sleep(2)
     assert _tmux_as(
-        host, "frida", "list-sessions", "-F", "#{session_name} #{session_attached}"
+        host, user, "list-sessions", "-F", "#{session_name} #{session_attached}"
     ).stdout.split() == ["main", "1"]
-    second = terms(host, "frida", key)
+    second = terms(host, user, key, env=env)
     screen = second.wait_for("frozen-42")
     # Said on the screen (tmux's status line) and no new, empty session.
     assert "took over `main` from a connection idle since" in second.wait_for("took over")
     assert "frozen-42" in screen
-    assert _tmux_as(host, "frida", "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
-    clients = _tmux_as(host, "frida", "list-clients", "-F", "#{client_session}").stdout.split()
+    assert _tmux_as(host, user, "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
+    clients = _tmux_as(host, user, "list-clients", "-F", "#{client_session}").stdout.split()
     assert clients == ["main"]
+    assert _running(host, user, "main") == "sleep"
     assert (
-        subprocess.run(
-            ["pgrep", "-u", host.passwd("frida")[2], "-x", "sleep"], capture_output=True
-        ).returncode
+        subprocess.run(["pgrep", "-u", host.passwd(user)[2], "-x", "sleep"], capture_output=True).returncode
         == 0
     )
     # The laptop wakes up: its terminal was detached, not the session ended.
@@ -320,19 +339,26 @@ def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, te
     first.wait_for("detached")
 
 
-def test_two_live_terminals_still_get_their_own_sessions(shared_host, terms):
+@pytest.mark.parametrize("env", CLIENT_ENVS)
+def test_two_live_terminals_still_get_their_own_sessions(shared_host, terms, env):
     host = shared_host
-    key = host.add_user("lina")
-    a = terms(host, "lina", key)
+    user = "lina" if env is None else "linac"
+    key = host.add_user(user)
+    a = terms(host, user, key, env=env)
     _start_work(a, "live-a")
-    b = terms(host, "lina", key)
+    time.sleep(2)  # idle, as the frozen one above: silence alone is not death
+    b = terms(host, user, key, env=env)
     b.type("echo live-$((1))-b")
     b.wait_for("live-1-b")
-    assert sorted(_tmux_as(host, "lina", "list-sessions", "-F", "#{session_name}").stdout.split()) == [
+    assert sorted(_tmux_as(host, user, "list-sessions", "-F", "#{session_name}").stdout.split()) == [
         "2",
         "main",
     ]
     assert "live-a-42" in a.screen() and "took over" not in b.screen()
+    assert sorted(_tmux_as(host, user, "list-clients", "-F", "#{client_session}").stdout.split()) == [
+        "2",
+        "main",
+    ]
 
 
 # ------------------------------------------------------------ never stranded

@@ -21,6 +21,7 @@ from mtgpu.tui.view import (
     footer_keys,
     gpu_layout,
     help_lines,
+    job_cells,
     job_columns,
     job_details,
     left_text,
@@ -356,3 +357,16 @@ def test_a_servers_usage_texts_cannot_write_to_the_terminal() -> None:
     out += "\n".join(lines(a, 80))
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[2Jevil 1.00" in out and "not available (\\x1b]0;owned\\x07)" in out
+
+
+@pytest.mark.parametrize(
+    "job, reason",
+    [
+        ({"state": "COMPLETED", "exit_code": 0}, "exit 0"),
+        ({"state": "FAILED", "exit_code": 3, "reason": "NonZeroExitCode"}, "exit 3 NonZeroExitCode"),
+        ({"state": "CANCELLED", "exit_code": 0, "reason": "cancelled by alice"}, "cancelled by alice"),
+        ({"state": "CANCELLED", "exit_code": 0}, ""),
+    ],
+)
+def test_a_cancelled_job_shows_no_exit_status(job: dict, reason: str) -> None:
+    assert job_cells({"job_id": 1, **job}, "gpu01", NOW)["reason"] == reason

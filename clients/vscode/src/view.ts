@@ -57,7 +57,8 @@ export function jobDescription(j: Job): string {
     return `PENDING${pos}${why ? ` (${why})` : ""}`;
   }
   if (j.state === "RUNNING") return `RUNNING on ${(j.nodes ?? []).map((n) => printable(n, 40)).join(", ") || "?"}`;
-  if (FINAL_STATES.has(j.state) && typeof j.exit_code === "number") return `${state} (exit ${j.exit_code})`;
+  // A cancelled job's exit status is the cancellation's, not its program's: "CANCELLED (exit 0)" read as a success.
+  if (FINAL_STATES.has(j.state) && j.state !== "CANCELLED" && typeof j.exit_code === "number") return `${state} (exit ${j.exit_code})`;
   return state;
 }
 

@@ -105,6 +105,8 @@ test("the tree and the status bar: GPUs, workspaces, jobs with pending reasons, 
   assert.equal(s.text, "$(server) 1/2 · GPUs 1/2 busy · jobs 1 running, 1 pending");
   assert.match(s.tooltip, /lab: no answer within 10 s/);
   assert.equal(jobDescription({ job_id: "1", state: "PENDING", reason: "None", position: null }), "PENDING");
+  assert.equal(jobDescription({ job_id: "2", state: "CANCELLED", exit_code: 0 }), "CANCELLED");
+  assert.equal(jobDescription({ job_id: "3", state: "FAILED", exit_code: 2 }), "FAILED (exit 2)");
   assert.equal(printable("a\u202eb\nc"), "a b c");
 });
 
