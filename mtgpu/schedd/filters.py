@@ -17,8 +17,9 @@ name in ``Reason.per_filter_counts``:
 
 ===============  ==========================================================
 ``server_pin``   the job is pinned to other servers
-``reserved``     kept for the job at the head of the queue (see the queue), or left
-                 out by --exclude or --constraint
+``excluded``     the job names the member in --exclude
+``constraint``   the member lacks the features the job's --constraint asks for
+``reserved``     kept for the job at the head of the queue (see the queue)
 ``gpu_model``    fewer GPUs of the asked brand/type than the job needs, at all
 ``node_state``   the member is down or drained
 ``member_held``  another job holds the whole member (sbatch's --exclusive)
@@ -32,11 +33,13 @@ name in ``Reason.per_filter_counts``:
                  exclusive with ``vram=``: total minus measured)
 ===============  ==========================================================
 
-Pin, model and drain state are static and cheap, and drained members are left out of
-the planner's indexes entirely. CPU and RAM come before the GPU count and VRAM because
-they are two comparisons where the GPU checks scan every GPU of the member; on a busy
-cluster most members that the GPU index offers are turned away by them. Filters run on
-a batch of members at a time (a list comprehension each), which is what keeps a
+Pin, --exclude, --constraint, model and drain state are static and cheap, and drained
+members are left out of the planner's indexes entirely. A member the job's own
+--exclude or --constraint leaves out is counted there, never as ``reserved``: that word
+is for another job's reservation only. CPU and RAM come before the GPU count and VRAM
+because they are two comparisons where the GPU checks scan every GPU of the member; on
+a busy cluster most members that the GPU index offers are turned away by them. Filters
+run on a batch of members at a time (a list comprehension each), which is what keeps a
 refusal's scan of the whole cluster cheap.
 """
 
@@ -46,6 +49,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
 from mtgpu.config.units import format_size
+from mtgpu.schedd.features import satisfies
 from mtgpu.schedd.types import (
     ClusterSnapshot,
     GpuMode,
@@ -119,6 +123,7 @@ class Layout:
         #: (one member of the profile, members, members up) per hardware profile.
         self.profiles: list[tuple[int, int, int]] = [(i, all_, up) for i, all_, up in profiles.values()]
         self._match: dict[tuple[str | None, str | None], list[tuple[int, ...]]] = {}
+        self._satisfying: dict[str, list[bool]] = {}
         self._empty: Usage | None = None
 
     def __len__(self) -> int:
@@ -158,6 +163,13 @@ class Layout:
                 for ids in self.node_gpus
             ]
             self._match[key] = got
+        return got
+
+    def satisfying(self, constraint: str) -> list[bool]:
+        """Per member, whether its features meet ``constraint`` (sbatch's --constraint). Cached."""
+        got = self._satisfying.get(constraint)
+        if got is None:
+            got = self._satisfying[constraint] = [satisfies(f, constraint) for f in self.features]
         return got
 
 
@@ -225,7 +237,7 @@ class Usage:
             self.whole[i] is None
             and self.cpus_free[i] >= layout.cpus[i]
             and not self.ram_committed[i]
-            and all(self.gpu_holder[g] is None and not self.gpu_shared[g] for g in layout.node_gpus[i])
+            and len(idle_gpus(self, layout.node_gpus[i])) == len(layout.node_gpus[i])
         )
 
     def ram_free(self, layout: Layout, i: int) -> int:
@@ -239,6 +251,15 @@ class Usage:
         return layout.gpu_total[g] - self.gpu_used[g]
 
 
+def idle_gpus(use: Usage, ids: Sequence[int]) -> list[int]:
+    """The GPUs of ``ids`` (global ids, order kept) that nobody uses: no job holds one
+    whole and no shared or overcommit job runs on it. What an exclusive request needs,
+    what a whole member (--exclusive) must have, and what the indexes and rankers count
+    as idle: the one place this rule is written."""
+    holder, shared = use.gpu_holder, use.gpu_shared
+    return [g for g in ids if holder[g] is None and not shared[g]]
+
+
 class Check:
     """One request against one state of the cluster: everything a filter reads.
 
@@ -246,10 +267,11 @@ class Check:
     it ever fit" (the same rules, against total capacity). ``match`` is, per member, the
     GPU ids the request may use (``layout.matching`` of its brand/type, or the exact
     GPUs of a placement being checked). ``excluded`` are members kept out of this
-    decision (a reservation, ``--exclude``, ``--constraint``).
+    decision for another job (a reservation); ``dropped`` those the request's own
+    ``--exclude`` names.
     """
 
-    __slots__ = ("excluded", "fits", "free", "layout", "match", "pinned", "req", "use")
+    __slots__ = ("dropped", "excluded", "fits", "free", "layout", "match", "pinned", "req", "use")
 
     def __init__(
         self,
@@ -265,6 +287,8 @@ class Check:
         self.match = match
         self.excluded = excluded
         self.pinned = frozenset(req.servers)
+        index_of = layout.index_of
+        self.dropped = frozenset(index_of[n] for n in req.exclude if n in index_of)
         # What the GPU filters found per member, for the filter after them and for
         # choosing the GPUs (a check is for one decision: the use does not change).
         self.free: dict[int, list[int]] = {}
@@ -308,6 +332,11 @@ class Filter:
         those that passed the rules before this one."""
         return f"no member could ever pass the {self.name} filter"
 
+    def too_few(self, c: Check, passed: int) -> str | None:
+        """Why the job can never run when only ``passed`` members could ever pass this
+        rule and it needs more; None for the general words."""
+        return None
+
 
 class ServerPin(Filter):
     name, text, ever_order = "server_pin", "are not among the pinned servers", 0
@@ -319,9 +348,77 @@ class ServerPin(Filter):
         names, pinned = c.layout.names, c.pinned
         return [i for i in members if names[i] in pinned] if pinned else members
 
+    def pinned(self, layout: Layout, req: ResourceRequest) -> list[int]:
+        """The members ``req`` is pinned to, in the order it names them (the names
+        that are members; a pinned request's candidates)."""
+        index_of = layout.index_of
+        return [index_of[s] for s in req.servers if s in index_of]
+
+    def unknown(self, layout: Layout, req: ResourceRequest) -> str | None:
+        """Why the job can never run when it names servers that are not members and
+        too few of those it names are; else None."""
+        unknown = [s for s in req.servers if s not in layout.index_of]
+        if not unknown or len(req.servers) - len(unknown) >= req.nodes:
+            return None
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        return (
+            f"server {shown} is not a member of this cluster; "
+            f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}"
+        )
+
+
+def _too_few(what: str, passed: int, need: int) -> str:
+    return f"{what}: only {passed} member(s) of this cluster qualify, and it needs {need}"
+
+
+class Excluded(Filter):
+    """sbatch's --exclude: members the job itself names, never to use."""
+
+    name, text, ever_order = "excluded", "are excluded by --exclude", 1
+
+    def applies(self, c: Check) -> bool:
+        return bool(c.dropped)
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        dropped = c.dropped
+        return [i for i in members if i not in dropped] if dropped else members
+
+    def too_few(self, c: Check, passed: int) -> str:
+        return _too_few("--exclude", passed, c.req.nodes)
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        return self.too_few(c, 0)
+
+
+class Constraint(Filter):
+    """sbatch's --constraint: only members whose NODE_FEATURES meet it."""
+
+    name, text, ever_order = "constraint", "lack the features asked by --constraint", 2
+
+    def applies(self, c: Check) -> bool:
+        return bool(c.req.constraint)
+
+    def keep(self, c: Check, members: list[int]) -> list[int]:
+        if not c.req.constraint:
+            return members
+        ok = c.layout.satisfying(c.req.constraint)
+        return [i for i in members if ok[i]]
+
+    def too_few(self, c: Check, passed: int) -> str:
+        return _too_few(f"--constraint={c.req.constraint}", passed, c.req.nodes)
+
+    def never(self, c: Check, pool: list[int], reached: list[int]) -> str:
+        names = sorted({f for i in reached for f in c.layout.features[i]})
+        have = (
+            f"features of the members it may use: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
+            if names
+            else "none of the members it may use lists a feature"
+        )
+        return f"{self.too_few(c, 0)} ({have})"
+
 
 class Reserved(Filter):
-    name, text, ever_order = "reserved", "are reserved for a higher-priority job", 1
+    name, text, ever_order = "reserved", "are reserved for a higher-priority job", 3
 
     def applies(self, c: Check) -> bool:
         return bool(c.excluded)
@@ -332,7 +429,7 @@ class Reserved(Filter):
 
 
 class GpuModel(Filter):
-    name, text, ever_order = "gpu_model", "have too few {label} GPUs", 2
+    name, text, ever_order = "gpu_model", "have too few {label} GPUs", 4
 
     def applies(self, c: Check) -> bool:
         return c.req.gpus > 0
@@ -352,7 +449,7 @@ class GpuModel(Filter):
 
 
 class Drained(Filter):
-    name, text, ever_order = "node_state", "are down or drained", 5
+    name, text, ever_order = "node_state", "are down or drained", 7
 
     def applies(self, c: Check) -> bool:
         return not c.layout.all_up
@@ -367,7 +464,7 @@ class Drained(Filter):
 
 
 class MemberHeld(Filter):
-    name, text, ever_order = "member_held", "are held whole by another job (--exclusive)", 6
+    name, text, ever_order = "member_held", "are held whole by another job (--exclusive)", 8
 
     def keep(self, c: Check, members: list[int]) -> list[int]:
         whole = c.use.whole
@@ -375,7 +472,7 @@ class MemberHeld(Filter):
 
 
 class MemberBusy(Filter):
-    name, text, ever_order = "member_busy", "run other jobs (it asks for whole members, --exclusive)", 7
+    name, text, ever_order = "member_busy", "run other jobs (it asks for whole members, --exclusive)", 9
 
     def applies(self, c: Check) -> bool:
         return c.req.whole_member
@@ -386,7 +483,7 @@ class MemberBusy(Filter):
 
 
 class Cpus(Filter):
-    name, text, ever_order = "cpus", "lack free CPUs", 8
+    name, text, ever_order = "cpus", "lack free CPUs", 10
 
     def keep(self, c: Check, members: list[int]) -> list[int]:
         free, want = c.use.cpus_free, c.req.cpus
@@ -398,7 +495,7 @@ class Cpus(Filter):
 
 
 class Ram(Filter):
-    name, text, ever_order = "ram", "lack free RAM", 9
+    name, text, ever_order = "ram", "lack free RAM", 11
 
     def keep(self, c: Check, members: list[int]) -> list[int]:
         total, used, committed, want = c.layout.ram_total, c.use.ram_used, c.use.ram_committed, c.req.ram
@@ -416,7 +513,7 @@ class GpuCount(Filter):
     """Free for the mode: exclusive needs an untouched GPU, shared and overcommit one
     nobody holds whole."""
 
-    name, text, ever_order = "gpu_count", "have too few free {label} GPUs", 3
+    name, text, ever_order = "gpu_count", "have too few free {label} GPUs", 5
 
     def applies(self, c: Check) -> bool:
         return c.req.gpus > 0
@@ -425,22 +522,22 @@ class GpuCount(Filter):
         """Member ``i``'s matching GPUs that are free for the request's mode."""
         got = c.free.get(i)
         if got is None:
-            holder = c.use.gpu_holder
             if c.req.gpu_mode is _EXCLUSIVE:
-                shared = c.use.gpu_shared
-                got = [g for g in c.match[i] if holder[g] is None and not shared[g]]
+                got = idle_gpus(c.use, c.match[i])
             else:
+                holder = c.use.gpu_holder
                 got = [g for g in c.match[i] if holder[g] is None]
             c.free[i] = got
         return got
 
     def keep(self, c: Check, members: list[int]) -> list[int]:
         # free() inlined: on a refusal this runs for every member of the cluster.
-        k, match, holder, shared, known = c.req.gpus, c.match, c.use.gpu_holder, c.use.gpu_shared, c.free
+        k, match, use, holder, known = c.req.gpus, c.match, c.use, c.use.gpu_holder, c.free
         out = []
         if c.req.gpu_mode is _EXCLUSIVE:
+            idle = idle_gpus
             for i in members:
-                got = [g for g in match[i] if holder[g] is None and not shared[g]]
+                got = idle(use, match[i])
                 if len(got) >= k:
                     known[i] = got
                     out.append(i)
@@ -458,7 +555,7 @@ class Vram(Filter):
     larger of measured and committed; overcommit, and exclusive with ``vram=``: total
     minus measured)."""
 
-    name, text, ever_order = "vram", "lack free VRAM", 4
+    name, text, ever_order = "vram", "lack free VRAM", 6
 
     def applies(self, c: Check) -> bool:
         return c.req.gpus > 0
@@ -507,15 +604,20 @@ def _label(req: ResourceRequest) -> str:
     return "" if req.gpu_label() == "any" else req.gpu_label() + " "
 
 
-SERVER_PIN, RESERVED, GPU_MODEL, NODE_STATE = ServerPin(), Reserved(), GpuModel(), Drained()
+SERVER_PIN, EXCLUDED, CONSTRAINT = ServerPin(), Excluded(), Constraint()
+RESERVED, GPU_MODEL, NODE_STATE = Reserved(), GpuModel(), Drained()
 MEMBER_HELD, MEMBER_BUSY, CPUS, RAM = MemberHeld(), MemberBusy(), Cpus(), Ram()
 GPU_COUNT, VRAM = GpuCount(), Vram()
 
 #: Every filter, in the order a decision runs them (cheapest first; the first that
-#: turns a member away is the one counted). Pin, model and drain state are static and
-#: cheap; CPU and RAM are two comparisons where the GPU rules scan the member's GPUs.
+#: turns a member away is the one counted). Pin, --exclude, --constraint, model and
+#: drain state are static and cheap; CPU and RAM are two comparisons where the GPU rules
+#: scan the member's GPUs. A member the job's own --exclude or --constraint leaves out
+#: is counted there, not as reserved for another job.
 FILTERS: tuple[Filter, ...] = (
     SERVER_PIN,
+    EXCLUDED,
+    CONSTRAINT,
     RESERVED,
     GPU_MODEL,
     NODE_STATE,

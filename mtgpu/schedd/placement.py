@@ -4,9 +4,10 @@
 in the shape of Nomad's generic stack::
 
     candidates   from an index, best fit first (see below), or the pinned servers
-      filters    filters.FILTERS, one object per rule: pin, reservation, GPU model,
-                 drain state, whole members (--exclusive), CPUs, RAM, GPU count,
-                 VRAM for the mode; each refusal counted under the filter's name. The
+      filters    filters.FILTERS, one object per rule: pin, --exclude, --constraint,
+                 reservation, GPU model, drain state, whole members (--exclusive),
+                 CPUs, RAM, GPU count, VRAM for the mode; each refusal counted under
+                 the filter's name (a reservation for another job is ``reserved``). The
                  same filters against total capacity answer "could it ever run"
                  (BadConstraints), and their texts make the pending reason
       limit      stop after nodes + L - 1 feasible members (L = log2 of the cluster
@@ -38,7 +39,6 @@ indexed path against.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 import zlib
@@ -46,16 +46,17 @@ from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import islice
 
-from mtgpu.schedd.features import satisfies
 from mtgpu.schedd.filters import (
     BY_NAME,
     EVER_ORDER,
+    SERVER_PIN,
     Check,
     Layout,
     Usage,
     active,
     apply_member,
     choose_gpus,
+    idle_gpus,
     member_fits,
     run,
 )
@@ -86,10 +87,9 @@ class _IdleIndex:
         self.class_ok = layout.class_matches(brand, type_)
         self.count = [0] * len(layout)
         self.buckets: list[set[int]] = [set() for _ in range(layout.max_gpus + 1)]
-        holder, shared = use.gpu_holder, use.gpu_shared
         for i, ids in enumerate(layout.matching(brand, type_)):
             if layout.up[i] and ids:
-                c = sum(1 for g in ids if holder[g] is None and not shared[g])
+                c = len(idle_gpus(use, ids))
                 self.count[i] = c
                 if c:
                     self.buckets[c].add(i)
@@ -282,11 +282,11 @@ class Plan:
 
     def _apply(self, placement: Placement, sign: int, estimate: bool = True) -> None:
         layout, use = self.layout, self.use
-        holder, shared, gpu_class = use.gpu_holder, use.gpu_shared, layout.gpu_class
+        gpu_class = layout.gpu_class
         for member in placement.members:
             i = layout.index_of[member.node]
             gids = [layout.gpu_by_index[i][x] for x in member.gpu_indices if x in layout.gpu_by_index[i]]
-            was_idle = [holder[g] is None and not shared[g] for g in gids]
+            was_idle = set(idle_gpus(use, gids))
             apply_member(
                 layout,
                 use,
@@ -299,11 +299,12 @@ class Plan:
             )
             # Only the GPUs this member touched can move in an index.
             touched = set()
-            for g, was in zip(gids, was_idle):
+            now_idle = set(idle_gpus(use, gids))
+            for g in gids:
                 cls = gpu_class[g]
                 touched.add(cls)
-                idle = holder[g] is None and not shared[g]
-                if idle != was:
+                idle = g in now_idle
+                if idle != (g in was_idle):
                     for index in self._idle.values():
                         if index.class_ok[cls]:
                             index.shift(i, 1 if idle else -1)
@@ -362,8 +363,9 @@ class Plan:
     ) -> Placement | Reason:
         """Place one job: its members on ``request.nodes`` distinct members, or a Reason.
 
-        ``exclude`` names members not to use (counted as ``reserved``). ``now`` is part
-        of the contract so time-aware filters can be added; nothing here reads a clock.
+        ``exclude`` names members kept for another job (counted as ``reserved``; the
+        request's own --exclude and --constraint are filters of their own). ``now`` is
+        part of the contract so time-aware filters can be added; nothing here reads a clock.
         """
         del now
         req = job.request
@@ -371,9 +373,7 @@ class Plan:
         match = layout.matching(req.gpu_brand, req.gpu_type) if req.gpus else layout.node_gpus
         need = req.nodes
         limit = math.inf if exhaustive else need + self.candidate_limit - 1
-        excluded = {layout.index_of[n] for n in (*exclude, *req.exclude) if n in layout.index_of}
-        if req.constraint:
-            excluded |= {i for i in range(len(layout)) if not satisfies(layout.features[i], req.constraint)}
+        excluded = {layout.index_of[n] for n in exclude if n in layout.index_of}
         counts: dict[str, int] = {}
         seed = zlib.crc32(job.job_id.encode() + b"\0")
         use = self.use
@@ -429,10 +429,11 @@ class Plan:
         self, req: ResourceRequest, match: list[tuple[int, ...]], exhaustive: bool
     ) -> Iterator[int]:
         layout = self.layout
-        if req.servers:
-            return iter([layout.index_of[s] for s in req.servers if s in layout.index_of])
         if exhaustive:
+            # Every member, so that each filter (the pin too) counts those it turns away.
             return iter(range(len(layout)))
+        if req.servers:
+            return iter(SERVER_PIN.pinned(layout, req))
         if not req.gpus:
             if self._cpu is None:
                 self._cpu = _CpuIndex(layout, self.use)
@@ -463,19 +464,19 @@ class Plan:
         never = self.never(req)
         if never is not None:
             return never
-        if not exhaustive and not req.servers:
-            # The index offered only members that might fit: run the filters on the
-            # others too, so each refusal is counted under the rule that made it (a GPU
-            # held whole by another job is not "lack free VRAM"). A refusal is rarer than
-            # a placement, and the queue keeps it per request shape for the pass.
+        if not exhaustive:
+            # The index (or the pin) offered only members that might fit: run the
+            # filters on the others too, so each refusal is counted under the rule that
+            # made it (a GPU held whole by another job is not "lack free VRAM"). A
+            # refusal is rarer than a placement, and the queue keeps it per request
+            # shape for the pass.
             counts = {}
             run(check, list(range(len(layout))), active(check), counts)
         down = None if layout.all_up else self.never(req, up_only=True)
         if down is not None:
             # The members that could ever run it, by the same filters on an empty cluster.
             ever = Check(layout, layout.empty, req, check.match)
-            could = set(run_ever(ever, self._pool(req)))
-            names = [layout.names[i] for i in self._pool(req) if not layout.up[i] and i in could]
+            names = [layout.names[i] for i in run_ever(ever, list(range(len(layout)))) if not layout.up[i]]
             shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
             return Reason(
                 "ReqNodeNotAvail",
@@ -484,8 +485,6 @@ class Plan:
                 dict(counts, node_state=len(names)),
             )
         n = len(layout)
-        if req.servers:
-            counts["server_pin"] = n - len(self._pool(req))
         counts = {k: v for k, v in counts.items() if v}
         label = req.gpu_label() if req.gpu_label() != "any" else ""
         parts = [
@@ -502,11 +501,6 @@ class Plan:
             msg += f" (of {n} members: " + ", ".join(parts) + ")"
         return Reason("Resources", msg, counts)
 
-    def _pool(self, req: ResourceRequest) -> list[int]:
-        if req.servers:
-            return [self.layout.index_of[s] for s in req.servers if s in self.layout.index_of]
-        return list(range(len(self.layout)))
-
 
 def run_ever(check: Check, members: list[int]) -> list[int]:
     """The ``members`` that pass every filter's "ever" rule (``check.use`` is ``Layout.empty``)."""
@@ -516,47 +510,18 @@ def run_ever(check: Check, members: list[int]) -> list[int]:
 
 
 def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reason | None:
-    if req.exclude or req.constraint:
-        # --exclude and --constraint: as a pin to the members they leave (of those
-        # pinned, if any).
-        left = tuple(
-            n
-            for n in (req.servers or layout.names)
-            if n not in req.exclude
-            and (
-                not req.constraint
-                or (n in layout.index_of and satisfies(layout.features[layout.index_of[n]], req.constraint))
-            )
-        )
-        if len(left) < req.nodes:
-            what = " and ".join(
-                w
-                for w, on in (("--exclude", req.exclude), (f"--constraint={req.constraint}", req.constraint))
-                if on
-            )
-            return Reason(
-                "BadConstraints",
-                f"{what}: only {len(left)} member(s) of this cluster qualify, and it needs {req.nodes}",
-                {"server_pin": len(layout)},
-            )
-        req = dataclasses.replace(req, servers=left, exclude=(), constraint=None)
-    unknown = [s for s in req.servers if s not in layout.index_of]
-    if unknown and len(req.servers) - len(unknown) < req.nodes:
-        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-        return Reason(
-            "BadConstraints",
-            f"server {shown} is not a member of this cluster; "
-            f"expected one of {', '.join(layout.names[:10])}{' ...' if len(layout) > 10 else ''}",
-            {"server_pin": len(layout)},
-        )
+    unknown = SERVER_PIN.unknown(layout, req)
+    if unknown is not None:
+        return Reason("BadConstraints", unknown, {SERVER_PIN.name: len(layout)})
     # The members to consider, each standing for ``weight[i]`` members: the pinned
-    # servers, or one member per hardware profile (the rules below read only hardware).
+    # servers; every member when --exclude or --constraint (rules that read names and
+    # features) may tell them apart; else one member per hardware profile (the rules
+    # then read only hardware).
     weight: dict[int, int] = {}
     pool: list[int] = []
-    if req.servers:
-        for s in req.servers:
-            i = layout.index_of.get(s)
-            if i is not None and (layout.up[i] or not up_only):
+    if req.servers or req.exclude or req.constraint:
+        for i in SERVER_PIN.pinned(layout, req) if req.servers else range(len(layout)):
+            if layout.up[i] or not up_only:
                 pool.append(i)
                 weight[i] = 1
     else:
@@ -595,7 +560,8 @@ def _feasible_ever(layout: Layout, req: ResourceRequest, up_only: bool) -> Reaso
         if passed < need:
             return Reason(
                 "BadConstraints",
-                f"only {passed} member(s) could ever take one member of it "
+                f.too_few(check, passed)
+                or f"only {passed} member(s) could ever take one member of it "
                 f"({req.describe()}), but nodes={need} needs {need}",
                 {f.name: n - passed},
             )
@@ -745,7 +711,7 @@ def snapshot_with_allocations(
 
 
 def _same_layout(layout: Layout, old: tuple[NodeSnapshot, ...], new: tuple[NodeSnapshot, ...]) -> bool:
-    """Whether ``new`` has the members, hardware and states ``layout`` was built from."""
+    """Whether ``new`` has the members, hardware, features and states ``layout`` was built from."""
     if len(old) != len(new):
         return False
     for a, b in zip(old, new):
@@ -756,6 +722,7 @@ def _same_layout(layout: Layout, old: tuple[NodeSnapshot, ...], new: tuple[NodeS
             or a.cpus != b.cpus
             or a.ram_total != b.ram_total
             or a.state is not b.state
+            or a.features != b.features
             or len(a.gpus) != len(b.gpus)
         ):
             return False

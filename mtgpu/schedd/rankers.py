@@ -22,7 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from mtgpu.schedd.filters import Layout, Usage
+from mtgpu.schedd.filters import Layout, Usage, idle_gpus
 from mtgpu.schedd.types import GpuMode, ResourceRequest
 
 WEIGHTS = {"gpu_fit": 3.0, "cpu_fit": 1.0, "ram_fit": 1.0, "gpu_spare": 4.0, "tiebreak": 0.001}
@@ -56,8 +56,7 @@ def score_node(
     if req.gpus:
         if req.gpu_mode is GpuMode.EXCLUSIVE:
             ids = match[i]
-            holder, shared = use.gpu_holder, use.gpu_shared
-            idle = sum(1 for g in ids if holder[g] is None and not shared[g])
+            idle = len(idle_gpus(use, ids))
             gpu_fit = 1.0 - (idle - len(chosen)) / len(ids)
         else:
             total, used, committed = layout.gpu_total, use.gpu_used, use.gpu_committed

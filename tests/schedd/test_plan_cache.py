@@ -55,3 +55,16 @@ def test_each_snapshot_has_its_own_plan() -> None:
     other = dataclasses.replace(snapshot, nodes=(NodeSnapshot(name="b", cpus=4, ram_total=8 * G),))
     got = place(other, PendingJob(job_id="j1", tenant="t", request=ResourceRequest()))
     assert isinstance(got, Placement) and got.nodes == ("b",)
+
+
+def test_a_member_whose_features_changed_is_chosen_by_its_new_ones() -> None:
+    """The layout the next snapshot takes over holds the features --constraint reads:
+    an administrator's new NODE_FEATURES are not hidden behind the old layout."""
+    old = (NodeSnapshot(name="a", cpus=8, ram_total=64 * G, features=("slow",)),)
+    first = snapshot_with_allocations(old, ())
+    want = PendingJob(job_id="j1", tenant="t", request=ResourceRequest(constraint="fast"))
+    assert not isinstance(place(first, want), Placement)
+    new = (dataclasses.replace(old[0], features=("fast",)),)
+    nxt = snapshot_with_allocations(new, (), previous=first)
+    got = place(nxt, want)
+    assert isinstance(got, Placement) and got.nodes == ("a",)
