@@ -63,6 +63,9 @@ class _Member:
         self.voters = args.voters.split(",")
         self.readonly = args.readonly
         self.conf = json.loads(args.conf)
+        # Test knobs, not SyncObjConf options: see _faults().
+        self.faults = {k: self.conf.pop(k) for k in ("sync_delay", "mutant") if k in self.conf}
+        self.audit: dict[str, Any] = {"commits": 0, "off_thread": 0, "unsynced": [], "fsynced": 0}
         self.tcp = args.tcp
         self.partitioned = False
         self.conns: set[Any] = set()
@@ -162,10 +165,80 @@ class _Member:
                 **self.conf,
             )
             self.sync = self.store.sync
+            self._faults()
             # As the daemon does, with the voters' order as given and a step long
             # enough that a slow test host does not split the votes.
             self.store.expedite_elections(self.transport, lambda: list(self.voters), step=2.0)
         await self.serve_commands()
+
+    #: Mutants of the journal's durability, for checking that the power cut tests
+    #: (tests/cluster/test_durability.py) catch them: a follower acknowledging entries
+    #: before its fsync; a follower whose fsync does nothing; a leader that counts its
+    #: own entry towards a commit without it being on disk (its fsync does nothing).
+    MUTANTS = ("ack_before_fsync", "follower_fsync_noop", "leader_unsynced")
+
+    def _faults(self) -> None:
+        """Watch (and, for tests, slow or break) a voter's journal syncs.
+
+        Always: every time this member, as leader, moves its commit index, the index
+        is checked against the last entry its journal had when it was last fsynced
+        (``cmd_audit``): PySyncObj's leader counts its own copy towards a commit
+        unconditionally, so it must be on disk by then. ``sync_delay`` (seconds)
+        makes every sync that has something to write wait first, as a slow disk
+        would; ``mutant`` applies one of :data:`MUTANTS`.
+        """
+        from mtgpu.state import durable, syncobj
+
+        sync, audit = self.sync, self.audit
+        journal = syncobj.raft_log(sync)
+        delay = float(self.faults.get("sync_delay", 0.0))
+        mutant = self.faults.get("mutant")
+        if mutant is not None and mutant not in self.MUTANTS:
+            raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(self.MUTANTS)}")
+        if mutant == "ack_before_fsync":
+            durable.UNHELD = frozenset({"append_entries", "next_node_idx"})
+        upto = [0]  # the last index the journal held when it was last fsynced
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            if fd != journal._fd:
+                real_fsync(fd)
+                return
+            leading = syncobj.is_leader(sync)
+            if (mutant == "follower_fsync_noop" and not leading) or (mutant == "leader_unsynced" and leading):
+                return
+            last = journal[-1][1] if len(journal) else 0
+            real_fsync(fd)
+            upto[0] = last
+            audit["fsynced"] += 1
+
+        os.fsync = fsync  # this process is a test member: nothing else shares it
+        real_sync = journal.sync
+
+        def slow_sync() -> bool:
+            if delay and journal.needs_sync:
+                time.sleep(delay)
+            return bool(real_sync())
+
+        journal.sync = slow_sync
+        real_commit = journal.setRaftCommitIndex
+
+        def set_commit(index: int) -> None:
+            if syncobj.is_leader(sync):
+                audit["commits"] += 1
+                if threading.current_thread() is not syncobj.tick_thread(sync):
+                    audit["off_thread"] += 1
+                if index > upto[0] and len(audit["unsynced"]) < 20:
+                    audit["unsynced"].append([index, upto[0]])
+            real_commit(index)
+
+        journal.setRaftCommitIndex = set_commit
+
+    async def cmd_audit(self) -> dict[str, Any]:
+        """What :meth:`_faults` saw: commits this member made as leader, those made
+        off the tick thread, and (index, last fsynced index) of any made before the
+        entry was fsynced."""
+        return dict(self.audit)
 
     async def handle(self, process: Any) -> None:
         if process.subsystem != RAFT or self.partitioned:

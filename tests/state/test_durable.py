@@ -295,3 +295,77 @@ def test_a_late_acknowledgement_does_not_make_the_leader_send_its_window_again(t
         assert index[b] == 2  # a follower that lacks entries still rewinds it
     finally:
         s.destroy()
+
+
+def test_a_leader_counts_its_own_entry_only_once_it_is_fsynced(tmp_path: Path, monkeypatch: Any) -> None:
+    """PySyncObj's leader counts its own copy towards every commit unconditionally
+    (``count = 1``): it is safe only because every entry it appends is fsynced before
+    its next commit loop (the tick starts with the sync). Here its follower
+    acknowledges each entry the moment the leader appends it, before any sync, and
+    every commit-index advance must find the entry already fsynced."""
+    made: list[Recording] = []
+
+    def transport(*a: Any) -> Recording:
+        made.append(Recording(*a))
+        return made[0]
+
+    conf = SyncObjConf(
+        autoTick=False,
+        journalFile=str(tmp_path / "raft.journal"),
+        raftMinTimeout=30,
+        raftMaxTimeout=31,
+        connectionTimeout=31,
+        appendEntriesUseBatch=False,
+    )
+    box = Box()
+    s = DurableSyncObj(
+        Node("a"), [Node("b")], conf=conf, consumers=[box], nodeClass=Node, transportClass=transport
+    )
+    t, journal, b = made[0], syncobj.raft_log(s), Node("b")
+    fsynced = [0]  # the last index the journal held when its fsync returned
+    commits: list[tuple[int, int]] = []  # (commit index set by the leader, fsynced then)
+    real_fsync, real_add, real_commit = os.fsync, journal.add, journal.setRaftCommitIndex
+
+    def fsync(fd: int) -> None:
+        last = journal[-1][1] if fd == journal._fd and len(journal) else None
+        real_fsync(fd)
+        if last is not None:
+            fsynced[0] = last
+
+    def add(command: bytes, idx: int, term: int) -> None:
+        real_add(command, idx, term)
+        if syncobj.is_leader(s):  # an infinitely fast follower: on its disk at once
+            ack = {"type": "next_node_idx", "term": term, "next_node_idx": idx + 1}
+            t._onMessageReceived(b, {**ack, "success": True, "reset": False})
+
+    def set_commit(index: int) -> None:
+        if syncobj.is_leader(s):
+            commits.append((index, fsynced[0]))
+        real_commit(index)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(journal, "add", add)
+    monkeypatch.setattr(journal, "setRaftCommitIndex", set_commit)
+    done: list[int] = []
+    try:
+        t._onNodeConnected(b)
+        syncobj.set_election_deadline(s, 0.0)
+        s.doTick(0)
+        (vote,) = [m for _, m in t.sent if m["type"] == "request_vote"]
+        # Elected outside a tick, as by a message: its no-op entry is appended there.
+        t._onMessageReceived(b, {"type": "response_vote", "term": vote["term"]})
+        assert syncobj.is_leader(s)
+        for i in range(30):
+            box.put(i, callback=lambda r, e: done.append(e))
+            if i % 7 == 0:
+                s.doTick(0)
+        for _ in range(50):
+            if len(done) == 30:
+                break
+            s.doTick(0)
+    finally:
+        monkeypatch.undo()
+        s.destroy()
+    assert done == [0] * 30
+    assert commits and commits[-1][0] == syncobj.current_log_index(s)
+    assert all(index <= synced for index, synced in commits), commits
