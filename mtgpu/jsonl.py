@@ -10,7 +10,11 @@ Clients decide on ``code`` and ``retryable``, never on the words of ``error``.
 
 A line read is bounded (:data:`MAX_LINE_BYTES` for requests, :data:`MAX_ANSWER_BYTES`
 for answers); NaN and Infinity, which Python's json would read and write, are not
-JSON and are refused; so is nesting deeper than :data:`MAX_DEPTH`. The C client
+JSON and are refused; so is nesting deeper than :data:`MAX_DEPTH` and, in a request,
+more than :data:`MAX_ITEMS` values: both are counted on the bytes, in C-speed scans that
+build nothing, before ``json.loads`` builds a single object (:func:`work_error`). A
+listing given in pages (:class:`Page`) answers ``"next_cursor"`` beside its result
+while more remain. The C client
 (``mt-job``'s fast path, mtgpu/cli/fastjob.c) writes and reads the same lines.
 
 This module imports only the standard library and :mod:`mtgpu.errors`:
@@ -26,9 +30,12 @@ True
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mtgpu.errors import ApiError, MtgpuError, ValidationError
@@ -41,6 +48,10 @@ MAX_LINE_BYTES = 4 << 20
 MAX_ANSWER_BYTES = 256 << 20
 #: The deepest nesting of arrays and objects in a line (no operation takes more than 3).
 MAX_DEPTH = 32
+#: The most values (arrays, objects, strings, numbers...) a request may hold: what
+#: ``json.loads`` builds is bounded by this, not by the line's 4 MiB (a line of empty
+#: lists held the GIL for seconds and doubled the daemon's memory).
+MAX_ITEMS = 100_000
 #: A line that does not end is read and dropped up to this many times its limit, then
 #: the stream is given up.
 DISCARD_FACTOR = 16
@@ -61,6 +72,17 @@ class LineTooLong(LineError):
             code="too_large",
         )
         self.size, self.limit = size, limit
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing (``job.list``): what a handler returns for ``items`` when
+    more may follow. Its answer is ``{"result": items, "next_cursor": TEXT}``, the
+    cursor there only while more remain; a client sends it back as ``cursor`` for the
+    next page (clients that know nothing of pages read the first one as before)."""
+
+    items: list[Any]
+    next_cursor: str | None = None
 
 
 # ---------------------------------------------------------------------- encoding
@@ -171,26 +193,72 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """True if ``value`` nests arrays and objects more than ``limit`` deep (no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d > limit:
-                return True
-            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return False
+#: A JSON string, closing quote or not (so that a match never fails and is looked for
+#: again further on: linear on any input). Possessive: no backtracking.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\(?s:.)?[^"\\]*+)*+"?')
+#: Every byte but the brackets, deleted to leave the nesting.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+#: Opening brackets to 1, closing ones to -1 (as signed bytes).
+_SIGNS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
-def decode_value(line: bytes | str, *, limit: int = MAX_LINE_BYTES, depth: int = MAX_DEPTH) -> Any:
+def work_error(data: bytes, depth: int = MAX_DEPTH, items: int | None = None) -> str | None:
+    """Why ``json.loads`` should not be given ``data``: it nests arrays and objects more
+    than ``depth`` deep, or (``items`` given) holds more than ``items`` values; None if
+    neither. Counted on the bytes, strings' contents left out, with scans that run in C
+    and build no objects: the cost is a few passes over the line, whatever it holds
+    (exact for JSON; for a line that is not, ``json.loads`` stops at the first fault).
+    The reason says the limit, never the line.
+
+    >>> work_error(b'{"op": "x", "args": {"ids": ["[", "]"]}}', depth=3) is None
+    True
+    >>> work_error(b"[" * 3 + b"]" * 3, depth=2)
+    'the line nests arrays and objects more than 2 deep; no operation takes that'
+    >>> work_error(b"[" + b"[]," * 5 + b"[]]", items=5)[:46]
+    'the line holds more than 5 values (arrays, obj'
+    """
+    opens = data.count(b"[") + data.count(b"{")
+    over_items = items is not None and opens + data.count(b",") >= items
+    if opens <= depth and not over_items:
+        return None  # bounded even counting the brackets and commas of strings
+    if items is not None and (data.count(b'"') - data.count(b'\\"')) // 2 > items:
+        return _too_many(items)  # a lower bound of the strings: each is a value or a key
+    bare = _STRING.sub(b"", data) if b'"' in data else data
+    opens = bare.count(b"[") + bare.count(b"{")
+    if items is not None and opens + bare.count(b",") >= items:
+        return _too_many(items)
+    if opens <= depth:
+        return None
+    brackets = bare.translate(None, _NOT_BRACKETS)
+    if len(brackets) > 2 * opens:
+        brackets = brackets[: 2 * opens]  # more closing than opening: not JSON anyway
+    if max(itertools.accumulate(memoryview(brackets.translate(_SIGNS)).cast("b"))) > depth:
+        return f"the line nests arrays and objects more than {depth} deep; no operation takes that"
+    return None
+
+
+def _too_many(items: int) -> str:
+    return (
+        f"the line holds more than {items} values (arrays, objects, strings, numbers); "
+        f"a request holds at most {items}: send fewer in each"
+    )
+
+
+def decode_value(
+    line: bytes | str, *, limit: int = MAX_LINE_BYTES, depth: int = MAX_DEPTH, items: int | None = None
+) -> Any:
     """The JSON value on one line (its newline may be there or not); LineError naming
     what is wrong: over ``limit`` bytes, not UTF-8, not JSON (NaN and Infinity are
-    not), or nested deeper than ``depth``."""
+    not), nested deeper than ``depth``, or (``items`` given: a request) more than
+    ``items`` values. Depth and values are counted before anything is parsed
+    (:func:`work_error`)."""
     data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
     if len(data) > limit:
         raise LineTooLong(len(data), limit)
     too_deep = LineError(f"the line nests arrays and objects more than {depth} deep; no operation takes that")
+    why = work_error(data, depth, items)
+    if why is not None:
+        raise LineError(why)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -205,9 +273,6 @@ def decode_value(line: bytes | str, *, limit: int = MAX_LINE_BYTES, depth: int =
         raise LineError(
             "not valid JSON (NaN and Infinity are not JSON either); send one JSON object per line"
         ) from None
-    # Counting brackets (strings' included) is a cheap upper bound of the depth.
-    if data.count(b"[") + data.count(b"{") > depth and _depth_over(value, depth):
-        raise too_deep
     return value
 
 

@@ -794,7 +794,8 @@ class Daemon:
             raise ApiError(cut_off_text(since), "no_leader")
 
     async def sample(self) -> Any:
-        """This member's inventory, with SIMULATED_CPUS applied."""
+        """This member's inventory, with SIMULATED_CPUS applied and its RAM as jobs are
+        offered it: the session pool (SESSIONS_MEMORY) taken out."""
         import dataclasses
 
         inv = await asyncio.to_thread(self.sampler.sample)
@@ -802,6 +803,11 @@ class Daemon:
             inv = dataclasses.replace(
                 inv, host=dataclasses.replace(inv.host, cpus=self.options.simulated_cpus)
             )
+        if self.fence is not None:
+            total, used = await asyncio.to_thread(
+                self.fence.offered_ram, inv.host.ram_total, inv.host.ram_used
+            )
+            inv = dataclasses.replace(inv, host=dataclasses.replace(inv.host, ram_total=total, ram_used=used))
         return inv
 
     def session_gpus(self, starting: JobRecord | None = None) -> None:

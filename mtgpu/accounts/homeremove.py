@@ -16,6 +16,12 @@ of the same filesystem (``mount --bind /srv/proj ~/project``) has the same devic
    removes by ``openat``/``unlinkat`` from each directory's descriptor, checking each
    directory it opens is still the inode it listed, on the home's mount.
 
+The archive holds what is on disk: a sparse file (``truncate -s 15T``: a few KiB
+allocated) is stored as GNU tar's sparse format 1.0 (its data segments, found with
+``SEEK_DATA``/``SEEK_HOLE``, and a map), never read hole by hole; and before a byte is
+written the archive's size is bounded by what the home holds on disk (``st_blocks``)
+and checked against the destination's free space (:meth:`Home.archive`).
+
 Errors: :class:`HomeRefused` (nothing was touched, says why) and
 :class:`HomeRemoveFailed` (removal started and stopped, says where).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import pwd
 import stat
@@ -34,6 +41,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from mtgpu.errors import AccountError
+
+log = logging.getLogger("mtgpu.accounts.homeremove")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -72,6 +81,8 @@ class Entry:
     mtime: int
     nlink: int
     gid: int
+    #: Bytes allocated on disk (``stx_blocks`` * 512): what a sparse file really holds.
+    disk: int = 0
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -110,6 +121,7 @@ def statx(dir_fd: int, name: str) -> Entry:
         mtime=int.from_bytes(raw[112:120], "little", signed=True),
         nlink=u32(16),
         gid=u32(24),
+        disk=u64(48) * 512,
     )
 
 
@@ -289,8 +301,35 @@ class Home:
 
     # ------------------------------------------------------------- archive
 
+    def disk_usage(self) -> int:
+        """What an archive of the home holds at most, before compression: each regular
+        file's bytes on disk (``st_blocks``, not its apparent size; a hard link once)
+        and a header block or two per entry."""
+        total, seen = 2 * _BLOCK, set()
+        with closing(self.walk()) as entries:
+            for _rel, _fd, _name, e, _ in entries:
+                total += _HEADER
+                if stat.S_ISREG(e.mode) and e.ino not in seen:
+                    seen.add(e.ino)
+                    total += min(e.size, e.disk) + _BLOCK
+        return total
+
     def archive(self, dest: str) -> str:
-        """Write a tar.gz of the home to ``dest`` (root only; links stored as links)."""
+        """Write a tar.gz of the home to ``dest`` (root only; links stored as links,
+        sparse files as their data). Refused (:class:`HomeRefused`, nothing written)
+        when the destination's free space is below what the home holds on disk
+        (:meth:`disk_usage`)."""
+        need = self.disk_usage()
+        vfs = os.statvfs(os.path.dirname(dest) or ".")
+        free = vfs.f_bavail * vfs.f_frsize
+        if free < need:
+            log.warning("home %s not archived: may need %d bytes, %d free at %s", self.path, need, free, dest)
+            raise HomeRefused(
+                f"not archived, nothing was touched: the archive of {self.path} may need "
+                f"{_size(need)} and {os.path.dirname(dest)} has {_size(free)} free; free space "
+                "there or set TENANT_RETENTION_ARCHIVE_DIR to a larger disk, then the next "
+                "retention pass archives the home"
+            )
         part = dest + ".partial"
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
@@ -342,8 +381,12 @@ class Home:
                 st = os.fstat(f.fileno())
                 if st.st_ino != e.ino or not stat.S_ISREG(st.st_mode):
                     raise HomeRemoveFailed(f"{arc} changed while it was archived; stopped")
-                info.size = st.st_size
-                tar.addfile(info, f)
+                segments = data_segments(f.fileno(), st.st_size)
+                if sum(n for _, n in segments) < st.st_size:
+                    _add_sparse(tar, info, f.fileno(), st.st_size, segments)
+                else:
+                    info.size = st.st_size
+                    tar.addfile(info, f)
             if e.nlink > 1:
                 links[e.ino] = arc
         # Sockets and device nodes have no content to keep.
@@ -370,3 +413,98 @@ class Home:
             os.rmdir(self.name, dir_fd=self.root_fd)
         except OSError as exc:
             raise HomeRemoveFailed(f"cannot remove {self.path}: {exc.strerror}") from exc
+
+
+_BLOCK = tarfile.BLOCKSIZE
+#: A tar header with a pax header before it (long names, ids): a generous bound.
+_HEADER = 4 * _BLOCK
+
+
+def _size(n: int) -> str:
+    from mtgpu.config.units import format_size
+
+    return format_size(n)
+
+
+def data_segments(fd: int, size: int) -> list[tuple[int, int]]:
+    """(offset, length) of each stretch of ``fd`` that holds data, by ``SEEK_DATA`` and
+    ``SEEK_HOLE``; the whole file where the filesystem cannot tell."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    try:
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if end > start:
+                out.append((start, end - start))
+            pos = end
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return [(0, size)]
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
+    return out
+
+
+class _SparseData:
+    """The data area of a GNU sparse 1.0 member: the map (entry count, then offset and
+    length of each data segment, one decimal number a line, padded to a block), then
+    the segments' bytes. A segment read short (the file shrank) is padded with zeros,
+    so the member stays as long as its header says."""
+
+    def __init__(self, fd: int, segments: list[tuple[int, int]]) -> None:
+        text = "".join(f"{n}\n" for n in [len(segments), *(x for seg in segments for x in seg)])
+        head = text.encode()
+        self.head = head + b"\0" * (-len(head) % _BLOCK)
+        self.fd, self.segments = fd, segments
+        self.size = len(self.head) + sum(n for _, n in segments)
+        self._pos, self._seg, self._off = 0, 0, 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = bytearray()
+        want = self.size if n < 0 else n
+        if self._pos < len(self.head):
+            piece = self.head[self._pos : self._pos + want]
+            self._pos += len(piece)
+            out += piece
+        while len(out) < want and self._seg < len(self.segments):
+            start, length = self.segments[self._seg]
+            take = min(want - len(out), length - self._off, 1 << 20)
+            piece = os.pread(self.fd, take, start + self._off) or b""
+            piece = piece + b"\0" * (take - len(piece))
+            out += piece
+            self._off += take
+            if self._off == length:
+                self._seg, self._off = self._seg + 1, 0
+        return bytes(out)
+
+
+def _add_sparse(
+    tar: tarfile.TarFile, info: tarfile.TarInfo, fd: int, size: int, segments: list[tuple[int, int]]
+) -> None:
+    """Add a sparse file as GNU tar's sparse format 1.0 (pax headers naming the real
+    name and size; GNU tar and Python's tarfile restore its holes)."""
+    if not segments or sum(segments[-1]) < size:
+        # An empty segment at the end, as GNU tar writes it: its readers take the
+        # file's length from the map.
+        segments = [*segments, (size, 0)]
+    data = _SparseData(fd, segments)
+    real = info.name
+    head, _, tail = real.rpartition("/")
+    info.name = f"{head}/GNUSparseFile.0/{tail}" if head else f"GNUSparseFile.0/{tail}"
+    info.pax_headers = {
+        # Its own "path" first, so that readers apply the real name after it.
+        "path": info.name,
+        "GNU.sparse.major": "1",
+        "GNU.sparse.minor": "0",
+        "GNU.sparse.name": real,
+        "GNU.sparse.realsize": str(size),
+    }
+    info.size = data.size
+    tar.addfile(info, data)

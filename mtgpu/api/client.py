@@ -75,11 +75,33 @@ class ApiClient:
         While the daemon answers that it is still starting, the request is sent
         again every half second (for ``STARTING_RETRY`` seconds at most); any other
         retryable answer (nothing was done) is retried for ``RETRY_FOR`` seconds."""
+        return self._retried(op, args).get("result")
+
+    #: The most pages :meth:`call_all` reads (a cursor that never ends is a broken server).
+    MAX_PAGES = 100_000
+
+    def call_all(self, op: str, **args: Any) -> list[Any]:
+        """Every item of a listing given in pages (``job.list``): each page's result
+        in turn, sending its ``next_cursor`` back as ``cursor`` until none is given;
+        each page is retried as :meth:`call` retries. A server that does not page
+        answers everything at once, which is the one page."""
+        items: list[Any] = []
+        cursor = None
+        for _ in range(self.MAX_PAGES):
+            answer = self._retried(op, {**args, "cursor": cursor})
+            items.extend(answer.get("result") or ())
+            cursor = answer.get("next_cursor")
+            if not cursor:
+                return items
+        raise ApiError(f"{op} gave more than {self.MAX_PAGES} pages; the server is broken", "no_answer")
+
+    def _retried(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The answer to ``op``, retried as :meth:`call` says; ApiError on refusal."""
         starting_until = time.monotonic() + self.STARTING_RETRY
         retry_until = time.monotonic() + RETRY_FOR
         while True:
             try:
-                return self._call(op, args)
+                return self._answer(op, args)
             except ApiError as exc:
                 now = time.monotonic()
                 if exc.code == "starting" and now < starting_until:
@@ -92,9 +114,9 @@ class ApiClient:
     def call_once(self, op: str, **args: Any) -> Any:
         """Send one request once and return its result; raise ApiError on refusal (for
         a caller that decides its own retries, as a submission with its key does)."""
-        return self._call(op, args)
+        return self._answer(op, args).get("result")
 
-    def _call(self, op: str, args: dict[str, Any]) -> Any:
+    def _answer(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         s = self._connect()
         self._next += 1
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}, "id": self._next}
@@ -115,7 +137,7 @@ class ApiClient:
             # Once per command, on stderr, so --json output stays clean.
             self._noticed = True
             print(f"mtgpu: warning: {answer['notice']}", file=sys.stderr)
-        return answer.get("result")
+        return answer
 
     def _read_answer(self) -> dict[str, Any]:
         assert self._lines is not None

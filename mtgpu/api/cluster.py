@@ -17,6 +17,7 @@ from mtgpu.api.dispatcher import Caller, Dispatcher, Middleware, Next, arg
 from mtgpu.cluster.relay import relay
 from mtgpu.cluster.runtime import ClusterRuntime
 from mtgpu.errors import ApiError, ValidationError
+from mtgpu.jsonl import Page
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.state.codec import JobRecord
 
@@ -246,6 +247,8 @@ def register_relayed(
         answer = await d.handle(inner, {"op": arg(args, "op", str), "args": arg(args, "args", dict)})
         if not answer["ok"]:
             raise ApiError.from_answer(answer)
+        if answer.get("next_cursor"):  # a page of a listing: its cursor goes back too
+            return Page(answer["result"], answer["next_cursor"])
         return answer["result"]
 
     d.register("forward", forward)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtgpu.errors import ApiError, MtgpuError, ValidationError
-from mtgpu.jsonl import MAX_DEPTH, MAX_LINE_BYTES, refusal
+from mtgpu.jsonl import MAX_DEPTH, MAX_ITEMS, MAX_LINE_BYTES, Page, refusal
 
 log = logging.getLogger("mtgpu.api")
 
@@ -41,6 +41,9 @@ log = logging.getLogger("mtgpu.api")
 MAX_REQUEST_BYTES = MAX_LINE_BYTES
 #: The deepest nesting of arrays and objects in a request (no operation takes more than 3).
 MAX_JSON_DEPTH = MAX_DEPTH
+#: The most values (arrays, objects, strings, numbers) in a tenant's request, counted
+#: on its bytes before it is parsed (:func:`mtgpu.jsonl.work_error`).
+MAX_REQUEST_ITEMS = MAX_ITEMS
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,10 @@ class Dispatcher:
                     await checked
             result = await self._chain(name, op.fn, 0)(caller, args)
             answer = {"id": rid, "ok": True, "result": result}
+            if isinstance(result, Page):  # a listing's page: its cursor beside the result
+                answer["result"] = result.items
+                if result.next_cursor:
+                    answer["next_cursor"] = result.next_cursor
             note = self.notice(caller)
             if note:
                 answer["notice"] = note

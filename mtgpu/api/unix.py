@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from mtgpu import jsonl
-from mtgpu.api.dispatcher import MAX_JSON_DEPTH, MAX_REQUEST_BYTES, Caller, Dispatcher
+from mtgpu.api.dispatcher import MAX_JSON_DEPTH, MAX_REQUEST_BYTES, MAX_REQUEST_ITEMS, Caller, Dispatcher
 from mtgpu.errors import ApiError
 
 log = logging.getLogger("mtgpu.api")
@@ -34,12 +34,14 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def parse_request(line: bytes) -> tuple[Any, dict[str, Any] | None]:
+def parse_request(line: bytes, items: int | None = MAX_REQUEST_ITEMS) -> tuple[Any, dict[str, Any] | None]:
     """(request, None), or (None, the answer refusing it): over the limit, not UTF-8,
-    not JSON (NaN and Infinity are not), or nested deeper than MAX_JSON_DEPTH. A value
-    that is not an object is the dispatcher's to refuse, with the request's shape."""
+    not JSON (NaN and Infinity are not), nested deeper than MAX_JSON_DEPTH or holding
+    more than ``items`` values (both counted before it is parsed, so a refused line
+    costs a few scans of its bytes and builds nothing). A value that is not an object
+    is the dispatcher's to refuse, with the request's shape."""
     try:
-        return jsonl.decode_value(line, limit=MAX_REQUEST_BYTES, depth=MAX_JSON_DEPTH), None
+        return jsonl.decode_value(line, limit=MAX_REQUEST_BYTES, depth=MAX_JSON_DEPTH, items=items), None
     except jsonl.LineError as exc:
         return None, jsonl.refusal(exc)
 
@@ -78,8 +80,11 @@ class AnswerStream(Protocol):
 async def serve_lines(
     reader: LineStream, writer: AnswerStream, dispatcher: Dispatcher, caller: Caller
 ) -> None:
-    """Answer JSON-lines requests from one stream until it closes."""
+    """Answer JSON-lines requests from one stream until it closes. A tenant's request
+    holds at most MAX_REQUEST_ITEMS values; another member's (``via`` peer: a batch of
+    job records to start) is bounded by its size and depth only."""
     lines = jsonl.LineReader(reader, limit=MAX_REQUEST_BYTES)
+    items = None if caller.via == "peer" else MAX_REQUEST_ITEMS
     try:
         while True:
             try:
@@ -94,9 +99,9 @@ async def serve_lines(
             if not line:
                 continue
             if len(line) > _PARSE_INLINE:
-                request, refusal = await asyncio.to_thread(parse_request, line)
+                request, refusal = await asyncio.to_thread(parse_request, line, items)
             else:
-                request, refusal = parse_request(line)
+                request, refusal = parse_request(line, items)
             answer = refusal or await dispatcher.handle(caller, request)
             writer.write(jsonl.encode_answer(answer))
             await writer.drain()

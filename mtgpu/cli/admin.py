@@ -246,7 +246,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         state = args.state.upper() if args.state else None
         jobs = [
             j
-            for j in api.call(
+            for j in api.call_all(
                 "job.list",
                 all=args.all or (state is not None and state not in (PENDING, RUNNING)) or None,
                 user=args.user,

@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
             user = pwd.getpwuid(os.getuid()).pw_name
         api = tenant_client(args)
-        views = api.call("job.list", all=True, **({"user": user} if user else {}))
+        views = api.call_all("job.list", all=True, **({"user": user} if user else {}))
         shown = select(views, job_ids=job_ids, states=states, start=start, end=end, now=now)
         if args.json:
             print(json.dumps(slurm_json(shown), indent=2, sort_keys=True))

@@ -138,6 +138,8 @@ class PeerClient:
         self, target: str, op: str, /, *, dial_address: str | None = None, timeout: float = 10.0, **args: Any
     ) -> Any:
         """Run ``op`` on member ``target`` and return its result; ApiError if refused.
+        A page of a listing (its answer names a ``next_cursor``) is a
+        :class:`~mtgpu.jsonl.Page`, so that a relayed listing keeps its cursor.
 
         ``dial_address`` reaches a member whose name is not known yet (a seed).
         """
@@ -157,6 +159,8 @@ class PeerClient:
             raise ApiError(
                 f"member {target} did not answer {op} within {timeout:.0f}s", "unreachable"
             ) from exc
+        if ans.get("ok") and ans.get("next_cursor"):
+            return jsonl.Page(list(ans.get("result") or ()), str(ans["next_cursor"]))
         return jsonl.result(ans)
 
     async def open_raft(self, target: str) -> tuple[Any, Any, Callable[[], None]]:

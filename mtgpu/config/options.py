@@ -166,6 +166,8 @@ class Options:
     tenant_shell: str = "/bin/bash"
     # Tenant sessions' cgroup and private temporary places (mtgpu/schedd/fence.py).
     session_memory: int | str | None = "50%"
+    # All tenants' sessions together (mtgpu.slice); jobs are offered the rest.
+    sessions_memory: int | str | None = "25%"
     session_pids: int | None = 4096
     session_cpu_weight: int = 100
     session_gpus: str = "none"
@@ -1135,6 +1137,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "RENDEZVOUS_PORTS": _port_range,
     "TENANT_SHELL": _shell,
     "SESSION_MEMORY": _size_or_share,
+    "SESSIONS_MEMORY": _size_or_share,
     "SESSION_PIDS": lambda v: None if v is None else _posint(v),
     "SESSION_CPU_WEIGHT": _cpu_weight,
     "SESSION_GPUS": _session_gpus,
@@ -1221,6 +1224,7 @@ RELOAD: dict[str, str] = {
     "RENDEZVOUS_PORTS": APPLIED,
     "TENANT_SHELL": RESTART,
     "SESSION_MEMORY": RESTART,
+    "SESSIONS_MEMORY": RESTART,
     "SESSION_PIDS": RESTART,
     "SESSION_CPU_WEIGHT": RESTART,
     "SESSION_GPUS": RESTART,

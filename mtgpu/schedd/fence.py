@@ -4,7 +4,10 @@ Every process a tenant starts through MTGPU (a login shell, the tmux server and 
 panes, an exec command, ``sftp-server``) starts in the tenant's **session cgroup**,
 ``mtgpu.slice/tenant-UID`` in every hierarchy (v1 controllers and the v2 tree):
 
-- ``memory`` bounds it at ``SESSION_MEMORY`` (swap included where accounted);
+- ``memory`` bounds it at ``SESSION_MEMORY`` (swap included where accounted), and
+  ``mtgpu.slice`` itself, all tenants' sessions together, at ``SESSIONS_MEMORY``: the
+  session pool, which the scheduler does not offer to jobs (:meth:`TenantFence.offered_ram`),
+  so job reservations and sessions together never ask for more than the host's RAM;
 - ``pids`` at ``SESSION_PIDS``;
 - ``cpu`` weights it at ``SESSION_CPU_WEIGHT`` against other tenants' sessions;
 - ``devices`` (v1) denies every GPU device file, so a session opens none of them,
@@ -45,6 +48,7 @@ root's (cgroup files, ``RUN_DIR``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -125,6 +129,8 @@ class SessionLimits:
     """The limits of every tenant's session cgroup (``SESSION_*`` keys)."""
 
     memory: int | None = None
+    #: All tenants' sessions together (``SESSIONS_MEMORY``, on ``mtgpu.slice``).
+    pool: int | None = None
     pids: int | None = 4096
     cpu_weight: int = 100
     #: ``none``: sessions open no GPU; ``free``: the GPUs no job holds (SESSION_GPUS).
@@ -230,7 +236,7 @@ class TenantFence:
         have = set(self.system.v1)
         v2 = self.system.v2_controllers if self.system.v2 and not self.system.v1 else frozenset()
         for ctrl, what in (
-            ("memory", "SESSION_MEMORY is not enforced"),
+            ("memory", "SESSION_MEMORY and SESSIONS_MEMORY are not enforced"),
             ("pids", "SESSION_PIDS is not enforced"),
             ("cpu", "SESSION_CPU_WEIGHT is not applied"),
         ):
@@ -279,7 +285,8 @@ class TenantFence:
         lim = self.limits
         return (
             f"sessions run in {SLICE}/tenant-UID (memory "
-            f"{format_size(lim.memory) if lim.memory else 'unlimited'}, pids "
+            f"{format_size(lim.memory) if lim.memory else 'unlimited'} each, "
+            f"{format_size(lim.pool) if lim.pool else 'unlimited'} for all, pids "
             f"{lim.pids or 'unlimited'}, cpu weight {lim.cpu_weight}, "
             f"{'GPUs no job holds' if lim.gpus == 'free' else 'no GPU devices'}); private "
             f"/tmp, /var/tmp, /dev/shm: {format_size(self.tmp_size) if self.tmp_size else 'off'}"
@@ -317,6 +324,7 @@ class TenantFence:
     def _setup_v1(self, ctrl: str, path: str, majors: set[int]) -> None:
         lim = self.limits
         if ctrl == "memory":
+            _write_pool_v1(os.path.dirname(path), lim.pool)
             value = str(lim.memory) if lim.memory else "-1"
             _write_limit(f"{path}/memory.limit_in_bytes", value)
             if os.path.exists(f"{path}/memory.memsw.limit_in_bytes"):
@@ -359,6 +367,11 @@ class TenantFence:
                         cgroups._write(str(p / "cgroup.subtree_control"), f"+{c}")
                     except OSError:
                         pass
+        if "memory" in self.system.v2_controllers:
+            slice_ = str(Path(path).parent)
+            _write_pool(f"{slice_}/memory.max", str(lim.pool) if lim.pool else "max")
+            if os.path.exists(f"{slice_}/memory.swap.max"):
+                _write_pool(f"{slice_}/memory.swap.max", "0" if lim.pool else "max")
         for fname, value in (
             ("memory.max", str(lim.memory) if lim.memory else "max"),
             ("memory.swap.max", "0" if lim.memory else "max"),
@@ -367,6 +380,40 @@ class TenantFence:
         ):
             if os.path.exists(f"{path}/{fname}"):
                 _write_limit(f"{path}/{fname}", value)
+
+    def sessions_memory_used(self) -> int:
+        """What all tenants' sessions hold in memory now (their processes' own pages and
+        their tmpfs pages, without page cache the kernel can drop), from ``mtgpu.slice``'s
+        ``memory.stat``; 0 when it cannot be read."""
+        v1 = "memory" in self.system.v1
+        path = session_dirs(self.system, 0).get("memory" if v1 else "v2")
+        if path is None:
+            return 0
+        keys = ("total_rss", "total_shmem") if v1 else ("anon", "shmem")
+        try:
+            text = Path(os.path.dirname(path), "memory.stat").read_text()
+        except OSError:
+            return 0
+        stats = dict(ln.split(None, 1) for ln in text.splitlines() if " " in ln)
+        try:
+            return sum(int(stats.get(k, 0)) for k in keys)
+        except ValueError:
+            return 0
+
+    def offered_ram(self, total: int, used: int) -> tuple[int, int]:
+        """(total, used) RAM as the scheduler offers it to jobs: the host's ``total``
+        less the session pool (``SESSIONS_MEMORY``), and what is ``used`` less what the
+        sessions hold inside that pool (it is theirs, not the jobs').
+
+        >>> f = TenantFence(CgroupSystem({}, None), SessionLimits(pool=100), "/nonexistent", tmp_size=None)
+        >>> f.offered_ram(1000, 300)
+        (900, 300)
+        """
+        pool = self.limits.pool
+        if not pool:
+            return total, used
+        sessions = min(pool, self.sessions_memory_used())
+        return max(0, total - pool), max(0, used - sessions)
 
     def set_held_gpus(self, devices: Iterable[tuple[int, int]]) -> None:
         """With ``SESSION_GPUS: free``, wall sessions off exactly the GPU device
@@ -676,6 +723,38 @@ def _write_limit(path: str, value: str) -> None:
         log.warning("cannot set %s to %s: %s", path, value, exc)
 
 
+def _write_pool(path: str, value: str) -> None:
+    """Write the session pool's limit on ``mtgpu.slice``. One below what the sessions
+    hold now is logged (the kernel keeps the old one until they shrink); any other
+    failure raises, and the session is refused: the pool is what keeps sessions from
+    pushing the host into its global OOM killer."""
+    try:
+        cgroups._write(path, value)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise OSError(
+                exc.errno, f"cannot set the session pool (SESSIONS_MEMORY) {path} to {value}: {exc.strerror}"
+            ) from exc
+        log.warning("cannot set %s to %s yet: the sessions hold more (%s)", path, value, exc)
+
+
+def _write_pool_v1(slice_: str, pool: int | None) -> None:
+    """v1: ``memory.limit_in_bytes`` never above ``memory.memsw.limit_in_bytes``, so
+    the two are written in the order that keeps it so, whether raised or lowered."""
+    value = str(pool) if pool else "-1"
+    files = [f"{slice_}/memory.limit_in_bytes"]
+    if os.path.exists(f"{slice_}/memory.memsw.limit_in_bytes"):
+        files.append(f"{slice_}/memory.memsw.limit_in_bytes")
+        try:
+            current = int(Path(files[0]).read_text())
+        except (OSError, ValueError):
+            current = 0
+        if not pool or pool > current:
+            files.reverse()  # raising: the memory+swap limit first
+    for f in files:
+        _write_pool(f, value)
+
+
 def memory_limit(spec: int | str | None, total: int) -> int | None:
     """``SESSION_MEMORY`` in bytes: a size, or a share (``50%``) of ``total``.
 
@@ -695,8 +774,13 @@ def from_options(
     import psutil
 
     o = options
+    total = psutil.virtual_memory().total
+    pool = memory_limit(o.sessions_memory, total)
+    each = memory_limit(o.session_memory, total)
     limits = SessionLimits(
-        memory=memory_limit(o.session_memory, psutil.virtual_memory().total),
+        # One tenant's sessions never get more than all tenants' sessions together.
+        memory=each if pool is None else min(each or pool, pool),
+        pool=pool,
         pids=o.session_pids,
         cpu_weight=o.session_cpu_weight,
         gpus=o.session_gpus,

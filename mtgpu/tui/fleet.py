@@ -319,7 +319,7 @@ class Fleet:
         for n in st.nodes:
             for g in n.get("gpus") or []:
                 st.history.setdefault((str(n.get("name")), g.get("index")), GpuHistory()).add(g)
-        st.jobs = list(await link.call("job.list", all=True))
+        st.jobs = await link.call_all("job.list", all=True)
         if workspaces and st.workspaces is not None:
             try:
                 st.workspaces = list(await link.call("workspace.list", timeout=max(self.timeout, 30)))

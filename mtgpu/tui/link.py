@@ -26,7 +26,7 @@ from typing import Any
 import asyncssh
 
 from mtgpu import jsonl
-from mtgpu.errors import MtgpuError
+from mtgpu.errors import ApiError, MtgpuError
 from mtgpu.tui.sources import Target
 
 log = logging.getLogger("remotegpu")
@@ -90,6 +90,18 @@ def reason_for(exc: BaseException, target: Target, timeout: float) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class PageItems(list[Any]):
+    """A page of a listing (``job.list``): its items, and the cursor of the next page."""
+
+    def __init__(self, items: list[Any], next_cursor: str) -> None:
+        super().__init__(items)
+        self.next_cursor = next_cursor
+
+
+#: The most pages :meth:`ServerLink.call_all` reads (more is a broken server).
+MAX_PAGES = 100_000
+
+
 class ApiChannel:
     """One ``mtgpu-api`` channel: requests matched to answers by id."""
 
@@ -147,7 +159,10 @@ class ApiChannel:
             raise refused
         if answer.get("notice"):
             self.notice = str(answer["notice"])[:2000]
-        return answer.get("result")
+        result = answer.get("result")
+        if answer.get("next_cursor") and isinstance(result, list):
+            return PageItems(result, str(answer["next_cursor"]))
+        return result
 
     def close(self) -> None:
         self._pump.cancel()
@@ -212,6 +227,19 @@ class ServerLink:
         if self.api is None:
             raise ServerUnreachable("not connected")
         return await self.api.call(op, timeout or self.timeout, **args)
+
+    async def call_all(self, op: str, timeout: float | None = None, **args: Any) -> list[Any]:
+        """Every item of a listing given in pages (``job.list``): each page in turn,
+        its ``next_cursor`` sent back as ``cursor`` until the last."""
+        items: list[Any] = []
+        cursor = None
+        for _ in range(MAX_PAGES):
+            page = await self.call(op, timeout, **args, cursor=cursor)
+            items.extend(page or ())
+            cursor = getattr(page, "next_cursor", None)
+            if not cursor:
+                return items
+        raise ApiError(f"{op} gave more than {MAX_PAGES} pages; the server is broken", "no_answer")
 
     async def call_long(self, op: str, timeout: float = 120.0, **args: Any) -> Any:
         """A request on a channel of its own, so a slow action holds up no refresh."""

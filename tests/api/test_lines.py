@@ -73,3 +73,46 @@ def test_rate_buckets_keep_the_most_recent_tenants_only():
     for i in range(50):
         lim.take(f"t{i}")
     assert len(lim._buckets) == 10 and "t49" in lim._buckets and "t0" not in lim._buckets
+
+
+def test_values_and_depth_are_counted_before_parsing_and_never_echoed():
+    """4 MiB of ``[[],[],...]`` or ``[[[...]]]`` is refused naming the limit, after a
+    few scans of its bytes (json.loads built 1.4 million lists for it before); the
+    count is exact at the limit, and brackets and commas inside strings count for
+    nothing; another member's line (items None) is bounded by size and depth only."""
+    import time
+
+    from mtgpu.api.dispatcher import MAX_REQUEST_ITEMS
+
+    room = MAX_REQUEST_BYTES - 64
+    wide = b'{"op": "x", "args": {"v": [' + b"[]," * (room // 3 - 1) + b"[]]}}"
+    deep = b'{"op": "x", "args": {"v": ' + b"[" * (room // 2) + b"]" * (room // 2) + b"}}"
+    for line in (wide, deep):
+        t = time.monotonic()
+        request, refusal = parse_request(line)
+        took = time.monotonic() - t
+        print(f"{len(line)} bytes refused in {took:.3f} s")
+        assert request is None and refusal["code"] == "bad_request", refusal
+        assert f"more than {MAX_REQUEST_ITEMS} values" in refusal["error"] and "[]" not in refusal["error"]
+        assert took < 2.0  # a liveness bound: it was 3.2 s, holding the event loop
+    # Two objects, "x", a list and n numbers in it: 4 + n values.
+    at = json.dumps({"op": "x", "args": {"v": [0] * (MAX_REQUEST_ITEMS - 4)}}).encode()
+    over = json.dumps({"op": "x", "args": {"v": [0] * (MAX_REQUEST_ITEMS - 3)}}).encode()
+    assert parse_request(at)[1] is None
+    assert parse_request(over)[1]["code"] == "bad_request"
+    assert parse_request(over, None)[1] is None  # a member's batch of job records
+    text = json.dumps({"op": "x", "args": {"s": "[{," * 400_000}}).encode()
+    assert parse_request(text)[1] is None
+
+
+def test_a_page_carries_its_cursor_beside_the_result_and_through_a_relay():
+    from mtgpu.api.dispatcher import Caller, Dispatcher
+    from mtgpu.jsonl import Page
+
+    d = Dispatcher()
+    d.register("paged", lambda caller, args: Page([1, 2], "2" if not args.get("last") else None))
+    tina = Caller("tina", 20001, False, "socket")
+    first = asyncio.run(d.handle(tina, {"op": "paged", "args": {}, "id": 1}))
+    last = asyncio.run(d.handle(tina, {"op": "paged", "args": {"last": True}, "id": 2}))
+    assert first == {"id": 1, "ok": True, "result": [1, 2], "next_cursor": "2"}
+    assert last == {"id": 2, "ok": True, "result": [1, 2]}

@@ -273,6 +273,99 @@ def test_json_nested_a_thousand_deep_is_a_bad_request_and_nan_never_goes_out(bou
     tally("attacks_refused", 6)
 
 
+#: How long another tenant's API call may take while requests of 4 MiB of nested lists
+#: are refused: a liveness bound, not a speed claim (each such request held the event
+#: loop for 3.2 s before its values were counted ahead of parsing).
+WITNESS_BOUND = 2.0
+
+
+def _wide_and_deep() -> tuple[bytes, bytes]:
+    """Two requests just under the 4 MiB line limit: ``[[],[],...]`` and ``[[[...]]]``."""
+    head, tail = b'{"op": "whoami", "args": {"x": ', b"}}"
+    room = (4 << 20) - len(head) - len(tail) - 8
+    wide = head + b"[" + b"[]," * (room // 3 - 1) + b"[]]" + tail
+    deep = head + b"[" * (room // 2) + b"]" * (room // 2) + tail
+    return wide, deep
+
+
+def test_megabytes_of_nested_lists_are_refused_before_parsing_and_others_are_served(bounds):
+    """Four tenants' connections each send five 4 MiB requests of nested empty lists:
+    each is refused ``bad_request`` naming the limit of values (nothing of it echoed),
+    while another tenant's API calls keep being answered within WITNESS_BOUND and the
+    daemon does not grow; the same on the mtgpu-api subsystem."""
+    h, eve, victor = bounds["host"], bounds["eve"], bounds["victor"]
+    wide, deep = _wide_and_deep()
+    assert (4 << 20) - 64 < len(wide) <= 4 << 20 and (4 << 20) - 64 < len(deep) <= 4 << 20
+    before = _rss(h)
+    attackers = [api_socket(h.run_dir, eve.uid) for _ in range(4)]
+    witness = api_socket(h.run_dir, victor.uid)
+    answers: list[list[dict]] = []
+    took: list[float] = []
+
+    def attack(s) -> None:
+        t = time.monotonic()
+        with s:
+            answers.append(lines(s, [wide, deep, wide, deep, wide]))
+        took.append(time.monotonic() - t)
+
+    threads = [threading.Thread(target=attack, args=(s,)) for s in attackers]
+    for t in threads:
+        t.start()
+    waits = []
+    with witness:
+        while any(t.is_alive() for t in threads) or not waits:
+            t0 = time.monotonic()
+            a = call(witness, "whoami")
+            waits.append(time.monotonic() - t0)
+            assert a["ok"] and a["result"]["name"] == victor.name, a
+    for t in threads:
+        t.join(300)
+    grown = _rss(h) - before
+    print(
+        f"20 requests of 4 MiB refused, each connection's five in {max(took):.2f} s at most; "
+        f"{len(waits)} witness calls, the slowest {max(waits):.3f} s; RSS grew {grown >> 20} MiB"
+    )
+    assert len(answers) == 4
+    for a in (a for five in answers for a in five):
+        assert not a["ok"] and a["code"] == "bad_request", a
+        assert "100000 values" in a["error"] and len(a["error"]) < 300, a["error"][:300]
+        assert "[[" not in a["error"] and "[]" not in a["error"]
+    assert max(waits) < WITNESS_BOUND, waits
+    assert grown < RSS_BOUND
+    after = b'{"op": "whoami", "id": "after"}'
+    ssh_answers = asyncio.run(_subsystem(h, eve, [wide, deep, after]))
+    assert [a.get("code") for a in ssh_answers[:2]] == ["bad_request"] * 2, ssh_answers
+    assert "100000 values" in ssh_answers[0]["error"] and ssh_answers[2]["ok"], ssh_answers
+    _no_traceback(h)
+    tally("attacks_refused", 22)
+
+
+def test_nesting_at_the_depth_limit_is_served_and_one_more_is_refused(bounds):
+    """MAX_JSON_DEPTH (32) levels, counting the request's own two objects, are answered;
+    33 are refused naming the limit; brackets inside strings count for nothing."""
+    from mtgpu.api.dispatcher import MAX_JSON_DEPTH
+
+    h, eve = bounds["host"], bounds["eve"]
+
+    def nested(levels: int) -> bytes:
+        inner = levels - 2  # the request and its args are two
+        return b'{"op": "whoami", "args": {"x": ' + b"[" * inner + b"]" * inner + b"}}"
+
+    with api_socket(h.run_dir, eve.uid) as s:
+        at, over, strings = lines(
+            s,
+            [
+                nested(MAX_JSON_DEPTH),
+                nested(MAX_JSON_DEPTH + 1),
+                {"op": "whoami", "args": {"x": "[" * 100_000 + "," * 200_000}},
+            ],
+        )
+    assert at["ok"], at
+    assert over["code"] == "bad_request" and f"more than {MAX_JSON_DEPTH} deep" in over["error"], over
+    assert strings["ok"], strings
+    tally("attacks_refused")
+
+
 async def _subsystem(h: Host, tenant: Tenant, requests: list[bytes]) -> list[dict]:
     async with asyncssh.connect(
         h.address, h.port, username=tenant.name, client_keys=[str(tenant.key)], known_hosts=None
