@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import heapq
+import math
+import operator
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +20,7 @@ from mtgpu.config.options import MAX_JOB_SCRIPT
 from mtgpu.errors import ApiError, JobError, MtgpuError, ValidationError
 from mtgpu.jobspec import spec_to_dict
 from mtgpu.jobstate import FINAL_STATES, PENDING
+from mtgpu.jsonl import Page
 from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
 from mtgpu.schedd.jobenv import JobUser
@@ -168,6 +172,31 @@ def submit_options(args: dict[str, Any]) -> list[str]:
     return options
 
 
+#: The most arguments a batch script is given (``sbatch job.sh A B``: ``$1``, ``$2``),
+#: and the most bytes of them in all: the kernel's bound on a command line is shared
+#: with the job's environment.
+MAX_SCRIPT_ARGS = 1024
+MAX_SCRIPT_ARGS_BYTES = 64 << 10
+
+
+def submit_script_args(args: dict[str, Any]) -> list[str]:
+    """The job script's arguments, checked: strings of UTF-8 text with no NUL, bounded."""
+    given = arg(args, "args", list, [])
+    if len(given) > MAX_SCRIPT_ARGS or not all(isinstance(a, str) for a in given):
+        raise ValidationError(f"args must be at most {MAX_SCRIPT_ARGS} strings")
+    size = 0
+    for n, a in enumerate(given, 1):
+        bad = text_value_error(f"the script's argument ${n}", a[: MAX_SCRIPT_ARGS_BYTES + 1])
+        if bad is not None:
+            raise ValidationError(bad)
+        size += len(a.encode("utf-8")) + 1
+        if size > MAX_SCRIPT_ARGS_BYTES:
+            raise ValidationError(
+                f"the script's arguments are over {MAX_SCRIPT_ARGS_BYTES} bytes; pass large data in a file"
+            )
+    return given
+
+
 def default_job_name(args: dict[str, Any]) -> str:
     """The job's name when it gives none: the job file's name, as sbatch names it
     (``sbatch`` for a script read from standard input)."""
@@ -243,6 +272,48 @@ class JobViews:
         return view
 
 
+#: ``job.list``'s page: LIST_LIMIT jobs unless the request says ``limit``, at most
+#: LIST_LIMIT_MAX (a page of 10,000 jobs was a 10 MB answer built in up to 1.5 s on the
+#: event loop). The Python clients follow ``next_cursor`` and show every job.
+LIST_LIMIT = 1000
+LIST_LIMIT_MAX = 5000
+#: Jobs looked at between two yields to the event loop while a page is made.
+LIST_CHUNK = 500
+
+
+def list_cursor(job: dict[str, Any]) -> str:
+    """The ``next_cursor`` after ``job``: its submission time and id (the listing's order).
+
+    >>> list_cursor({"submit_time": 1700000000.25, "job_id": "113_2"})
+    '1700000000.25/113_2'
+    """
+    return f"{float(job.get('submit_time') or 0.0)!r}/{job['job_id']}"
+
+
+def parse_list_cursor(cursor: str | None) -> tuple[float, tuple[tuple[int, int | str], ...]] | None:
+    """The listing key a ``cursor`` names (None for none); ValidationError for a cursor
+    ``job.list`` did not give (not echoed back).
+
+    >>> parse_list_cursor("1700000000.25/113_2")
+    (1700000000.25, ((0, 113), (1, '_'), (0, 2)))
+    """
+    if cursor is None:
+        return None
+    when, _, job_id = cursor.partition("/")
+    try:
+        t = float(when)
+    except ValueError:
+        t = math.nan
+    if not job_id or len(cursor) > 200 or not math.isfinite(t):
+        raise ValidationError(
+            "cursor is not one that job.list gave (it is its answer's next_cursor); list again without it"
+        )
+    return t, natural_key(job_id)
+
+
+#: How a job of another tenant's is named to a tenant (pending reasons, ``nodes``).
+OTHER_TENANTS_JOB = "another tenant's job"
+
 #: Where a pending reason names other jobs: "reserved for job 17", "once jobs 4, 5 end".
 _NAMED_JOBS = re.compile(r"\b(for|once) (jobs?) ([\w]+(?:, [\w]+)*(?: \.\.\.)?)")
 
@@ -265,7 +336,7 @@ def private_reason(message: str, uid: int | None, job: Callable[[str], dict[str,
         ids = m.group(3).removesuffix(" ...").split(", ")
         if not m.group(3).endswith("...") and all((job(i) or {}).get("uid") == uid for i in ids):
             return m.group(0)
-        hidden = "other tenants' jobs" if m.group(2) == "jobs" else "another tenant's job"
+        hidden = "other tenants' jobs" if m.group(2) == "jobs" else OTHER_TENANTS_JOB
         return f"{m.group(1)} {hidden}"
 
     return _NAMED_JOBS.sub(one, message)
@@ -545,6 +616,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
             raise ValidationError("workdir must be an absolute path of at most 4096 characters")
         brands = set(KNOWN_BRANDS) | {p.brand for p in o.gpu_probes}
         options = submit_options(args)
+        script_args = submit_script_args(args)
         try:
             spec = await parse_off_loop(
                 parse_job_file,
@@ -580,6 +652,10 @@ def register(d: Dispatcher, host: JobHost) -> None:
         tasks = expand_array(spec) if spec.array else None
         # The exported environment is kept in the job's record, counted with its script.
         size += sum(len(k) + len(v) + 2 for k, v in submitted.get("env", {}).items())
+        if script_args:
+            # `sbatch job.sh A B`: the script runs with them as $1, $2 (kept with the job).
+            submitted["args"] = script_args
+            size += sum(len(a.encode("utf-8")) + 1 for a in script_args)
         first = known(keyed)  # committed while this one was parsed
         if first is not None:
             return first
@@ -622,26 +698,48 @@ def register(d: Dispatcher, host: JobHost) -> None:
             "wait": spec.wait,
         }
 
-    def list_(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
-        """Jobs: your active ones, or with all=true your finished ones too (admins: everyone's)."""
+    async def list_(caller: Caller, args: dict[str, Any]) -> Page:
+        """Jobs: your active ones, or with all=true your finished ones too (admins:
+        everyone's), in pages of ``limit`` (LIST_LIMIT unless given, LIST_LIMIT_MAX at
+        most) in submission order; ``cursor`` (an answer's ``next_cursor``) asks for the
+        page after it."""
         show_all = arg(args, "all", bool, False)
         user = arg(args, "user", str, None)
-        out = []
-        users: dict[tuple[str, int], JobUser] = {}
-        for j in host.jobs.all() if show_all else host.jobs.active():
+        limit = arg(args, "limit", int, LIST_LIMIT)
+        if not 1 <= limit <= LIST_LIMIT_MAX:
+            raise ValidationError(
+                f"limit must be 1 to {LIST_LIMIT_MAX}; follow next_cursor for the jobs after a page"
+            )
+        after = parse_list_cursor(arg(args, "cursor", str, None))
+        records = host.jobs.all() if show_all else host.jobs.active()  # a list of its own
+        keyed = []
+        for i, j in enumerate(records):
+            if i % LIST_CHUNK == LIST_CHUNK - 1:
+                await asyncio.sleep(0)  # other tenants' requests and logins between chunks
             if not _own(caller, j) or (user and j["user"] != user):
                 continue
             if not show_all and j["state"] in FINAL_STATES:
                 continue
+            # Ids in natural order within a submission: task 113_2 before 113_10.
+            key = (j.get("submit_time") or 0.0, natural_key(j["job_id"]))
+            if after is None or key > after:
+                keyed.append((key, j))
+        page = heapq.nsmallest(limit + 1, keyed, key=operator.itemgetter(0))
+        more = len(page) > limit
+        del page[limit:]
+        out = []
+        users: dict[tuple[str, int], JobUser] = {}
+        for i, (_key, j) in enumerate(page):
+            if i % LIST_CHUNK == LIST_CHUNK - 1:
+                await asyncio.sleep(0)
             who = (j["user"], j["uid"])
             if who not in users:
                 users[who] = host.job_user(*who)
             view = job_views.view(j, host.scheduler, users[who])
             view["cluster"] = host.options.cluster_name
             out.append(view)
-        # Ids in natural order within a submission: task 113_2 before 113_10.
-        out.sort(key=lambda v: (v["submit_time"], natural_key(v["job_id"])))
-        return out
+        last = page[-1][1] if page else None
+        return Page(out, list_cursor(last) if more and last is not None else None)
 
     def show(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """One job; an array's id shows its tasks."""
@@ -719,13 +817,16 @@ def register(d: Dispatcher, host: JobHost) -> None:
         return r
 
     def nodes(caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU."""
+        """Every member's GPUs, VRAM, CPUs and RAM, with the jobs holding each GPU: a
+        tenant's own by id, another tenant's as "another tenant's job" (admins see
+        every id), as pending reasons name them (:func:`private_reason`)."""
         held: dict[str, dict[int, list[str]]] = {}
         for j in host.jobs.active():
             rec = host.jobs.typed(j)
+            shown = rec.job_id if caller.admin or rec.user == caller.name else OTHER_TENANTS_JOB
             for m in rec.members:
                 for i in m.gpu_indices:
-                    held.setdefault(m.node, {}).setdefault(i, []).append(rec.job_id)
+                    held.setdefault(m.node, {}).setdefault(i, []).append(shown)
         out = []
         drains = host.scheduler.drains
         for name, inv in sorted(host.scheduler.nodes.items()):

@@ -485,6 +485,7 @@ typedef struct {
     buf_t test_only; /* result.test_only: when and where a --test-only job would start */
     int wait;        /* result.wait: #SBATCH --wait (the Python mt-job waits) */
     int keep_result; /* list: keep the text of "result" instead of reading it */
+    int more;        /* "next_cursor": the list has more pages (the Python mt-job reads them) */
     const char *result, *result_end;
 } answer_t;
 
@@ -570,6 +571,10 @@ static int answer_member(scan_t *s, const char *key, void *ctx) {
     }
     if (strcmp(key, "notice") == 0 && s->p < s->end && *s->p == '"')
         return str(s, &a->notice);
+    if (strcmp(key, "next_cursor") == 0) {
+        a->more = !lit(s, "null");
+        return !a->more || value(s, 1);
+    }
     if (strcmp(key, "result") == 0 && a->keep_result) {
         a->result = s->p;
         if (!value(s, 1))
@@ -852,8 +857,8 @@ static int list_json(int all) {
     answer_t a = {.ok = -1, .keep_result = 1};
     scan_t s = {ans.p, nl};
     ws(&s);
-    if (!object(&s, 0, answer_member, &a) || a.ok != 1 || a.result == NULL)
-        exec_python();
+    if (!object(&s, 0, answer_member, &a) || a.ok != 1 || a.result == NULL || a.more)
+        exec_python(); /* more than one page: the Python mt-job follows the cursor */
     if (a.notice.p)
         fprintf(stderr, "mtgpu: warning: %s\n", a.notice.p);
     buf_t out = {0};
@@ -886,7 +891,9 @@ int main(int argc, char **argv) {
     const char *file = NULL;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--parsable") == 0)
+        if (file != NULL)
+            exec_python(); /* the script's arguments ($1...), which the Python mt-job sends */
+        else if (strcmp(a, "--parsable") == 0)
             parsable = 1;
         else if ((strcmp(a, "-") == 0 || a[0] != '-') && file == NULL)
             file = a;

@@ -105,7 +105,9 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         elif args.file == "-":
             # Bytes, decoded strictly: a byte that is not UTF-8 is named, not smuggled on.
             script = decode_job_file(sys.stdin.buffer.read())
-            workdir = ""  # the daemon uses the tenant's home, as for `ssh host mt-job submit -`
+            # mt-job: the daemon uses the tenant's home, as for `ssh host mt-job submit -`;
+            # sbatch: where it was run, as Slurm's.
+            workdir = getattr(args, "stdin_workdir", "")
         else:
             try:
                 with open(args.file, "rb") as f:
@@ -117,6 +119,10 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
             script = decode_job_file(data, args.file).replace("\r\n", "\n").replace("\r", "\n")
             workdir = os.getcwd()
         check_local_script_size(len(script.encode("utf-8")))
+        script_args = list(getattr(args, "script_args", None) or [])
+        for n, a in enumerate(script_args, 1):
+            if not _utf8(a):
+                raise JobError(f"the script's argument ${n} is not UTF-8 text")
         session = submitting_session()
     except JobError as exc:
         print(f"mt-job: {exc}", file=sys.stderr)
@@ -129,6 +135,7 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         workdir=workdir,
         options=sbatch.argv_of(args),
         file_name=os.path.basename(args.file),
+        **({"args": script_args} if script_args else {}),
         **session,
     )
     for w in r.get("warnings", []):
@@ -143,8 +150,10 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
     elif args.parsable:
         print(r["job_id"])
     else:
-        extra = f" ({r['tasks']} array tasks)" if r["tasks"] > 1 else ""
-        print(f"{getattr(args, 'banner', 'Submitted job')} {r['job_id']}{extra}")
+        banner = getattr(args, "banner", None)
+        # sbatch prints Slurm's line exactly, with no count of an array's tasks.
+        extra = f" ({r['tasks']} array tasks)" if r["tasks"] > 1 and banner is None else ""
+        print(f"{banner or 'Submitted job'} {r['job_id']}{extra}")
     if r.get("wait"):
         sys.stdout.flush()
         return wait_for_job(api, r["job_id"])
@@ -280,7 +289,7 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
             return 2
     finished = args.all or bool(states and states - {PENDING, RUNNING})
     # A read: retried through an election as a submission is (nothing is changed).
-    jobs = _retrying(lambda: api.call("job.list", all=finished or None, user=args.user))
+    jobs = _retrying(lambda: api.call_all("job.list", all=finished or None, user=args.user))
     if states is not None:
         jobs = [j for j in jobs if j["state"] in states]
     if args.json:
@@ -465,7 +474,11 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
         if v is not None
     }
     overrides["name"] = args.name or "interactive"
-    r = submit_once(api, script=ALLOC_SCRIPT, overrides=overrides, workdir="")
+    options = []
+    exclusive = getattr(args, "exclusive", None)  # srun --pty has no --exclusive
+    if exclusive is not None:
+        options.append(f"--exclusive={exclusive}" if exclusive else "--exclusive")
+    r = submit_once(api, script=ALLOC_SCRIPT, overrides=overrides, workdir="", options=options)
     jid = r["job_id"]
     print(f"mt-job: pending job allocation {jid}", file=sys.stderr)
     try:
@@ -588,17 +601,85 @@ def add_submit_arguments(s: argparse.ArgumentParser) -> None:
             help=f"#MTGPU {k}=VALUE",
         )
     s.add_argument("file", help="the job file, or - for standard input")
+    s.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARG",
+        help="arguments of the job script ($1 ...); options after the job file are the script's",
+    )
 
 
-def submit_argv(argv: list[str]) -> list[str]:
+def split_options(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` split where ``parser``'s options end, as sbatch and salloc read their
+    command lines: at the first word that is neither an option nor an option's value
+    (the job file, or salloc's command), or after ``--``. The options come back as
+    ``parser`` must read them: one whose value is optional (``--exclusive[=user]``)
+    takes a value only when attached, so ``--exclusive job.sh`` keeps its file.
+
+    >>> p = subcommand(build_parser(), "submit")
+    >>> split_options(p, ["-J", "x", "--exclusive", "-k", "job.sh", "200", "--gpus=1"])
+    (['-J', 'x', '--exclusive=', '--no-kill='], ['job.sh', '200', '--gpus=1'])
+    """
+    actions: dict[str, argparse.Action] = {}
+    for a in parser._actions:
+        for name in a.option_strings:
+            actions[name] = a
+    longs = [n for n in actions if n.startswith("--")]
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if word == "--":
+            return out, argv[i:]
+        if word == "-" or not word.startswith("-"):
+            return out, argv[i - 1 :]
+        if word.startswith("--"):
+            name, eq, _ = word.partition("=")
+            hits = [n for n in longs if n.startswith(name)]
+            action = actions.get(name) or (actions[hits[0]] if len(hits) == 1 else None)
+            attached = bool(eq)
+        else:
+            name = word[:2]
+            action = actions.get(name)
+            attached = len(word) > 2
+        if action is None or action.nargs == 0 or attached:
+            out.append(word)
+        elif action.nargs == "?":
+            out.append(f"{_long(action)}=")
+        else:
+            out.append(word)
+            if i < len(argv):
+                out.append(argv[i])
+                i += 1
+    return out, []
+
+
+def _long(action: argparse.Action) -> str:
+    """An option's first long name (its short one if it has none)."""
+    return next((n for n in action.option_strings if n.startswith("--")), action.option_strings[0])
+
+
+def subcommand(root: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of ``mt-job``'s subcommand ``name``."""
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = sub.choices[name]
+    return parser
+
+
+def submit_argv(argv: list[str], root: argparse.ArgumentParser | None = None) -> list[str]:
     """``submit``'s words as its parser reads them: ``--requeue=yes|no`` (the ``#MTGPU
-    requeue`` form) as sbatch's flags, and optional values attached, as in sbatch."""
-    if argv[:1] != ["submit"] and "submit" not in argv[:3]:
+    requeue`` form) as sbatch's flags, optional values attached, as in sbatch, and
+    what follows the job file kept for the script (``$1``...) after ``--``; ``alloc``'s
+    the same way, up to its command."""
+    at = 2 if argv[:1] == ["--config"] else 1 if argv[:1] and argv[0].startswith("--config=") else 0
+    cmd = argv[at] if at < len(argv) and argv[at] in ("submit", "alloc") else None
+    if cmd is None:
         return argv
-    from mtgpu.schedd import sbatch
-
-    table = {"--requeue=yes": "--requeue", "--requeue=no": "--no-requeue"}
-    return sbatch.normalize_argv([table.get(a, a) for a in argv])
+    at += 1
+    table = {"--requeue=yes": "--requeue", "--requeue=no": "--no-requeue"} if cmd == "submit" else {}
+    opts, rest = split_options(subcommand(root or build_parser(), cmd), argv[at:])
+    return [*argv[:at], *(table.get(a, a) for a in opts), *(["--", *rest] if rest else [])]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -667,6 +748,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu-mode", dest="gpu_mode", help="exclusive, shared or overcommit")
     ap.add_argument("--job-name", "-J", "--name", dest="name", help="the job's name (interactive)")
     ap.add_argument("--server", "-w", "--nodelist", dest="server", help="the member to run on")
+    ap.add_argument(
+        "--exclusive",
+        nargs="?",
+        const="",
+        metavar="user|mcs",
+        help="whole members, shared with no other job (a value only as --exclusive=VALUE, refused)",
+    )
     ap.add_argument("--window", action="store_true", help="open the shell in a new tmux window")
     ap.add_argument("--join", metavar="JOB_ID", help=argparse.SUPPRESS)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="what to run instead of your shell (after --)")
@@ -692,7 +780,8 @@ EXAMPLES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(submit_argv(sys.argv[1:] if argv is None else argv))
+    root = build_parser()
+    args = root.parse_args(submit_argv(sys.argv[1:] if argv is None else argv, root))
     if args.cmd == "alloc":
         alloc_args(args)
     return main_with(args, "mt-job")

@@ -92,6 +92,7 @@ def launch_for(
         job_id=job.job_id,
         user=user,
         script=spec.script,
+        script_args=tuple(submitted.get("args", ())),
         workdir=job.workdir,
         name=job.name,
         array_task_id=job.array_task,

@@ -161,6 +161,8 @@ class JobLaunch:
     ntasks: int | None = None
     ntasks_per_node: int | None = None
     cpus_per_task: int | None = None
+    #: The script's arguments (``sbatch job.sh A B``: ``$1``, ``$2``), given in its argv.
+    script_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not JOB_ID_RE.match(self.job_id):
@@ -184,7 +186,15 @@ class JobLaunch:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["user"] = JobUser(**{**d["user"], "groups": tuple(d["user"].get("groups", ()))})
-        for name in ("gpu_indices", "device_nodes", "cpus", "nodelist", "container_argv", "array_shape"):
+        for name in (
+            "gpu_indices",
+            "device_nodes",
+            "cpus",
+            "nodelist",
+            "container_argv",
+            "array_shape",
+            "script_args",
+        ):
             if kw.get(name) is not None:
                 kw[name] = tuple(kw[name])
         return cls(**kw)
@@ -521,7 +531,8 @@ def container_command(launch: JobLaunch, env: Mapping[str, str]) -> list[str]:
 
 
 def job_argv(launch: JobLaunch, script_path: str, default: str = "/bin/bash") -> list[str]:
-    """The argv that runs the job's script, stored at ``script_path``.
+    """The argv that runs the job's script, stored at ``script_path``, with the
+    script's arguments after it (as words of the argv, never through a shell).
 
     A ``#!`` line picks the interpreter, as ``sbatch`` does; otherwise bash runs it,
     since job files are written for Slurm's shell. The interpreter and at most one
@@ -530,12 +541,12 @@ def job_argv(launch: JobLaunch, script_path: str, default: str = "/bin/bash") ->
     >>> u = JobUser("ann", 2000, 2000, "/home/ann")
     >>> job_argv(JobLaunch("7", u, "#!/usr/bin/env python3\\nprint(1)", "/"), "/s")
     ['/usr/bin/env', 'python3', '/s']
-    >>> job_argv(JobLaunch("7", u, "echo hi", "/"), "/s")
-    ['/bin/bash', '/s']
+    >>> job_argv(JobLaunch("7", u, "echo hi", "/", script_args=("200", "a b")), "/s")
+    ['/bin/bash', '/s', '200', 'a b']
     """
     first = launch.script.split("\n", 1)[0]
     if first.startswith("#!"):
         parts = first[2:].strip().split(None, 1)
         if parts:
-            return [*parts, script_path]
-    return [default, script_path]
+            return [*parts, script_path, *launch.script_args]
+    return [default, script_path, *launch.script_args]

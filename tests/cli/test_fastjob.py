@@ -116,6 +116,27 @@ def test_alloc_through_the_fast_client_is_the_python_one(make_host, fast_binary)
         assert shown["name"] == "interactive"
 
 
+def test_a_script_with_arguments_is_handed_to_the_python_client(make_host, fast_binary):
+    """Words after the job file are the script's ($1...), even one that looks like the
+    fast path's own --parsable: the C client hands them to the Python mt-job."""
+    host = make_host({"SIMULATED_CPUS": 2})
+    key = host.add_user("ada")
+    script = b'#!/bin/bash\n#MTGPU ram=10M\nprintf "[%s]" "$@"; echo\n'
+    assert host.ssh("ada", key, "cat > args.sh", input=script).returncode == 0
+    r = host.ssh("ada", key, f"{fast_binary} submit args.sh --parsable")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().startswith("Submitted job ")
+    jid = r.stdout.decode().split()[2]
+    py = Path(sys.executable).parent / "mt-job"
+
+    def ended():
+        j = json.loads(host.ssh("ada", key, f"{py} show {jid} --json").stdout)
+        return j["state"] in ("COMPLETED", "FAILED") and j
+
+    assert wait_for(ended, 60, "the job to end")["state"] == "COMPLETED"
+    assert host.ssh("ada", key, f"{py} logs {jid}").stdout == b"[--parsable]\n"
+
+
 def test_cancel_says_what_it_ended_in_both_clients(make_host, fast_binary):
     """The same cancel through the fast client (which hands it to the Python mt-job)
     and the Python one: a running job's cancel ends it and says so, exit 0; a second

@@ -4,6 +4,7 @@ exit codes, srun steps inside a job, and a hostile tenant."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -290,3 +291,75 @@ def test_exclusive_holds_the_member_whole_and_only_while_its_job_runs(host) -> N
             lambda who=who, jid=jid: show(host, who, jid)["state"] == "RUNNING", 60, f"{who}'s job to run"
         )
         run(host, who, "scancel", jid)
+
+
+def logs(host, user, jid):
+    rc, out, err = run(host, user, "mt-job", "logs", jid)
+    assert rc == 0, err
+    return out
+
+
+def test_sbatch_gives_the_script_its_arguments_reads_stdin_and_prints_slurms_line(host) -> None:
+    script = '#!/bin/bash\n#MTGPU ram=64M\nprintf "[%s]" "$@"; echo\n'
+    rc, _, err = run(host, "sam", "sh", "-c", "cat > args.sh", input=script.encode())
+    assert rc == 0, err
+    # Options stop at the script: what follows is its $1..., passed as words, no shell.
+    rc, out, err = run(
+        host, "sam", "sbatch", "--nice", "--parsable", "args.sh", "200", "a b", "--gpus=1", "$HOME"
+    )
+    assert rc == 0, err
+    jid = out.strip()
+    assert wait_end(host, "sam", jid)["state"] == "COMPLETED"
+    assert logs(host, "sam", jid) == "[200][a b][--gpus=1][$HOME]\n"
+    rc, out, err = run(host, "sam", "mt-job", "submit", "--parsable", "args.sh", "x;y")
+    assert rc == 0, err
+    assert wait_end(host, "sam", out.strip())["state"] == "COMPLETED"
+    assert logs(host, "sam", out.strip()) == "[x;y]\n"
+    # No script named and standard input not a terminal: the script is read from it.
+    rc, out, err = run(host, "sam", "sbatch", input=b"#!/bin/sh\n#MTGPU ram=64M\necho from-stdin\n")
+    assert rc == 0 and out.startswith("Submitted batch job "), err
+    jid = out.split()[-1]
+    assert wait_end(host, "sam", jid)["state"] == "COMPLETED"
+    assert logs(host, "sam", jid) == "from-stdin\n"
+    # An array's line is Slurm's, exactly; mt-job keeps its count of tasks.
+    rc, out, err = run(host, "sam", "sbatch", "--array=0-2", "args.sh", "t")
+    assert rc == 0 and re.fullmatch(r"Submitted batch job \d+\n", out), (out, err)
+    arr = out.split()[-1]
+    assert len(show(host, "sam", arr)["tasks"]) == 3
+    rc, out, err = run(host, "sam", "mt-job", "submit", "--array=0-1", "args.sh")
+    assert rc == 0 and re.fullmatch(r"Submitted job \d+ \(2 array tasks\)\n", out), (out, err)
+    for t in (f"{arr}_0", f"{out.split()[2]}_1"):
+        assert wait_end(host, "sam", t)["state"] == "COMPLETED"
+    assert logs(host, "sam", f"{arr}_2") == "[t]\n"
+
+
+def test_scontrol_show_hostnames_in_a_job_and_of_a_list(host) -> None:
+    script = (
+        "#!/bin/bash\n#MTGPU ram=64M\n"
+        "scontrol show hostnames $SLURM_JOB_NODELIST\n"
+        "scontrol show hostnames\n"
+        'MASTER_ADDR=$(scontrol show hostnames | head -n 1); echo "master=$MASTER_ADDR"\n'
+    )
+    jid = sbatch(host, "sam", script)
+    assert wait_end(host, "sam", jid)["state"] == "COMPLETED"
+    assert logs(host, "sam", jid) == "testhost\ntesthost\nmaster=testhost\n"
+    rc, out, err = run(host, "sam", "scontrol", "show", "hostnames", "node[01-03,07],gpu1")
+    assert rc == 0 and out.split() == ["node01", "node02", "node03", "node07", "gpu1"], err
+    rc, out, err = run(host, "sam", "scontrol", "show", "hostlist", "node01,node02,gpu1")
+    assert rc == 0 and out == "node[01-02],gpu1\n", err
+    rc, out, err = run(host, "sam", "scontrol", "show", "hostnames", "node[1-")
+    assert rc == 1 and out == "" and err.count("\n") == 1 and "node[1-" in err
+
+
+def test_scancel_cancels_a_range_of_array_tasks(host) -> None:
+    jid = sbatch(host, "sam", "#!/bin/bash\n#SBATCH --array=0-3\n#MTGPU ram=64M\nsleep 300\n")
+    rc, out, err = run(host, "sam", "scancel", f"{jid}_[1-2]")
+    assert rc == 0, err
+    assert [wait_end(host, "sam", f"{jid}_{i}")["state"] for i in (1, 2)] == ["CANCELLED"] * 2
+    assert all(show(host, "sam", f"{jid}_{i}")["state"] in ("PENDING", "RUNNING") for i in (0, 3))
+    rc, out, err = run(host, "sam", "scancel", f"{jid}_[3")
+    assert rc == 1 and err.count("\n") == 1 and "Invalid job id" in err
+    assert show(host, "sam", f"{jid}_3")["state"] in ("PENDING", "RUNNING")
+    rc, out, err = run(host, "sam", "scancel", f"{jid}_[0,3]")
+    assert rc == 0, err
+    assert [wait_end(host, "sam", f"{jid}_{i}")["state"] for i in (0, 3)] == ["CANCELLED"] * 2

@@ -202,3 +202,50 @@ def test_an_array_tasks_numeric_id_is_slurms_raw_id_and_names_the_task() -> None
 def test_scontrol_says_whether_a_job_holds_its_members_whole() -> None:
     assert "OverSubscribe=NO" in formats.scontrol_job({**view("12", "RUNNING"), "exclusive": True}, NOW)
     assert "OverSubscribe=OK" in formats.scontrol_job(view("12", "RUNNING"), NOW)
+
+
+def test_host_lists_expand_as_slurms_and_a_bad_one_is_named() -> None:
+    assert formats.expand_hostlist("node[01-03,07],gpu1") == ["node01", "node02", "node03", "node07", "gpu1"]
+    assert formats.expand_hostlist("n[9-11]") == ["n9", "n10", "n11"]
+    assert formats.expand_hostlist("r[1-2]n[08-09] solo") == ["r1n08", "r1n09", "r2n08", "r2n09", "solo"]
+    assert formats.compress_hostlist(formats.expand_hostlist("gpu01,gpu02,gpu03,login")) == "gpu[01-03],login"
+    for bad in ("node[1-", "node]", "node[3-1]", "node[a]", "node[]", "n[[1]]", "n[0-99999999]"):
+        with pytest.raises(formats.HostlistError):
+            formats.expand_hostlist(bad)
+
+
+def test_scontrol_show_hostnames_and_hostlist_without_a_daemon(monkeypatch, capsys) -> None:
+    from mtgpu.cli.slurm.commands import scontrol_main
+
+    assert scontrol_main(["show", "hostnames", "node[01-03,07],gpu1"]) == 0
+    assert capsys.readouterr().out.split() == ["node01", "node02", "node03", "node07", "gpu1"]
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[02-03]")
+    assert scontrol_main(["show", "hostnames"]) == 0
+    assert capsys.readouterr().out == "gpu02\ngpu03\n"
+    assert scontrol_main(["show", "hostlist", "a1,a2,a3,b"]) == 0
+    assert capsys.readouterr().out == "a[1-3],b\n"
+    assert scontrol_main(["show", "hostnames", "node[1-"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("scontrol: error: invalid host list 'node[1-'")
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    assert scontrol_main(["show", "hostnames"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SLURM_JOB_NODELIST" in err
+
+
+def test_scancel_takes_array_task_ranges_and_names_a_bad_one() -> None:
+    from mtgpu.cli.slurm.commands import MAX_TASK_RANGE, expand_task_ranges, scancel_main
+
+    assert expand_task_ranges(["20_[6-7]", "20_[1,3-4,3]", "21_2", "22"]) == [
+        "20_6",
+        "20_7",
+        "20_1",
+        "20_3",
+        "20_4",
+        "21_2",
+        "22",
+    ]
+    for bad in ("20_[6-", "20_[7-6]", "20_[x]", "20[1]", f"20_[0-{MAX_TASK_RANGE}]"):
+        with pytest.raises(ValueError, match=r"^Invalid job id "):
+            expand_task_ranges([bad])
+    assert scancel_main(["20_[6-"]) == 1  # refused before any daemon is asked

@@ -97,6 +97,8 @@ sbatch train.sh                        Submitted batch job 12
 sbatch --parsable --gpus=1 train.sh    12
 sbatch --wrap="nvidia-smi" --gpus=1    a one-line job without a file
 ssh gpu01 sbatch - < train.sh          the script from standard input
+sbatch < train.sh                      the same (no script named, input not a terminal)
+sbatch sweep.sh 0.1 adam               sweep.sh runs with $1=0.1 $2=adam
 """
 
 
@@ -119,36 +121,45 @@ def sbatch_parser() -> argparse.ArgumentParser:
 
 
 def sbatch_main(argv: list[str] | None = None) -> int:
-    """``sbatch``: ``mt-job submit`` with Slurm's banner, ``--wrap`` and exit codes."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    wrap: str | None = None
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--wrap" and i + 1 < len(argv):
-            wrap, i = argv[i + 1], i + 2
-            continue
-        if a.startswith("--wrap="):
-            wrap = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-        i += 1
-    p = sbatch_parser()
-    if wrap is not None:
-        rest.append("-")
-    try:
-        args = p.parse_args(rest)
-    except SystemExit as exc:
-        return 255 if exc.code == 2 else int(exc.code or 0)
-    args.banner = "Submitted batch job"
-    if wrap is not None:
-        import os
+    """``sbatch``: ``mt-job submit`` with Slurm's banner, ``--wrap`` and exit codes.
 
-        args.script_text = f"#!/bin/sh\n{wrap}\n"
-        args.script_workdir = os.getcwd()
+    As Slurm's, it reads options up to the script; what follows is the script's
+    arguments. With no script (and no ``--wrap``) it reads one from standard input,
+    unless that is a terminal."""
+    import os
+
     from mtgpu.cli import job
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = sbatch_parser()
+    opts, rest = job.split_options(p, argv)
+    try:
+        args = p.parse_args([*opts, "--", *(rest or ["-"])])
+    except SystemExit as exc:
+        return 255 if exc.code == 2 else int(exc.code or 0)
+    # --wrap is sbatch's here, never sent on as an option (mt-job submit refuses it).
+    dest = next(a.dest for a in p._actions if "--wrap" in a.option_strings)
+    wrap = getattr(args, dest)
+    setattr(args, dest, None)
+    if wrap is not None:
+        if rest:
+            print("sbatch: error: Script arguments not permitted with --wrap option", file=sys.stderr)
+            return 1
+        args.script_text = f"#!/bin/sh\n{wrap}\n"
+        args.script_workdir = os.getcwd()
+    elif not rest and (sys.stdin is None or sys.stdin.isatty()):
+        print(
+            "sbatch: error: no batch script: name a file (- for standard input), pipe one in, or use --wrap",
+            file=sys.stderr,
+        )
+        return 1
+    if args.file == "-":
+        # As Slurm's: a script from standard input runs where sbatch was run.
+        try:
+            args.stdin_workdir = os.getcwd()
+        except OSError:
+            pass
+    args.banner = "Submitted batch job"
     return job.main_with(args, "sbatch")
 
 
@@ -237,7 +248,7 @@ def squeue_main(argv: list[str] | None = None) -> int:
 
     def body(api: Any) -> int:
         finished = bool(ids) or bool(states and states - {PENDING, RUNNING})
-        jobs = api.call("job.list", all=finished or None)
+        jobs = api.call_all("job.list", all=finished or None)
         now = time.time()
         who = None if args.me else args.user
         if args.me:
@@ -271,6 +282,7 @@ def squeue_main(argv: list[str] | None = None) -> int:
 SCANCEL_EXAMPLES = """\
 scancel 12               cancel job 12 (an array's id cancels every task)
 scancel 12_3             one array task
+scancel 12_[3-5,8]       array tasks 3, 4, 5 and 8
 scancel -u $USER -t PD   every pending job of yours
 scancel -n train         your jobs named train
 """
@@ -280,7 +292,10 @@ def scancel_parser() -> argparse.ArgumentParser:
     p = SlurmParser(prog="scancel", description="Cancel MTGPU jobs, as Slurm's scancel does.")
     _config(p)
     p.add_argument(
-        "job_ids", nargs="*", metavar="JOBID", help="jobs to cancel (ID, ID_TASK or an array's ID)"
+        "job_ids",
+        nargs="*",
+        metavar="JOBID",
+        help="jobs to cancel (ID, ID_TASK, ID_[A-B,C] or an array's ID)",
     )
     p.add_argument("-u", "--user", help="every job of this user (yours, unless you are an admin)")
     p.add_argument("--me", action="store_true", help="every job of yours")
@@ -292,8 +307,47 @@ def scancel_parser() -> argparse.ArgumentParser:
     return with_examples(p, {"": SCANCEL_EXAMPLES})
 
 
+#: The most array tasks one ``ID_[...]`` may name (the daemon's MAX_CANCEL_IDS).
+MAX_TASK_RANGE = 10_000
+
+
+def expand_task_ranges(job_ids: list[str]) -> list[str]:
+    """Job ids with each ``ID_[A-B,C]`` as its array tasks' ids (``ID_A`` ...), as
+    scancel takes them; other ids unchanged. Raises ValueError naming a bad one.
+
+    >>> expand_task_ranges(["20_[6-7,9]", "21_3", "22"])
+    ['20_6', '20_7', '20_9', '21_3', '22']
+    """
+    import re
+
+    out: list[str] = []
+    for jid in job_ids:
+        if "[" not in jid and "]" not in jid:
+            out.append(jid)
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9.-]+)_\[([^\]]*)\]", jid)
+        if not m:
+            raise ValueError(f"Invalid job id {jid}: an array's tasks are ID_[A-B,C], such as 20_[6-7]")
+        tasks: list[int] = []
+        for part in m.group(2).split(","):
+            r = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+            if not r or int(r.group(2) or r.group(1)) < int(r.group(1)):
+                raise ValueError(f"Invalid job id {jid}: {part!r} is not a task index or a range A-B")
+            lo, hi = int(r.group(1)), int(r.group(2) or r.group(1))
+            if hi - lo + 1 + len(tasks) > MAX_TASK_RANGE:
+                raise ValueError(f"Invalid job id {jid}: more than {MAX_TASK_RANGE} array tasks")
+            tasks += range(lo, hi + 1)
+        out += [f"{m.group(1)}_{t}" for t in dict.fromkeys(tasks)]
+    return out
+
+
 def scancel_main(argv: list[str] | None = None) -> int:
     args = scancel_parser().parse_args(argv)
+    try:
+        args.job_ids = expand_task_ranges(args.job_ids)
+    except ValueError as exc:
+        print(f"scancel: error: {exc}", file=sys.stderr)
+        return 1
     if args.signal and args.signal.upper().removeprefix("SIG") not in ("KILL", "TERM", "9", "15"):
         print(
             f"scancel: error: --signal={args.signal}: MTGPU ends jobs (TERM, then KILL) but does not "
@@ -313,7 +367,7 @@ def scancel_main(argv: list[str] | None = None) -> int:
     def body(api: Any) -> int:
         ids = list(args.job_ids)
         if not ids or args.state or args.name or args.user or args.me:
-            jobs = api.call("job.list")
+            jobs = api.call_all("job.list")
             user = args.user
             if args.me:
                 import os
@@ -398,6 +452,9 @@ scontrol show job 12        one job (an array's id shows each task)
 scontrol show job           every job of yours
 scontrol -o show node gpu01 one member, on one line
 scontrol --json show job 12
+scontrol show hostnames     the job's members, one a line (from $SLURM_JOB_NODELIST)
+scontrol show hostnames gpu[01-03]  gpu01, gpu02 and gpu03, one a line
+scontrol show hostlist gpu01,gpu02  gpu[01-02]
 """
 
 
@@ -407,9 +464,40 @@ def scontrol_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--oneliner", action="store_true", help="one line per record")
     p.add_argument("--json", action="store_true", help="JSON")
     p.add_argument("verb", help="show (the only verb MTGPU has)")
-    p.add_argument("entity", help="job or node")
-    p.add_argument("name", nargs="?", help="a job id or member name (default: all)")
+    p.add_argument("entity", help="job, node, hostnames or hostlist")
+    p.add_argument(
+        "name",
+        nargs="?",
+        help="a job id or member name (default: all); a host list (default: $SLURM_JOB_NODELIST)",
+    )
     return with_examples(p, {"": SCONTROL_EXAMPLES})
+
+
+def show_hostlist(entity: str, text: str | None) -> int:
+    """``scontrol show hostnames [LIST]`` (one name a line) and ``show hostlist
+    [LIST]`` (compressed), of LIST or else $SLURM_JOB_NODELIST; no daemon is asked."""
+    import os
+
+    if text is None:
+        text = os.environ.get("SLURM_JOB_NODELIST", "")
+        if not text:
+            print(
+                f"scontrol: error: show {entity}: name a host list, or run it in a job "
+                "(SLURM_JOB_NODELIST is not set)",
+                file=sys.stderr,
+            )
+            return 1
+    try:
+        names = formats.expand_hostlist(text)
+    except formats.HostlistError as exc:
+        print(f"scontrol: error: invalid host list {exc}", file=sys.stderr)
+        return 1
+    if entity == "hostlist":
+        print(formats.compress_hostlist(names))
+    else:
+        for n in names:
+            print(n)
+    return 0
 
 
 def scontrol_main(argv: list[str] | None = None) -> int:
@@ -421,9 +509,14 @@ def scontrol_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.entity.lower() in ("hostnames", "hostlist"):
+        return show_hostlist(args.entity.lower(), args.name)
     entity = args.entity.lower().rstrip("s")
     if entity not in ("job", "node"):
-        print(f"scontrol: error: invalid entity: {args.entity} (MTGPU shows job or node)", file=sys.stderr)
+        print(
+            f"scontrol: error: invalid entity: {args.entity} (MTGPU shows job, node, hostnames or hostlist)",
+            file=sys.stderr,
+        )
         return 1
 
     def body(api: Any) -> int:
@@ -441,7 +534,7 @@ def scontrol_main(argv: list[str] | None = None) -> int:
                     return 1
                 views = j["tasks"] if j.get("array") else [j]
             else:
-                views = formats.sort_jobs(api.call("job.list"))
+                views = formats.sort_jobs(api.call_all("job.list"))
             if args.json:
                 _print_json(
                     {"meta": _meta(), "errors": [], "jobs": [formats.slurm_job_json(v, now) for v in views]}
@@ -502,8 +595,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def salloc_main(argv: list[str] | None = None) -> int:
     """``salloc``: ``mt-job alloc`` under Slurm's name."""
-    args = salloc_parser().parse_args(argv)
     from mtgpu.cli import job
+
+    p = salloc_parser()
+    opts, rest = job.split_options(p, list(sys.argv[1:] if argv is None else argv))
+    args = p.parse_args([*opts, *(["--", *rest] if rest else [])])
 
     job.alloc_args(args)
     args.cmd = "alloc"

@@ -303,6 +303,70 @@ def compress_hostlist(names: Iterable[str]) -> str:
     return ",".join(out)
 
 
+#: The most host names a host list may expand to (``node[1-1000000000]`` is a typo).
+MAX_HOSTS = 65536
+
+
+class HostlistError(ValueError):
+    """A host list that is not Slurm's syntax, said in one line."""
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm host list as its host names, in order, as ``scontrol show hostnames``
+    prints them: each ``[a-b,c]`` gives its numbers at ``a``'s width (zero-padded), and
+    several brackets in one name give every combination. Raises :class:`HostlistError`.
+
+    >>> expand_hostlist("node[01-03,07],gpu1")
+    ['node01', 'node02', 'node03', 'node07', 'gpu1']
+    >>> expand_hostlist("r[1-2]n[8-10]")
+    ['r1n8', 'r1n9', 'r1n10', 'r2n8', 'r2n9', 'r2n10']
+    """
+    items: list[str] = []
+    depth, cur = 0, ""
+    for ch in text:
+        if ch == "[":
+            if depth:
+                raise HostlistError(f"{text!r}: a '[' inside brackets")
+            depth = 1
+        elif ch == "]":
+            if not depth:
+                raise HostlistError(f"{text!r}: a ']' without its '['")
+            depth = 0
+        elif not depth and (ch == "," or ch.isspace()):
+            items.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    if depth:
+        raise HostlistError(f"{text!r}: a '[' without its ']'")
+    items.append(cur)
+    out: list[str] = []
+    for item in filter(None, items):
+        names = [""]
+        for literal, bracket, inside in re.findall(r"([^\[]*)(\[([^\]]*)\])?", item):
+            names = [n + literal for n in names]
+            if not bracket:
+                continue
+            numbers: list[str] = []
+            for part in inside.split(","):
+                m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+                if not m:
+                    raise HostlistError(f"{text!r}: {part!r} is not a number or a range such as 01-04")
+                lo, hi = m.group(1), m.group(2) or m.group(1)
+                if int(hi) < int(lo):
+                    raise HostlistError(f"{text!r}: the range {part} goes down")
+                if int(hi) - int(lo) + len(numbers) >= MAX_HOSTS:
+                    raise HostlistError(f"{text!r}: more than {MAX_HOSTS} host names")
+                numbers += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+            if len(names) * len(numbers) + len(out) > MAX_HOSTS:
+                raise HostlistError(f"{text!r}: more than {MAX_HOSTS} host names")
+            names = [n + x for n in names for x in numbers]
+        out += names
+        if len(out) > MAX_HOSTS:
+            raise HostlistError(f"{text!r}: more than {MAX_HOSTS} host names")
+    return out
+
+
 def sinfo_lines(
     nodes: Sequence[dict[str, Any]], node_oriented: bool, fmt: str | None, header: bool
 ) -> list[str]:
