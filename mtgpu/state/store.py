@@ -28,7 +28,7 @@ from pysyncobj.transport import Transport
 from mtgpu.errors import StateError
 from mtgpu.state import syncobj
 from mtgpu.state.durable import DurableSyncObj, durable_replace
-from mtgpu.state.journal import repair_journal
+from mtgpu.state.journal import align_journal_to_dump, repair_journal
 
 log = logging.getLogger("mtgpu.state")
 
@@ -219,6 +219,13 @@ class StateStore:
         conf = make_conf(state_dir, **conf_overrides)
         #: What was cut from a damaged journal at this start, if anything.
         self.repaired = repair_journal(conf.journalFile) if conf.journalFile else None
+        #: Records dropped from a journal that still held what the full dump holds
+        #: (stopped between a compaction's dump and its trim), else None.
+        self.aligned = (
+            align_journal_to_dump(conf.journalFile, conf.fullDumpFile)
+            if conf.journalFile and conf.fullDumpFile
+            else None
+        )
         tclass = transport_factory or LocalTransport
         try:
             # A self node of None makes a read-only member: a full replica that never votes.
