@@ -104,8 +104,13 @@ def register(d: Dispatcher, host: UserHost) -> None:
         }
 
     def version(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-        """The MTGPU version of this daemon."""
-        return {"version": mtgpu.__version__, "server": host.options.server_name}
+        """The MTGPU version of this daemon, and the CLUSTER_MODE it runs in (a reload
+        keeps it: only a restart changes it)."""
+        return {
+            "version": mtgpu.__version__,
+            "server": host.options.server_name,
+            "cluster_mode": host.options.cluster_mode,
+        }
 
     def _name(args: dict[str, Any]) -> str:
         name = arg(args, "name", str)

@@ -171,7 +171,7 @@ def parse_duration(value: object, *, default_unit: str = "s") -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValidationError(
-                f"{value!r} is not a duration; use a finite number with s, m, h or d, such as 7d"
+                f"{value!r} is not a duration; use a finite number with s, m, h, d or w, such as 7d"
             )
         if value >= 0 and (isinstance(value, float) or value <= 10**MAX_DIGITS):
             seconds = float(value) * _DUR_MULT[default_unit]
@@ -181,6 +181,6 @@ def parse_duration(value: object, *, default_unit: str = "s") -> float:
         value,
         seconds,
         MAX_DURATION,
-        "a duration; use a number with s, m, h or d, such as 7d",
+        "a duration; use a number with s, m, h, d or w, such as 7d",
         "longer than the longest duration, 100 years",
     )

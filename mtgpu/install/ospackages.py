@@ -27,6 +27,11 @@ class OsPackage:
     without: str  # what does not work without it
 
 
+#: iproute2 and iptables: optional only where TENANT_NETWORK is shared.
+PRIVATE_NETWORK = (
+    "tenants' logins and jobs under the default TENANT_NETWORK: private (each tenant's own "
+    "network): they are refused, never run in the host's network; TENANT_NETWORK: shared does without"
+)
 OS_PACKAGES = (
     OsPackage("tmux", "tmux", True, "terminals: an interactive ssh login runs in the tenant's tmux"),
     OsPackage("sftp-server", "openssh-sftp-server", True, "sftp, scp and VS Code Remote-SSH"),
@@ -34,8 +39,8 @@ OS_PACKAGES = (
     OsPackage("useradd", "passwd", True, "tenant accounts, created on first login"),
     OsPackage("newuidmap", "uidmap", False, "container workspaces (rootless podman maps subordinate IDs)"),
     OsPackage("podman", "podman", False, "container workspaces (CONTAINERS.enabled)"),
-    OsPackage("ip", "iproute2", False, "each tenant's private network (TENANT_NETWORK: private)"),
-    OsPackage("iptables", "iptables", False, "each tenant's private network (TENANT_NETWORK: private)"),
+    OsPackage("ip", "iproute2", False, PRIVATE_NETWORK),
+    OsPackage("iptables", "iptables", False, PRIVATE_NETWORK),
     # The C fast paths: mt-job's submit and list (fastjob.c) and the job-start
     # helper (jobinit.c). Without them MTGPU works, only slower.
     OsPackage(

@@ -360,6 +360,9 @@ def stage_one(args: argparse.Namespace) -> int:
         argv.append("--code-changed")
     if args.no_start:
         argv.append("--no-start")
+    if args.restart:
+        argv.append("--restart")
+    argv += ["--source-root", str(root)]
     if without:
         argv += ["--without", ",".join(without)]
     argv += ["--log-file", args.log_file]
@@ -436,11 +439,13 @@ def stage_two(args: argparse.Namespace) -> int:
     if unit_changed:
         unit.parent.mkdir(parents=True, exist_ok=True)
         unit.write_text(unit_text)
-    restart = args.code_changed or unit_changed
+    restart = args.code_changed or unit_changed or args.restart
     start_cmd = f"{Path(args.bin_dir) / 'mtgpu-setup'} start --config {config}"
     wsl = wsl_step(options, boot=args.wsl_boot, start_command=start_cmd, config=str(config))
     if wsl is not None and wsl.boot_systemd and not systemd_running():
         _enable_unit_offline(unit)
+    if not args.no_start and not restart:
+        refuse_mode_change(options, config, args)
     if args.no_start:
         say("installed; not started (--no-start)")
     elif systemd_running():
@@ -457,10 +462,8 @@ def stage_two(args: argparse.Namespace) -> int:
             # Only the daemon stops: tenants' tmux servers and each job's supervisor are
             # processes of their own, and the new daemon re-adopts the jobs.
             stop_pid(pid)
-            say(
-                f"stopped mtgpu-server (pid {pid}) to run the new code; tenants' tmux sessions "
-                "and running jobs are kept"
-            )
+            why = "to run the new code" if args.code_changed or unit_changed else "to restart it"
+            say(f"stopped mtgpu-server (pid {pid}) {why}; tenants' tmux sessions and running jobs are kept")
             pid = None
         if pid:
             say(f"mtgpu-server already runs (pid {pid})")
@@ -484,6 +487,60 @@ def stage_two(args: argparse.Namespace) -> int:
         )
     say("next: `mtgpu-admin invite NAME` prints a code for a new user")
     return 0
+
+
+def running_mode(options: Options) -> tuple[int, str] | None:
+    """The running daemon's pid and the CLUSTER_MODE it was started with, as it answers
+    ``version``; None where none runs, it does not answer, or it is older than that
+    answer."""
+    from mtgpu.api.client import ApiClient
+    from mtgpu.errors import MtgpuError
+
+    pid = running_pid(options.run_dir)
+    if not pid:
+        return None
+    api = ApiClient(options.api_socket, timeout=30)
+    try:
+        mode = api.call("version").get("cluster_mode")
+    except MtgpuError:
+        return None
+    finally:
+        api.close()
+    return (pid, mode) if isinstance(mode, str) else None
+
+
+def restart_command(args: argparse.Namespace) -> str:
+    """The command that restarts the daemon on this host: systemd's, or install's
+    ``--restart`` with the options this install was given."""
+    if systemd_running():
+        return "systemctl restart mtgpu"
+    # The installed mtgpu-setup has no source to install from: the clone's or bundle's has.
+    argv = [str(Path(args.source_root or ".") / "bin" / "mtgpu-setup"), "install", "--yes", "--restart"]
+    for opt, value, default in (
+        ("--prefix", args.prefix, PREFIX),
+        ("--config", args.config, CONFIG),
+        ("--bin-dir", args.bin_dir, BIN_DIR),
+        ("--unit-dir", args.unit_dir, UNIT_DIR),
+        ("--log-file", args.log_file, LOG_FILE),
+    ):
+        if value != default:
+            argv += [opt, value]
+    return " ".join(argv)
+
+
+def refuse_mode_change(options: Options, config: Path, args: argparse.Namespace) -> None:
+    """Refuse to leave a running daemon in another CLUSTER_MODE than the file's: only a
+    restart changes the mode, and install restarts only for new code or a new unit."""
+    running = running_mode(options)
+    if running is None or running[1] == options.cluster_mode:
+        return
+    pid, mode = running
+    raise SetupFailed(
+        f"the running mtgpu-server (pid {pid}) is {mode} but {config} now says CLUSTER_MODE: "
+        f"{options.cluster_mode}, and only a restart changes that; everything else is installed. "
+        f"Run `{restart_command(args)}`: only the daemon restarts, tenants' tmux sessions and "
+        "running jobs carry on"
+    )
 
 
 def wsl_step(options: Options, *, boot: str, start_command: str, config: str) -> WslReport | None:
@@ -1074,6 +1131,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(i)
     i.add_argument("--yes", "-y", action="store_true", help="confirm: run unattended")
     i.add_argument("--no-start", action="store_true", help="install but do not start")
+    i.add_argument(
+        "--restart",
+        action="store_true",
+        help="restart the running daemon even if nothing changed (tenants' sessions and jobs are kept)",
+    )
     i.add_argument("--force", action="store_true", help="reinstall the package even if unchanged")
     i.add_argument("--wheelhouse", help="install from this directory of wheels, offline")
     i.add_argument(
@@ -1093,6 +1155,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--wsl-boot", **wsl_boot)
     i.add_argument("--stage2", action="store_true", help=argparse.SUPPRESS)
     i.add_argument("--code-changed", action="store_true", help=argparse.SUPPRESS)
+    i.add_argument("--source-root", help=argparse.SUPPRESS)  # the clone or bundle stage one ran from
     i.add_argument("--without", help=argparse.SUPPRESS)
     b = sub.add_parser(
         "bundle",

@@ -137,6 +137,28 @@ def test_install_is_idempotent_status_and_uninstall_keep_state(tmp):
     ).stdout.split()[1]
     assert fp in st.stdout
 
+    # The file now says cluster, the daemon runs standalone: install refuses in one line
+    # naming the restart, and leaves the daemon alone. --restart is that command.
+    cfg.write_text(before_cfg + "CLUSTER_MODE: cluster\nCLUSTER_ID: setuptest\n")
+    third = _setup(["install", "--yes"], tmp, check=False)
+    assert third.returncode == 1, third.stdout + third.stderr
+    restart = (
+        f"{SETUP} install --yes --restart --prefix {tmp / 'opt'} --config {cfg} "
+        f"--bin-dir {tmp / 'bin'} --unit-dir {tmp / 'units'} --log-file {tmp / 'mtgpu.log'}"
+    )
+    assert third.stdout.splitlines()[-1] == (
+        f"mtgpu-setup: the running mtgpu-server (pid {pid1}) is standalone but {cfg} now says "
+        "CLUSTER_MODE: cluster, and only a restart changes that; everything else is installed. "
+        f"Run `{restart}`: only the daemon restarts, tenants' tmux sessions and running jobs carry on"
+    ), third.stdout
+    assert "already runs" not in third.stdout
+    assert int((tmp / "run" / "mtgpu.pid").read_text()) == pid1
+    assert "CLUSTER_KEY: " in cfg.read_text() and stat.S_IMODE(cfg.stat().st_mode) == 0o600
+    cfg.write_text(before_cfg)
+    restarted = _setup(["install", "--yes", "--restart"], tmp)
+    assert f"stopped mtgpu-server (pid {pid1}) to restart it" in restarted.stdout
+    assert int((tmp / "run" / "mtgpu.pid").read_text()) != pid1
+
     out = _setup(["uninstall"], tmp)
     assert "stopped mtgpu-server" in out.stdout
     assert not (tmp / "opt").exists() and not (tmp / "bin" / "mtgpu-admin").exists()
