@@ -17,7 +17,6 @@ MTGPU_CLOCK_OFFSET_FILE.
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import subprocess
