@@ -714,6 +714,18 @@ def _brand(v: object) -> str:
     return s
 
 
+#: Simulated GPUs a host may have, in one ``SIMULATED_GPUS`` entry and in all: the
+#: daemon makes each one's state (and device files) when it starts.
+MAX_SIMULATED_GPUS = 1024
+
+
+def _simulated_count(v: object) -> int:
+    n = _posint(v)
+    if n > MAX_SIMULATED_GPUS:
+        raise ValueError(f"expected at most {MAX_SIMULATED_GPUS} simulated GPUs, got {n}")
+    return n
+
+
 def _simulated(v: object) -> tuple[SimulatedGpuSpec, ...]:
     if v is None:
         return ()
@@ -728,7 +740,7 @@ def _simulated(v: object) -> tuple[SimulatedGpuSpec, ...]:
                 e,
                 {
                     "type": _gpu_type,
-                    "count": _posint,
+                    "count": _simulated_count,
                     "vram": parse_size,
                     "brand": _brand,
                     "used": parse_size,
@@ -766,6 +778,9 @@ def _simulated(v: object) -> tuple[SimulatedGpuSpec, ...]:
                 mig=mig,
             )
         )
+    total = sum(g.count for g in out)
+    if total > MAX_SIMULATED_GPUS:
+        raise ValueError(f"the entries add up to {total} simulated GPUs; at most {MAX_SIMULATED_GPUS} in all")
     return tuple(out)
 
 
@@ -1459,6 +1474,7 @@ def load_text(text: str, path: str = "<config>") -> Options:
         if k not in _KEYS:
             raise ConfigError(f"unknown key; {_unknown_hint(k)}", key=k, line=lines.get(k), path=path)
         try:
+            _refuse_nul(val)
             values[k.lower()] = _KEYS[k](val)
         except _SubKeyError as exc:
             sub = f"{k}{exc.sub}" if exc.sub.startswith("[") else f"{k}.{exc.sub}"
@@ -1476,6 +1492,24 @@ def load_text(text: str, path: str = "<config>") -> Options:
     opts = Options(**values, source=path, key_lines=top)
     _check_whole(opts, lines, path)
     return opts
+
+
+def _refuse_nul(v: object, at: str = "") -> None:
+    """Refuse a NUL byte in any string of a value, mapping keys too: no path, name or
+    command can hold one (the kernel ends a path at it), so the daemon could not start.
+    ``at`` is where ``v`` is inside its key, as ``[0].device_dir``."""
+    if isinstance(v, str):
+        if "\0" in v:
+            message = "contains a NUL byte (\\0), which no path or name can hold; remove it"
+            raise _SubKeyError(at, message) if at else ValueError(message)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _refuse_nul(x, f"{at}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _refuse_nul(k, at)  # the key's own name: reported where its mapping is
+            name = str(k)
+            _refuse_nul(x, f"{at}.{name}" if at else name)
 
 
 def _unknown_hint(key: str) -> str:

@@ -189,6 +189,10 @@ class Gateway:
             await self._join_prompt(process, principal)
             return
         account = await self.account_for(principal)
+        if process.channel.is_closing():
+            # The client closed the channel while the account was looked up: asyncssh
+            # has dropped the channel's connection state, and there is nothing to serve.
+            return
         principal.agent_socket = _agent_socket(process, account)
         if r.kind is Kind.API:
             await self._api(process, account)
@@ -474,7 +478,10 @@ def _hook_signals(process: asyncssh.SSHServerProcess, child: Spawned) -> None:
 
 def _agent_socket(process: asyncssh.SSHServerProcess, account: Account) -> str | None:
     """The forwarded agent's socket, handed to the tenant (ALLOW_AGENT_FORWARDING)."""
-    path = process.channel.get_agent_path()
+    chan = process.channel
+    if chan.is_closing():
+        return None  # a closed channel has no connection to ask (its state is gone)
+    path = chan.get_agent_path()
     if not path:
         return None
     # asyncssh made the socket in a private directory as root. The socket becomes the

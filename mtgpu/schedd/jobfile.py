@@ -526,9 +526,16 @@ def _sbatch_nodes(value: str, warn: Callable[[str], None]) -> str:
 
 
 def _directive_lines(text: str) -> list[tuple[int, str, str]]:
-    """(line number, prefix, rest) for every directive in the leading comment block."""
+    """(line number, prefix, rest) for every directive in the leading comment block.
+
+    A line is what the shell reads as one: it ends at a newline only (not at a bare
+    carriage return, form feed or Unicode line separator, which ``str.splitlines``
+    would split at), so no directive counts that the shell sees inside another line.
+    One carriage return before the newline (a CRLF file) is dropped.
+    """
     found = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         stripped = line.strip()
         if lineno == 1 and stripped.startswith("#!"):
             continue
