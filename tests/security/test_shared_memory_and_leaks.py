@@ -36,8 +36,6 @@ from mtgpu.schedd import cgroups, fence
 pytestmark = pytest.mark.root
 
 SYSTEM = cgroups.detect()
-# Test daemons on one machine share mtgpu.slice: a pool large enough for every other
-# test's sessions meanwhile, and given back (unlimited) when the module ends.
 POOL = 1 << 30
 EACH = 4 << 30
 
@@ -59,6 +57,13 @@ def host():
         }
     )
     h.start()
+    # Test daemons started from one cgroup share its mtgpu.slice (a host has one daemon):
+    # this one gets a memory cgroup of its own, so its pool is its alone.
+    own = None
+    if "memory" in SYSTEM.v1:
+        own = Path(SYSTEM.v1["memory"] + cgroups.own_paths()["memory"], f"mtgpu-test-pool-{os.getpid()}")
+        own.mkdir()
+        (own / "cgroup.procs").write_text(f"{h._server_pid()}\n")
     try:
         h.keys_of = {n: h.add_user(n) for n in ("alice", "mallory")}
         for n, k in h.keys_of.items():
@@ -67,14 +72,17 @@ def host():
         yield h
     finally:
         h.cleanup()
-        dirs = fence.session_dirs(SYSTEM, 0)
-        with contextlib.suppress(OSError):
-            if "memory" in dirs:  # v1: memory+swap first, it may not be below memory
-                for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
-                    if (Path(dirs["memory"]).parent / name).exists():
-                        (Path(dirs["memory"]).parent / name).write_text("-1\n")
-            elif "v2" in dirs and not SYSTEM.v1:
-                (Path(dirs["v2"]).parent / "memory.max").write_text("max\n")
+        if own is not None:
+            for d in sorted((p for p in own.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [own]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+def _slice_dirs(h: Host, uid: int) -> dict[str, str]:
+    """The session cgroups of ``uid`` as the daemon of ``h`` makes them (its own cgroup)."""
+    return fence.session_dirs(
+        SYSTEM, uid, cgroups.own_paths(Path(f"/proc/{h._server_pid()}/cgroup").read_text())
+    )
 
 
 def uid_of(h: Host, user: str) -> int:
@@ -92,7 +100,7 @@ def _job(h: Host, uid: int, jid: str) -> dict:
 @needs_memory
 def test_sessions_share_one_memory_pool_that_jobs_are_not_offered(host: Host) -> None:
     uid = uid_of(host, "mallory")
-    dirs = fence.session_dirs(SYSTEM, uid)
+    dirs = _slice_dirs(host, uid)
     if "memory" in dirs:
         slice_limit = Path(dirs["memory"]).parent / "memory.limit_in_bytes"
         tenant_limit = Path(dirs["memory"], "memory.limit_in_bytes")
