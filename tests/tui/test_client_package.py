@@ -21,6 +21,7 @@ SERVER_ONLY = {"psutil", "nvidia-ml-py", "amdsmi", "libtmux", "pysyncobj", "file
 #: What the client's modules may import besides the standard library.
 ALLOWED = {
     "asyncssh",
+    "cryptography.utils",  # asyncssh's own dependency: mtgpu/__init__ quiets its deprecations
     "yaml",
     "urwid",
     "tabulate",
