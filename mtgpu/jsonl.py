@@ -85,6 +85,15 @@ class Page:
     next_cursor: str | None = None
 
 
+#: The most pages a client reads of one listing: more means a cursor that never ends.
+MAX_PAGES = 100_000
+
+
+def too_many_pages(op: str) -> ApiError:
+    """What a client raises when ``op`` gave more than :data:`MAX_PAGES` pages."""
+    return ApiError(f"{op} gave more than {MAX_PAGES} pages; the server is broken", "no_answer")
+
+
 # ---------------------------------------------------------------------- encoding
 
 

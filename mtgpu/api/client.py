@@ -77,9 +77,6 @@ class ApiClient:
         retryable answer (nothing was done) is retried for ``RETRY_FOR`` seconds."""
         return self._retried(op, args).get("result")
 
-    #: The most pages :meth:`call_all` reads (a cursor that never ends is a broken server).
-    MAX_PAGES = 100_000
-
     def call_all(self, op: str, **args: Any) -> list[Any]:
         """Every item of a listing given in pages (``job.list``): each page's result
         in turn, sending its ``next_cursor`` back as ``cursor`` until none is given;
@@ -87,13 +84,13 @@ class ApiClient:
         answers everything at once, which is the one page."""
         items: list[Any] = []
         cursor = None
-        for _ in range(self.MAX_PAGES):
+        for _ in range(jsonl.MAX_PAGES):
             answer = self._retried(op, {**args, "cursor": cursor})
             items.extend(answer.get("result") or ())
             cursor = answer.get("next_cursor")
             if not cursor:
                 return items
-        raise ApiError(f"{op} gave more than {self.MAX_PAGES} pages; the server is broken", "no_answer")
+        raise jsonl.too_many_pages(op)
 
     def _retried(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """The answer to ``op``, retried as :meth:`call` says; ApiError on refusal."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import struct
@@ -154,16 +155,12 @@ def attach(cgroup_dir: str, allowed: Iterable[tuple[int, int]], majors: Iterable
         os.close(prog)
 
 
-_probe: list[str | None] = []
-
-
+@functools.cache
 def unavailable() -> str | None:
     """Why this kernel cannot load a GPU device program, or None when it can (asked
     once: the daemon's start-up report and ``mtgpu-setup status`` say it)."""
-    if not _probe:
-        try:
-            os.close(load(assemble([], [195])))
-            _probe.append(None)
-        except OSError as exc:
-            _probe.append(str(exc))
-    return _probe[0]
+    try:
+        os.close(load(assemble([], [195])))
+    except OSError as exc:
+        return str(exc)
+    return None

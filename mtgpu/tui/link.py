@@ -26,7 +26,7 @@ from typing import Any
 import asyncssh
 
 from mtgpu import jsonl
-from mtgpu.errors import ApiError, MtgpuError
+from mtgpu.errors import MtgpuError
 from mtgpu.tui.sources import Target
 
 log = logging.getLogger("remotegpu")
@@ -96,10 +96,6 @@ class PageItems(list[Any]):
     def __init__(self, items: list[Any], next_cursor: str) -> None:
         super().__init__(items)
         self.next_cursor = next_cursor
-
-
-#: The most pages :meth:`ServerLink.call_all` reads (more is a broken server).
-MAX_PAGES = 100_000
 
 
 class ApiChannel:
@@ -233,13 +229,13 @@ class ServerLink:
         its ``next_cursor`` sent back as ``cursor`` until the last."""
         items: list[Any] = []
         cursor = None
-        for _ in range(MAX_PAGES):
+        for _ in range(jsonl.MAX_PAGES):
             page = await self.call(op, timeout, **args, cursor=cursor)
             items.extend(page or ())
             cursor = getattr(page, "next_cursor", None)
             if not cursor:
                 return items
-        raise ApiError(f"{op} gave more than {MAX_PAGES} pages; the server is broken", "no_answer")
+        raise jsonl.too_many_pages(op)
 
     async def call_long(self, op: str, timeout: float = 120.0, **args: Any) -> Any:
         """A request on a channel of its own, so a slow action holds up no refresh."""
