@@ -831,6 +831,19 @@ class Network:
         self.hosts.append(host)
         return host
 
+    def second_source(self) -> str:
+        """A second address of the test process on the bridge (``ssh -b`` it): clients
+        that the hosts see come from somewhere other than the test's other logins."""
+        addr = f"10.213.{self.subnet}.250"
+        if (
+            addr
+            not in subprocess.run(
+                ["ip", "-o", "addr", "show", "dev", self.bridge], capture_output=True, text=True
+            ).stdout
+        ):
+            self._run(["ip", "addr", "add", f"{addr}/24", "dev", self.bridge])
+        return addr
+
     def cut(self, host: Host) -> None:
         self._run(["ip", "link", "set", host.veth, "down"])
 

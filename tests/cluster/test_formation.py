@@ -226,11 +226,16 @@ def test_a_tenant_cannot_ask_for_the_log_index_or_force_catch_ups(cluster):
     ans = json.loads(r.stdout.splitlines()[0])
     assert not ans["ok"] and ans["code"] == "forbidden", ans
     # Logins as users that do not exist, each making the member catch up before it
-    # refuses, do not stop a real user from logging in, and are refused.
+    # refuses, do not stop a real user from logging in, and are refused. They come from
+    # an address of their own: twenty at once from the user's would meet
+    # SSH_MAX_STARTUPS_PER_SOURCE (10) before any catch-up, as with OpenSSH.
     stranger = c.hosts[0].key("stranger")
+    elsewhere = ["-b", c.net.second_source()]
     procs = [
         subprocess.Popen(
-            h.ssh_argv(f"nobody{i}", stranger, "true"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            h.ssh_argv(f"nobody{i}", stranger, "true", opts=elsewhere),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for i in range(20)
     ]
