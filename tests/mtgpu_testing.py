@@ -415,7 +415,11 @@ class Host:
                 self._link_mt_job()
                 return self
             time.sleep(0.05)
-        raise RuntimeError(f"mtgpu-server did not start in {timeout}s:\n{self.log()}")
+        pid = (self.run_dir / "mtgpu.pid").exists()
+        raise RuntimeError(
+            f"mtgpu-server did not start in {timeout}s (pid file: {'yes' if pid else 'no'}, "
+            f"{self.address}:{self.port}: {'open' if self._port_open() else 'no answer'}):\n{self.log()}"
+        )
 
     def _link_mt_job(self) -> None:
         """Make the tenants' ``mt-job`` (RUN_DIR/bin, on their PATH) the selected client,
