@@ -217,6 +217,20 @@ def device_deny_rules(allowed: Iterable[tuple[int, int]], majors: Iterable[int])
     return rules
 
 
+def seal(path: str, gid: int) -> None:
+    """Only root and the tenant's group may look into a tenant's cgroup (its
+    ``cgroup.procs`` lists the PIDs that hidepid hides; its counters show its use):
+    root-owned, group ``gid``, mode 0750. The tenant still reads its own limits."""
+    os.chown(path, 0, gid)
+    os.chmod(path, 0o750)
+
+
+def unlisted(path: str) -> None:
+    """A directory of tenants' cgroups that tenants pass through but cannot list (0711):
+    which tenants have sessions, and every job's cgroup name, stay unseen."""
+    os.chmod(path, 0o711)
+
+
 def _write(path: str, value: str) -> None:
     # One write() per value: cgroup files take one rule or number per write.
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -266,6 +280,7 @@ class JobCgroup:
         deny: Iterable[str],
         use_memory: bool = True,
         gpus: tuple[Iterable[tuple[int, int]], Iterable[int]] = ((), ()),
+        gid: int | None = None,
     ) -> tuple[JobCgroup, dict[str, str]]:
         """Make and configure the job's cgroups; return them and what each enforces.
 
@@ -273,7 +288,8 @@ class JobCgroup:
         value (controller -> description), so the supervisor can fall back and say
         why; nothing here raises for a missing feature. ``deny`` walls a v1 cgroup
         off from GPU devices (:func:`device_deny_rules`); on v2, ``gpus`` (the
-        allowed devices and the GPU majors) does, with a BPF device program.
+        allowed devices and the GPU majors) does, with a BPF device program. With
+        ``gid`` (the job owner's group) each directory is :func:`seal`-ed.
         """
         cpus = sorted(set(cpus))
         dirs: dict[str, str] = {}
@@ -287,6 +303,7 @@ class JobCgroup:
                 pids_max=pids_max,
                 use_memory=use_memory,
                 gpus=gpus,
+                gid=gid,
             )
         for ctrl, parent in parent_dirs.items():
             if ctrl not in V1_CONTROLLERS or (ctrl == "memory" and not use_memory):
@@ -295,6 +312,8 @@ class JobCgroup:
             try:
                 os.makedirs(path, exist_ok=True)
                 dirs[ctrl] = path
+                if gid is not None:
+                    seal(path, gid)
                 applied[ctrl] = _setup_v1(
                     ctrl, path, parent, ram=ram, cpus=cpus, pids_max=pids_max, deny=deny
                 )
@@ -316,9 +335,12 @@ class JobCgroup:
         pids_max: int | None,
         use_memory: bool,
         gpus: tuple[Iterable[tuple[int, int]], Iterable[int]],
+        gid: int | None = None,
     ) -> tuple[JobCgroup, dict[str, str]]:
         applied: dict[str, str] = {}
         os.makedirs(parent, exist_ok=True)
+        if gid is not None and os.path.basename(parent) == "mtgpu.jobs":
+            unlisted(parent)  # ours alone (parents()), so its mode is ours to set
         # Hand the controllers down from the top to our parent (best effort: the
         # top may lack some, and the parent must hold no processes).
         top = Path(parent)
@@ -333,6 +355,8 @@ class JobCgroup:
                     pass
         path = f"{parent}/{name}"
         os.makedirs(path, exist_ok=True)
+        if gid is not None:
+            seal(path, gid)
         enabled = set(_read(f"{parent}/cgroup.subtree_control").split())
         settings = {
             "memory": [("memory.max", str(ram) if ram else "max"), ("memory.swap.max", "0")],

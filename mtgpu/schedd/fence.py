@@ -295,8 +295,10 @@ class TenantFence:
 
     # -------------------------------------------------------------- cgroups
 
-    def session_cgroup(self, uid: int) -> list[str]:
+    def session_cgroup(self, uid: int, gid: int) -> list[str]:
         """Make (or refresh) ``uid``'s session cgroup; its ``cgroup.procs`` files.
+        Each directory is root's with group ``gid`` (0750) and ``mtgpu.slice`` cannot be
+        listed (0711): no tenant reads another's PIDs or sees who has sessions.
 
         A controller whose cgroup cannot be made (or, for ``devices``, walled off
         from the GPUs) raises :class:`FenceError`: the session is refused. A limit
@@ -311,9 +313,10 @@ class TenantFence:
         for ctrl, path in dirs.items():
             try:
                 if ctrl == "v2":
-                    self._setup_v2(path, majors)
+                    self._setup_v2(path, majors, gid)
                 else:
                     os.makedirs(path, exist_ok=True)
+                    self._seal(path, gid)
                     self._setup_v1(ctrl, path, majors)
                 procs.append(f"{path}/cgroup.procs")
             except OSError as exc:
@@ -349,10 +352,16 @@ class TenantFence:
                 for rule in cgroups.device_deny_rules([], majors):
                     cgroups._write(f"{path}/devices.deny", rule)
 
-    def _setup_v2(self, path: str, majors: set[int]) -> None:
+    @staticmethod
+    def _seal(path: str, gid: int) -> None:
+        cgroups.unlisted(os.path.dirname(path))
+        cgroups.seal(path, gid)
+
+    def _setup_v2(self, path: str, majors: set[int], gid: int) -> None:
         top = Path(path).parent.parent
         made = not os.path.isdir(path)
         os.makedirs(path, exist_ok=True)
+        self._seal(path, gid)
         if self.system.v1:
             return  # a hybrid host's v2 tree has no controllers: membership only
         lim = self.limits
@@ -677,7 +686,7 @@ class TenantFence:
             raise self.refusals.refuse(
                 uid, SPAWN_PART, "setpriv (util-linux) is missing", "install util-linux"
             )
-        procs = self.session_cgroup(uid)
+        procs = self.session_cgroup(uid, gid)
         ns = self.namespace(uid)
         net = self.net_namespace(uid)
         argv = ["/bin/sh", "-c", _JOIN, "mtgpu-session", *procs, "--"]

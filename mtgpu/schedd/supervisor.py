@@ -332,6 +332,7 @@ class Supervisor:
             deny=device_deny_rules(allowed, majors),
             use_memory=self.memory_mode != "watchdog",
             gpus=(allowed, majors),
+            gid=la.user.gid,
         )
         if not self.cg.dirs:
             self.cg = None

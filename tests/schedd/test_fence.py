@@ -51,7 +51,7 @@ def test_a_kernel_without_controllers_is_named_in_every_line() -> None:
 def test_the_fenced_argv_joins_the_cgroups_then_becomes_the_tenant(monkeypatch) -> None:
     fence = TenantFence(CgroupSystem(), SessionLimits(), "/nonexistent", tmp_size=None)
     fence.tools = {"setpriv": "/usr/bin/setpriv", "nsenter": None, "unshare": None}
-    monkeypatch.setattr(fence, "session_cgroup", lambda uid: [f"/cg/pids/t-{uid}/cgroup.procs"])
+    monkeypatch.setattr(fence, "session_cgroup", lambda uid, gid: [f"/cg/pids/t-{uid}/cgroup.procs"])
     argv = fence.prefix(20001, 20001, [20001, 27], "/home/ann")
     assert argv[:2] == ["/bin/sh", "-c"]
     assert argv[3:6] == ["mtgpu-session", "/cg/pids/t-20001/cgroup.procs", "--"]

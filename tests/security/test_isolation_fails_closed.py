@@ -219,7 +219,7 @@ def test_a_private_tmp_that_cannot_be_made_refuses_the_session_and_is_logged_onc
     monkeypatch, caplog
 ) -> None:
     fence = _fence()
-    monkeypatch.setattr(fence, "session_cgroup", lambda uid: [])
+    monkeypatch.setattr(fence, "session_cgroup", lambda uid, gid: [])
     monkeypatch.setattr(fence, "_find_namespace", lambda uid, path: None)
 
     def broken(uid: int, path: str) -> None:
@@ -247,18 +247,18 @@ def test_a_private_tmp_that_cannot_be_made_refuses_the_session_and_is_logged_onc
 
 def test_no_setpriv_or_no_util_linux_refuses_rather_than_runs_unfenced(monkeypatch) -> None:
     fence = _fence()
-    monkeypatch.setattr(fence, "session_cgroup", lambda uid: [])
+    monkeypatch.setattr(fence, "session_cgroup", lambda uid, gid: [])
     fence.tools["setpriv"] = None
     with pytest.raises(FenceError, match="setpriv"):
         fence.prefix(20001, 20001, [], "/")
     fence = _fence()
-    monkeypatch.setattr(fence, "session_cgroup", lambda uid: [])
+    monkeypatch.setattr(fence, "session_cgroup", lambda uid, gid: [])
     fence.tools["unshare"] = None
     with pytest.raises(FenceError, match="install util-linux, or set PRIVATE_TMP: false"):
         fence.prefix(20001, 20001, [], "/")
     # PRIVATE_TMP off: nothing to make, nothing refused.
     fence = _fence(tmp_size=None)
-    monkeypatch.setattr(fence, "session_cgroup", lambda uid: [])
+    monkeypatch.setattr(fence, "session_cgroup", lambda uid, gid: [])
     fence.tools["unshare"] = None
     assert fence.prefix(20001, 20001, [], "/")[-1] == "--"
 

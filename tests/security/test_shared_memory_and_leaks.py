@@ -168,6 +168,50 @@ def test_nodes_names_another_tenants_gpu_job_only_as_another_tenants_job(host: H
             call(s, "job.cancel", {"job_ids": [jid]})
 
 
+# ---------------------------------------------------------------- cgroups
+
+
+def _job_cgroups(jid: str) -> list[Path]:
+    """Every directory of job ``jid``'s cgroups, in every hierarchy (found as root)."""
+    tops = [SYSTEM.v1[c] for c in ("pids", "memory", "cpu") if c in SYSTEM.v1]
+    tops += [SYSTEM.v2] if SYSTEM.v2 and not SYSTEM.v1 else []
+    return [p for t in tops for p in Path(t).rglob(f"{cgroups.JOB_PREFIX}{jid}_*") if p.is_dir()]
+
+
+def test_a_tenant_cannot_look_into_another_tenants_cgroups(host: Host) -> None:
+    """``cgroup.procs`` lists the PIDs that hidepid hides, and the tree names every job:
+    mallory, from her own session, can neither list mtgpu.slice nor read alice's
+    session or job cgroups; alice still reads her own."""
+    alice = uid_of(host, "alice")
+    with api_socket(host.run_dir, alice) as s:
+        a = call(s, "job.submit", {"script": "#!/bin/sh\n#MTGPU cpus=1 ram=64M\nsleep 300\n"})
+    assert a["ok"], a
+    jid = a["result"]["job_id"]
+    try:
+        wait_for(lambda: _job(host, alice, jid)["state"] == "RUNNING", 60, "alice's job to run")
+        session = list(_slice_dirs(host, alice).values())
+        jobs = _job_cgroups(jid)
+        assert session and jobs, (session, jobs)
+        slices = sorted({os.path.dirname(d) for d in session})
+        for d in session + [str(j) for j in jobs]:
+            st = os.stat(d)
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, alice, 0o750), d
+        probes = [f"ls {d}" for d in slices] + [
+            f"cat {d}/cgroup.procs" for d in session + [str(j) for j in jobs]
+        ]
+        script = "; ".join(f"if {p} >/dev/null 2>&1; then echo 'READ {p}'; fi" for p in probes)
+        r = host.ssh("mallory", host.keys_of["mallory"], script + "; echo done")
+        assert r.returncode == 0 and r.stdout.decode().split() == ["done"], (r.stdout, r.stderr)
+        tally("attacks_refused", len(probes))
+        # The owner reads her own: her session's and her job's processes.
+        own = "; ".join(f"cat {d}/cgroup.procs >/dev/null" for d in session) + f"; cat {jobs[0]}/cgroup.procs"
+        r = host.ssh("alice", host.keys_of["alice"], own)
+        assert r.returncode == 0 and r.stdout.split(), (r.stdout, r.stderr)
+    finally:
+        with api_socket(host.run_dir, alice) as s:
+            call(s, "job.cancel", {"job_ids": [jid]})
+
+
 # ---------------------------------------------------------------- retention
 
 RETENTION = {
