@@ -359,6 +359,9 @@ def base_view(rec: JobRecord, user: JobUser) -> dict[str, Any]:
         "gpus": [{"node": m.node, "index": i} for m in rec.members for i in m.gpu_indices],
         "cpus": rec.cpus,
         "ram": rec.ram,
+        # What it asked for, shown while it waits too: GPUs on each member, members.
+        "req_gpus": rec.spec.request.gpus,
+        "req_nodes": rec.spec.request.nodes,
         # sbatch's --exclusive: the job holds its members whole.
         "exclusive": rec.exclusive,
         "exit_code": rec.exit_code,

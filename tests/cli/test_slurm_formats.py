@@ -131,6 +131,58 @@ def test_scontrol_show_job_is_slurms_key_value_record() -> None:
     assert "ExitCode=3:0" in failed
 
 
+@pytest.mark.parametrize(
+    "final, exit_code, reason",
+    [
+        (
+            {"state": "FAILED", "exit_code": 3, "exit": "3:0", "reason": "the job exited with status 3"},
+            "3:0",
+            "NonZeroExitCode",
+        ),
+        ({"state": "FAILED", "exit_code": 0, "signal": 11, "exit": "0:11"}, "0:11", "RaisedSignal:11"),
+        (
+            {
+                "state": "TIMEOUT",
+                "exit_code": 0,
+                "signal": 15,
+                "exit": "0:15",
+                "reason": "time limit reached",
+            },
+            "0:15",
+            "TimeLimit",
+        ),
+        (
+            {
+                "state": "CANCELLED",
+                "exit_code": 0,
+                "signal": 15,
+                "exit": "0:15",
+                "reason": "cancelled by ann",
+            },
+            "0:15",
+            "None",
+        ),
+        ({"state": "COMPLETED", "exit_code": 0, "exit": "0:0"}, "0:0", "None"),
+        ({"state": "PENDING", "reason": "waiting for job 12 to end"}, "0:0", "waiting_for_job_12_to_end"),
+    ],
+)
+def test_scontrol_show_job_gives_slurms_exit_code_and_one_word_reasons(final, exit_code, reason) -> None:
+    """A signal's end is ExitCode 0:SIG as in sacct, and every field of ``scontrol -o``
+    is one key=value word (a reason of several words broke parsing)."""
+    j = view("12", "RUNNING", exit_code=None, workdir="/w", stdout="/w/o", stderr="/w/o")
+    line = formats.scontrol_job({**j, **final}, NOW, one_liner=True)
+    fields = dict(f.split("=", 1) for f in line.split())
+    assert all("=" in f for f in line.split()), line
+    assert fields["ExitCode"] == exit_code and fields["Reason"] == reason, line
+
+
+def test_a_pending_jobs_gpu_request_is_shown_before_it_runs() -> None:
+    j = view("12", "PENDING", req_gpus=2, req_nodes=2)
+    assert "TRES=cpu=1,node=2,gres/gpu=4" in formats.scontrol_job(j, NOW)
+    assert formats.squeue_lines([j], "%i %b", NOW, header=False) == ["12 gres/gpu:2"]
+    assert formats.slurm_job_json(j, NOW)["gpus"] == 4
+
+
 def test_states_accept_slurms_codes_and_names_and_name_a_bad_one() -> None:
     assert parse_states("PD,r") == {"PENDING", "RUNNING"}
     assert parse_states("completed") == {"COMPLETED"}

@@ -176,7 +176,7 @@ def _job_fields(now: float) -> dict[str, tuple[str, Callable[[dict[str, Any]], A
         "r": ("REASON", lambda j: j.get("reason") or "None"),
         "C": ("CPUS", lambda j: j.get("cpus", "")),
         "m": ("MIN_MEMORY", lambda j: mem_mb(j.get("ram"))),
-        "b": ("TRES_PER_NODE", lambda j: f"gres:gpu:{len(j['gpus'])}" if j.get("gpus") else "N/A"),
+        "b": ("TRES_PER_NODE", lambda j: f"gres/gpu:{n}" if (n := gpus_per_node(j)) else "N/A"),
         "Q": ("PRIORITY", lambda j: j.get("priority", "")),
         "V": ("SUBMIT_TIME", ts("submit_time")),
         "S": ("START_TIME", ts("start_time")),
@@ -413,15 +413,62 @@ def gres_of(node: dict[str, Any]) -> str:
     return ",".join(f"gpu:{k}:{n}" for k, n in sorted(kinds.items())) or "(null)"
 
 
+def gpus_per_node(j: dict[str, Any]) -> int:
+    """The GPUs a job asked for on each member (what it holds, for an older view)."""
+    if j.get("req_gpus") is not None:
+        return int(j["req_gpus"])
+    return len(j.get("gpus") or ()) // max(1, len(j.get("nodes") or ()))
+
+
+def gpus_asked(j: dict[str, Any]) -> int:
+    """The GPUs a job asked for over all its members, pending or not."""
+    if j.get("req_gpus") is not None:
+        return int(j["req_gpus"]) * int(j.get("req_nodes") or 1)
+    return len(j.get("gpus") or ())
+
+
+#: A final state's reason in Slurm's words (``scontrol show job``'s ``Reason=``).
+FINAL_REASONS = {
+    "COMPLETED": "None",
+    "CANCELLED": "None",
+    "TIMEOUT": "TimeLimit",
+    "OUT_OF_MEMORY": "OutOfMemory",
+    "NODE_FAIL": "NodeDown",
+    "PREEMPTED": "None",
+}
+
+
+def slurm_reason(j: dict[str, Any]) -> str:
+    """``Reason=`` as one word, as Slurm's are (``Resources``, ``Dependency``,
+    ``NonZeroExitCode``, ``RaisedSignal:11``), so ``scontrol -o`` splits into
+    key=value pairs; a reason of several words has them joined by ``_``, as Slurm
+    joins ``ReqNodeNotAvail,_UnavailableNodes``. ``mt-job show`` keeps the sentence."""
+    state = j.get("state")
+    if state == "FAILED":
+        code, sig = j.get("exit_code"), j.get("signal")
+        if sig:
+            return f"RaisedSignal:{sig}"
+        return "NonZeroExitCode" if code else "None"
+    if state in FINAL_REASONS:
+        return FINAL_REASONS[state]
+    reason = str(j.get("reason") or "None")
+    return "_".join(reason.split()) or "None"
+
+
 def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
     """``scontrol show job``'s record for one job view."""
-    ec = j.get("exit_code")
-    exit_code = f"{ec}:0" if isinstance(ec, int) and ec >= 0 else f"0:{-ec}" if isinstance(ec, int) else "0:0"
+    if j.get("exit"):
+        exit_code = str(j["exit"])  # status:signal, as sacct's ExitCode
+    else:
+        ec = j.get("exit_code")
+        exit_code = (
+            f"{ec}:0" if isinstance(ec, int) and ec >= 0 else f"0:{-ec}" if isinstance(ec, int) else "0:0"
+        )
     nodes = j.get("nodes") or []
     groups = [
         [f"JobId={j['job_id']}", f"JobName={j['name']}"],
         [f"UserId={j['user']}", f"Priority={j.get('priority', '')}"],
-        [f"JobState={j['state']}", f"Reason={j.get('reason') or 'None'}"],
+        [f"JobState={j['state']}", f"Reason={slurm_reason(j)}"],
         [
             f"Requeue={1 if j.get('requeue') else 0}",
             f"Restarts={j.get('attempt', 0)}",
@@ -439,8 +486,8 @@ def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
             f"MinMemoryNode={mem_mb(j.get('ram'))}",
         ],
         [
-            f"TRES=cpu={j.get('cpus', 1)},node={max(1, len(nodes))}"
-            + (f",gres/gpu={len(j['gpus'])}" if j.get("gpus") else "")
+            f"TRES=cpu={j.get('cpus', 1)},node={max(1, len(nodes), int(j.get('req_nodes') or 1))}"
+            + (f",gres/gpu={n}" if (n := gpus_asked(j)) else "")
         ],
         [f"OverSubscribe={'NO' if j.get('exclusive') else 'OK'}"],
         [f"WorkDir={j.get('workdir', '')}"],
@@ -501,7 +548,7 @@ def slurm_job_json(j: dict[str, Any], now: float) -> dict[str, Any]:
         "node_count": max(1, len(j.get("nodes") or ())),
         "cpus": j.get("cpus"),
         "memory_per_node": (j.get("ram") or 0) >> 20,
-        "gpus": len(j.get("gpus") or ()),
+        "gpus": gpus_asked(j),
         "priority": j.get("priority"),
         "time_limit": int(j["time_limit"] // 60) if j.get("time_limit") else None,
         "submit_time": int(j.get("submit_time") or 0),
