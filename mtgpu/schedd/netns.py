@@ -15,6 +15,9 @@ to the host side, and on the host iptables rules tagged ``mtgpu-net ...``:
 - ``filter FORWARD``: the tenant's packets to another tenant's veth are dropped, new
   connections into the tenant's namespace from anywhere are dropped, replies pass.
 
+The link carries IPv4 only: IPv6 is turned off on both of its ends (the namespace's
+``::1`` stays), so the rules above, which are IPv4's, are the whole wall.
+
 DNS: the tenant sees the host's ``/etc/resolv.conf``. A nameserver there on a loopback
 address (systemd-resolved's ``127.0.0.53``, a local dnsmasq) would be the tenant's own
 empty loopback, so the daemon relays it: it listens on that address and port 53
@@ -408,6 +411,7 @@ class TenantNetwork:
         host, tenant = block(self.subnet, self._slot(uid))
         inside = [str(self.tools["nsenter"]), f"--net={path}", "--", ip]
         self._run([ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", path])
+        self._ipv4_only(veth, path)
         self._run([ip, "addr", "add", f"{host}/30", "dev", veth])
         self._run([ip, "link", "set", veth, "up"])
         self._run([*inside, "link", "set", "lo", "up"])
@@ -472,6 +476,7 @@ class TenantNetwork:
                 )
             finally:
                 os.close(fd)
+            self._ipv4_only(veth, path)
             tenant = self._tenant_address(path)
             if tenant:
                 self._forwarding_on()
@@ -479,6 +484,22 @@ class TenantNetwork:
             log.info("uid %d: private network found again in process %d", uid, pid)
             return True
         return False
+
+    @staticmethod
+    def _ipv4_only(veth: str, path: str) -> None:
+        """No IPv6 on either end of a tenant's link (``disable_ipv6`` on ``mtnUID`` and
+        on the namespace's ``eth0``; its ``::1`` stays): the FORWARD rules are IPv4's,
+        and a link-local address would let the tenant reach the host's IPv6 services
+        (``[fe80::…%eth0]``) past them. A kernel without IPv6 has nothing to turn off."""
+        if not os.path.isdir("/proc/sys/net/ipv6"):
+            return
+
+        def off(dev: str) -> None:
+            with open(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6", "w") as f:
+                f.write("1")
+
+        off(veth)  # an OSError (naming the file) refuses the namespace, as any part does
+        in_namespace(path, lambda: off("eth0"))
 
     def _tenant_address(self, path: str) -> str | None:
         r = self._run(

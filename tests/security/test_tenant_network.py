@@ -32,7 +32,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from figures import tally
 from mtgpu_testing import SSH_OPTS, Host, Network, free_port, wait_for
+
+from mtgpu.schedd import netns
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["iptables", "-V"], check=False, capture_output=True).returncode != 0,
@@ -328,6 +331,67 @@ def test_outbound_connections_and_dns_work_from_sessions_and_jobs(host: Host, ne
 
 
 # -------------------------------------------------------------- hostile
+
+
+SERVE6 = """
+import socket, sys
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", int(sys.argv[1])))
+s.listen()
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"host-service")
+    c.close()
+"""
+
+DIAL6 = (
+    'python3 -c "import socket, sys\n'
+    "try:\n"
+    "    print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).recv(64).decode())\n"
+    "except OSError as exc:\n"
+    "    print('FAILED', exc)\" "
+)
+
+
+def _link_local(mac: str) -> str:
+    """The EUI-64 link-local address the kernel gives an interface with this MAC."""
+    b = bytes.fromhex(mac.replace(":", ""))
+    eui = bytes([b[0] ^ 2]) + b[1:3] + b"\xff\xfe" + b[3:]
+    return "fe80::" + ":".join(f"{eui[i] << 8 | eui[i + 1]:x}" for i in range(0, 8, 2))
+
+
+def test_a_tenant_reaches_no_host_service_over_ipv6(host: Host) -> None:
+    """The rules between a tenant and the host are IPv4's: over the link-local address
+    of its link's host end (``[fe80::…%eth0]``) a tenant reached host services bound to
+    ``[::]``, ranks of multi-member jobs among them. The link carries no IPv6 now; the
+    tenant's own ``::1`` still works."""
+    port = free_port()
+    srv = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{host.netns}", sys.executable, "-c", SERVE6, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        veth = netns.veth_name(uid_of(host, "bob"))
+        assert in_host_ns(host, "ip", "-6", "-o", "addr", "show", "dev", veth).stdout.strip() == ""
+        link = in_host_ns(host, "ip", "-o", "link", "show", "dev", veth).stdout.split()
+        mac = link[link.index("link/ether") + 1]
+        target = f"{_link_local(mac)}%eth0"
+        r = sh(host, "bob", f"cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6; {DIAL6} '{target}' {port}")
+        out = r.stdout.decode()
+        assert out.split()[0] == "1" and "host-service" not in out and "FAILED" in out, (out, r.stderr)
+        tally("attacks_refused")
+        loop6 = (
+            "python3 -c \"import socket; s = socket.socket(socket.AF_INET6); s.bind(('::1', 0)); "
+            "s.listen(); c = socket.create_connection(s.getsockname()[:2]); print('LOOP6', s.accept()[1][0])\""
+        )
+        assert "LOOP6 ::1" in sh(host, "bob", loop6).stdout.decode()
+    finally:
+        srv.kill()
+        srv.wait()
 
 
 def test_a_tenant_cannot_enter_another_tenants_namespace(host: Host) -> None:
