@@ -383,6 +383,8 @@ def base_view(rec: JobRecord, user: JobUser) -> dict[str, Any]:
         # Which start this is (0 first; each requeue adds one), as Slurm's restart count.
         "attempt": rec.attempt,
         "cancel_requested": rec.cancel_requested,
+        # Kept from starting (--hold, mt-job hold) until released.
+        "held": rec.held,
     }
     view.update(accounting_view(rec))
     return view
@@ -922,8 +924,8 @@ def register(d: Dispatcher, host: JobHost) -> None:
 
     d.register("job.submit", submit)
     d.register("job.usage", usage_)
-    d.register("job.hold", hold)
-    d.register("job.release", release)
+    d.register("job.hold", hold, audit=True)  # audited when an admin holds another's job
+    d.register("job.release", release, audit=True)
     d.register("job.list", list_)
     d.register("job.show", show)
     d.register("job.cancel", cancel, audit=True)  # audited when an admin cancels

@@ -97,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(can)
     can.add_argument("job_ids", nargs="+", metavar="JOBID")
     can.add_argument("--reason", default="", help="why; the job's owner sees it with the job")
+    for verb, what in (
+        ("hold", "keep any tenant's pending jobs from starting"),
+        ("release", "let held jobs start"),
+    ):
+        hr = sub.add_parser(verb, help=what)
+        add_common(hr)
+        hr.add_argument(
+            "job_ids", nargs="+", metavar="JOBID", help="jobs (an array's id: all its pending tasks)"
+        )
     aud = sub.add_parser("audit", help="admin actions: who did what, when, with which arguments")
     add_common(aud)
     aud.add_argument(
@@ -167,6 +176,8 @@ EXAMPLES = {
     "undrain": "sudo mtgpu-admin undrain gpu01",
     "jobs": "sudo mtgpu-admin jobs\nsudo mtgpu-admin jobs --all --user alice --state FAILED",
     "cancel": 'sudo mtgpu-admin cancel 2 --reason "runs on the wrong dataset"',
+    "hold": "sudo mtgpu-admin hold 42 43",
+    "release": "sudo mtgpu-admin release 42",
     "audit": "sudo mtgpu-admin audit\nsudo mtgpu-admin audit --action node --json -n 1",
     "logs": "sudo mtgpu-admin logs -n 20\nsudo mtgpu-admin logs --level ERROR --node gpu02",
     "cluster": "sudo mtgpu-admin cluster status",
@@ -216,6 +227,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         for line in err:
             print(f"mtgpu-admin: {line}", file=sys.stderr)
         return rc
+    elif args.cmd in ("hold", "release"):
+        r = api.call(f"job.{args.cmd}", job_ids=args.job_ids)
+        done = "Held" if args.cmd == "hold" else "Released"
+        emit(args, r, "\n".join(f"{done} job {j}" for j in r["changed"]) or None)
+        for j in r["not_pending"]:
+            print(f"mtgpu-admin: job {j} is no longer pending", file=sys.stderr)
+        for j in r["not_found"]:
+            print(f"mtgpu-admin: no job {j}", file=sys.stderr)
+        return 1 if r["not_pending"] or r["not_found"] else 0
     elif args.cmd == "audit":
         if args.limit < 0:
             raise ValidationError("--limit must be 0 (all) or more")

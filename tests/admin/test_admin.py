@@ -227,6 +227,27 @@ def test_drain_now_requeues_or_cancels_with_the_reason(pair):
     ]
 
 
+def test_an_admin_holds_and_releases_any_tenants_pending_job(pair):
+    a = pair.alpha
+    key = a.add_user("hal")
+    first = submit(a, "hal", key, "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 300\n")
+    after = submit(
+        a, "hal", key, f"#!/bin/bash\n#SBATCH --dependency=afterok:{first}\n#MTGPU cpus=1 ram=10M\ntrue\n"
+    )
+    try:
+        wait_job(a, first, lambda j: j["state"] == "RUNNING", "RUNNING")
+        assert a.admin("hold", after).stdout.strip() == f"Held job {after}"
+        assert wait_job(a, after, lambda j: j["state"] == "PENDING", "PENDING").get("held") is True
+        r = a.admin("release", after, first, check=False)
+        assert r.returncode == 1 and r.stdout.strip() == f"Released job {after}", r.stdout + r.stderr
+        assert f"mtgpu-admin: job {first} is no longer pending" in r.stderr
+        assert not wait_job(a, after, lambda j: True, "listed").get("held")
+    finally:
+        a.admin("cancel", first, after)
+    audit = json.loads(a.admin("audit", "--action", "job", "--json").stdout)
+    assert ("job.hold", {"job_ids": [after]}) in [(e["action"], e["args"]) for e in audit]
+
+
 def admin_here(host: Host, capsys, *argv: str) -> str:
     """mtgpu-admin run in this process (as root), like the CLI tests; returns stdout."""
     from mtgpu.cli import admin

@@ -363,3 +363,25 @@ def test_scancel_cancels_a_range_of_array_tasks(host) -> None:
     rc, out, err = run(host, "sam", "scancel", f"{jid}_[0,3]")
     assert rc == 0, err
     assert [wait_end(host, "sam", f"{jid}_{i}")["state"] for i in (0, 3)] == ["CANCELLED"] * 2
+
+
+def test_scontrol_hold_and_release_a_pending_job_and_not_anothers(host) -> None:
+    """``scontrol hold|release`` as Slurm's (quiet on success, ids apart by spaces or
+    commas); another tenant's hold is "Invalid job id" and changes nothing."""
+    first = sbatch(host, "sam", "#!/bin/sh\n#MTGPU cpus=1 ram=64M\nsleep 300\n")
+    after = sbatch(host, "sam", "#!/bin/sh\n#MTGPU cpus=1 ram=64M\ntrue\n", f"--dependency=afterok:{first}")
+    try:
+        assert show(host, "sam", after)["state"] == "PENDING"
+        rc, out, err = run(host, "eve", "scontrol", "hold", after)
+        assert rc == 1 and "Invalid job id specified" in err and not show(host, "sam", after).get("held"), err
+        rc, out, err = run(host, "sam", "scontrol", "hold", after)
+        assert (rc, out, err) == (0, "", "") and show(host, "sam", after).get("held") is True
+        rc, out, err = run(host, "sam", "scontrol", "-o", "show", "job", after)
+        assert rc == 0 and " JobState=PENDING " in out, out + err
+        rc, out, err = run(host, "sam", "scontrol", "release", f"{after},{first}")
+        assert rc == 1 and f"Job {first} is no longer pending" in err, err
+        assert not show(host, "sam", after).get("held")
+        rc, out, err = run(host, "sam", "scontrol", "requeue", after)
+        assert rc == 1 and "`requeue` is not available" in err and "hold" in err, err
+    finally:
+        run(host, "sam", "scancel", first, after)

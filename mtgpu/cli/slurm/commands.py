@@ -455,6 +455,8 @@ scontrol --json show job 12
 scontrol show hostnames     the job's members, one a line (from $SLURM_JOB_NODELIST)
 scontrol show hostnames gpu[01-03]  gpu01, gpu02 and gpu03, one a line
 scontrol show hostlist gpu01,gpu02  gpu[01-02]
+scontrol hold 12 15_3       keep pending jobs from starting (mt-job hold)
+scontrol release 12,15_3    let held jobs start again (mt-job release)
 """
 
 
@@ -463,12 +465,15 @@ def scontrol_parser() -> argparse.ArgumentParser:
     _config(p)
     p.add_argument("-o", "--oneliner", action="store_true", help="one line per record")
     p.add_argument("--json", action="store_true", help="JSON")
-    p.add_argument("verb", help="show (the only verb MTGPU has)")
-    p.add_argument("entity", help="job, node, hostnames or hostlist")
+    p.add_argument("verb", help="show, hold, uhold or release")
+    p.add_argument(
+        "entity", nargs="?", help="show: job, node, hostnames or hostlist; hold, release: a job id"
+    )
     p.add_argument(
         "name",
-        nargs="?",
-        help="a job id or member name (default: all); a host list (default: $SLURM_JOB_NODELIST)",
+        nargs="*",
+        help="a job id or member name (default: all); a host list (default: $SLURM_JOB_NODELIST); "
+        "more job ids to hold or release",
     )
     return with_examples(p, {"": SCONTROL_EXAMPLES})
 
@@ -500,15 +505,57 @@ def show_hostlist(entity: str, text: str | None) -> int:
     return 0
 
 
+def scontrol_hold(args: argparse.Namespace) -> int:
+    """``scontrol hold|uhold|release JOB_LIST``: ``mt-job hold`` and ``release``, quiet on
+    success as Slurm's; ids apart by spaces or commas, an array's id for all its tasks."""
+    ids = [i for w in [args.entity or "", *args.name] for i in w.split(",") if i]
+    if not ids:
+        print(
+            f"scontrol: error: {args.verb}: name the jobs, as `scontrol {args.verb} 12 15_3`", file=sys.stderr
+        )
+        return 1
+    op = "job.release" if args.verb == "release" else "job.hold"
+
+    def body(api: Any) -> int:
+        from mtgpu.errors import ApiError
+
+        try:
+            r = api.call(op, job_ids=ids)
+        except ApiError as exc:
+            if exc.code != "not_found":
+                raise
+            print(f"{INVALID_JOB} for job_id {' '.join(ids)}", file=sys.stderr)
+            return 1
+        for jid in r["not_pending"]:
+            print(
+                f"Job {jid} is no longer pending: it can only be held or released while it waits",
+                file=sys.stderr,
+            )
+        for jid in r["not_found"]:
+            print(f"{INVALID_JOB} for job_id {jid}", file=sys.stderr)
+        return 1 if r["not_pending"] or r["not_found"] else 0
+
+    return _run("scontrol", args, body)
+
+
 def scontrol_main(argv: list[str] | None = None) -> int:
     args = scontrol_parser().parse_args(argv)
+    if args.verb in ("hold", "uhold", "release"):
+        return scontrol_hold(args)
     if args.verb != "show":
         print(
             f"scontrol: error: `{args.verb}` is not available in MTGPU; use `show job|node`, "
-            "`mt-job cancel` or `mtgpu-admin` for an admin's changes",
+            "`hold`, `release`, `mt-job cancel`, or `mtgpu-admin` for an admin's changes",
             file=sys.stderr,
         )
         return 1
+    if not args.entity or len(args.name) > 1:
+        print(
+            "scontrol: error: show takes an entity and at most one name, as `scontrol show job 12`",
+            file=sys.stderr,
+        )
+        return 1
+    args.name = args.name[0] if args.name else None
     if args.entity.lower() in ("hostnames", "hostlist"):
         return show_hostlist(args.entity.lower(), args.name)
     entity = args.entity.lower().rstrip("s")
