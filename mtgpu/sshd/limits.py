@@ -204,8 +204,24 @@ class ConnectionLimits:
         conns = list(self.live.get(user, ()))
         for c in conns:
             if c.conn is not None:
-                c.conn.disconnect(asyncssh.DISC_ILLEGAL_USER_NAME, reason)
+                disconnect_first(c.conn, asyncssh.DISC_ILLEGAL_USER_NAME, reason)
         return len(conns)
+
+
+def disconnect_first(conn: Any, code: int, reason: str) -> None:
+    """End ``conn`` with its DISCONNECT message sent before anything else.
+
+    asyncssh's ``disconnect`` closes every channel first, then sends DISCONNECT and
+    aborts the socket. The client answers each channel close; an answer that reaches
+    the aborted socket makes the kernel reset the connection, and the client may then
+    report a broken pipe instead of the reason. Sent first (asyncssh's own
+    ``_send_disconnect``, of the pinned asyncssh 2.24), DISCONNECT is the first thing
+    the client reads, and it closes without answering anything.
+    """
+    send = getattr(conn, "_send_disconnect", None)
+    if callable(send):
+        send(code, reason, asyncssh.DEFAULT_LANG)
+    conn.disconnect(code, reason)
 
 
 class Held:

@@ -207,3 +207,24 @@ def test_unauthenticated_connections_are_counted_per_source():
     d.take("startup", "10.0.0.2")  # another address has its own
     a.give("startup", "10.0.0.1")  # a login gives its slot back
     c.take("startup", "10.0.0.1")
+
+
+def test_disconnect_first_sends_the_reason_before_closing_channels() -> None:
+    """The removal's DISCONNECT goes out before asyncssh's channel closes: the pinned
+    asyncssh has the private sender it uses, and the order holds."""
+    import asyncssh as _asyncssh
+
+    from mtgpu.sshd.limits import disconnect_first
+
+    assert callable(getattr(_asyncssh.SSHServerConnection, "_send_disconnect", None))
+    said: list[tuple] = []
+
+    class Conn:
+        def _send_disconnect(self, code: int, reason: str, lang: str) -> None:
+            said.append(("disconnect message", code, reason))
+
+        def disconnect(self, code: int, reason: str) -> None:
+            said.append(("channels closed, socket aborted", code, reason))
+
+    disconnect_first(Conn(), 8, "gone")
+    assert said == [("disconnect message", 8, "gone"), ("channels closed, socket aborted", 8, "gone")]
