@@ -273,6 +273,9 @@ class Runner:
         self.state_dir = Path(state_dir)
         self.python = python
         self.memory = memory
+        #: When (monotonic) this process wrote each starting job's spec: how long its
+        #: supervisor has had to start, whatever the wall clock did meanwhile.
+        self._spec_written: dict[str, float] = {}
         self.system = cgroups.detect()
         self.cgroup_parents = (
             {} if cgroup_root == "none" else cgroups.parents(self.system, cgroup_root, cgroup_version)
@@ -395,6 +398,7 @@ class Runner:
             "net_ns": net_ns,
         }
         write_json(job_dir / SPEC, spec, durable=False)
+        self._spec_written[launch.job_id] = time.monotonic()
         if launch.nnodes > 1 and self.job_network_on is not None:
             self.job_network_on(launch)
         # A clean environment; the supervisor runs this very code (python_argv).
@@ -471,20 +475,31 @@ class Runner:
         d = self.job_dir(job_id)
         data = read_json(d / RESULT)
         if data is not None:
+            self._spec_written.pop(job_id, None)
             return JobResult.from_dict(data)
         if not (d / SPEC).exists():
             return None
         pid = read_json(d / PIDFILE)
         if pid is None:
+            # Timed on the monotonic clock when this process wrote the spec (an NTP
+            # step must not make a starting job look lost); by the spec's age only
+            # for a job an earlier daemon started.
+            written = self._spec_written.get(job_id)
             try:
-                age = time.time() - (d / SPEC).stat().st_mtime
+                age = (
+                    time.monotonic() - written
+                    if written is not None
+                    else time.time() - (d / SPEC).stat().st_mtime
+                )
             except FileNotFoundError:
                 return None
             if age < START_GRACE:
                 return None
+            self._spec_written.pop(job_id, None)
             return self._record_lost(
                 job_id, "its supervisor never started (the daemon stopped while starting it)"
             )
+        self._spec_written.pop(job_id, None)  # its supervisor started
         if is_alive(pid):
             return None
         # The supervisor writes the result and then exits: look again before
