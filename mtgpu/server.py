@@ -24,7 +24,7 @@ from typing import Any
 import asyncssh
 
 import mtgpu
-from mtgpu import lograte, logsetup
+from mtgpu import clock, lograte, logsetup
 from mtgpu.accounts import local as local_policy
 from mtgpu.accounts.provision import Account, LocalAccounts
 from mtgpu.accounts.published import DATASETS_ROOT, Published, Publisher, link_home
@@ -1222,6 +1222,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    moved = os.environ.get(clock.WALL_OFFSET_ENV)
+    if moved:  # a test moving this daemon's wall clock (mtgpu.clock)
+        clock.shift_wall_clock(moved)
     try:
         options = load(args.config)
     except ConfigError as exc:
@@ -1239,6 +1242,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     asyncssh.set_log_level(logging.WARNING)
+    if moved:
+        log.warning(
+            "this daemon's wall clock is moved by the seconds in %s (%s: for tests)",
+            moved,
+            clock.WALL_OFFSET_ENV,
+        )
     from mtgpu.gateway.spawn import use_pidfd_reaping
 
     use_pidfd_reaping()

@@ -29,8 +29,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 PEER_PREFIX = "mtgpu-peer."
 CERT_VALIDITY = 30 * 86400
-#: A certificate is valid from this many seconds before it is signed (clocks differ).
-CERT_BACKDATE = 300
+#: A certificate is valid from this many seconds before it is signed: members' and
+#: users' clocks may differ by up to this much (NTP stepping one by minutes, say)
+#: before a fresh certificate looks "not yet valid" to them.
+CERT_BACKDATE = 3600
 
 
 def derive_key(label: str, cluster_id: str, secret: str) -> asyncssh.SSHKey:

@@ -81,7 +81,7 @@ class HostCertificates:
         keys: list[asyncssh.SSHKey],
         principals: Callable[[], list[str]],
         *,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float] | None = None,
         validity: int | None = None,
     ) -> None:
         """``now``: the wall clock the certificates are checked against (by ``ssh``
@@ -90,7 +90,8 @@ class HostCertificates:
         self.identity = identity
         self.keys = keys
         self.principals = principals
-        self.now = now
+        # time.time looked up at each call (a test may move the process's wall clock).
+        self.now = now if now is not None else (lambda: time.time())
         self.validity = configured_validity() if validity is None else validity
         #: Seconds between looks at the clock: a tenth of the validity at most.
         self.interval = min(CHECK_INTERVAL, self.validity / 10)
