@@ -6,7 +6,7 @@
  * unreachable with the reason and retried later; it never holds up the others.
  */
 
-import { ApiConnection, ApiError, RESEND_CODES, RETRYABLE_CODES, ServerUnreachable, requests, submissionToken, type Observer, type Request, type SshOptions } from "./protocol";
+import { ApiConnection, ApiError, RESEND_CODES, RETRYABLE_CODES, ServerUnreachable, requests, submissionToken, untrustedHostKey, type Observer, type Request, type SshOptions } from "./protocol";
 import { memberTarget, type Target } from "./sources";
 
 export type Status = "connecting" | "up" | "unreachable";
@@ -273,7 +273,9 @@ export class Fleet {
 
   private unreachable(st: ServerState, reason: string): void {
     // A ~/.ssh/config host that never answered as MTGPU is some other host: hide it.
-    if (st.target.source === "ssh_config" && st.server === undefined) st.hidden = true;
+    // One whose host key is not trusted yet stays, with how to trust it (as in
+    // remotegpu-cli): it may well be a server, and hiding it leaves an empty panel.
+    if (st.target.source === "ssh_config" && st.server === undefined && !untrustedHostKey(reason)) st.hidden = true;
     st.status = "unreachable";
     st.reason = reason;
     this.conns.get(st.target.name)?.close();
@@ -353,7 +355,8 @@ export class Fleet {
   async refresh(st: ServerState, workspaces = true): Promise<void> {
     const c = this.conn(st);
     st.nodes = asList<Node>(await this.send(c, requests.nodes()), "nodes");
-    st.jobs = asList<Job>(await this.send(c, requests.jobs()), "job.list");
+    const jobs = requests.jobs(); // every page: a user with thousands of jobs sees them all
+    st.jobs = (await c.callAll(jobs.op, jobs.args)) as Job[];
     if (workspaces && st.workspaces !== null) {
       try {
         st.workspaces = asList<Workspace>(

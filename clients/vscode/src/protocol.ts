@@ -63,7 +63,11 @@ export interface Answer {
   code?: unknown;
   retryable?: unknown;
   notice?: unknown;
+  next_cursor?: unknown;
 }
+
+/** The most pages read of one listing (as the Python clients' `jsonl.MAX_PAGES`): more is a cursor that never ends. */
+export const MAX_PAGES = 100_000;
 
 export interface SshOptions {
   /** The OpenSSH client (default `ssh`). */
@@ -108,13 +112,21 @@ export function apiArgv(t: Target, ssh: SshOptions): string[] {
   return [ssh.sshPath, "-T", ...batchOptions(ssh), "-s", ...targetArgs(t, ssh), SUBSYSTEM];
 }
 
+/** How a reason begins when the server answered but its host key is not trusted here. */
+export const HOST_KEY_UNTRUSTED = "host key not trusted";
+
+/** Whether `reason` (from {@link reasonFromSsh}) says only that the host key is not trusted yet. */
+export function untrustedHostKey(reason: string): boolean {
+  return reason.startsWith(HOST_KEY_UNTRUSTED);
+}
+
 /** What went wrong, and what to do, from ssh's last words on standard error. */
 export function reasonFromSsh(stderr: string, status: number | null, t: Target, timeoutMs: number): string {
   const dest = destination(t);
   const lines = stderr.split(/\r?\n/).map((l) => l.trim()).filter((l) => l && !l.startsWith("Warning: Permanently added"));
   const text = lines.join("\n");
   if (/Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|No .* host key is known/i.test(text)) {
-    return `host key not trusted; check and accept it once with \`ssh ${dest}\` in a terminal, or add the cluster's @cert-authority line to known_hosts`;
+    return `${HOST_KEY_UNTRUSTED}; check and accept it once with \`ssh ${dest}\` in a terminal, or add the cluster's @cert-authority line to known_hosts`;
   }
   if (/Permission denied/i.test(text)) {
     return `key not accepted: ask an admin to add your public key or for an invite (\`ssh ${dest}\` redeems it)`;
@@ -232,6 +244,28 @@ export class ApiConnection {
 
   /** Send one request; its result, or ApiError / ServerUnreachable. */
   async call(op: string, args: Record<string, unknown> = {}, timeoutMs: number = this.ssh.timeoutMs): Promise<unknown> {
+    return (await this.answer(op, args, timeoutMs)).result;
+  }
+
+  /**
+   * Every item of a listing given in pages (`job.list`): each page's result in turn,
+   * its `next_cursor` sent back as `cursor` until none is given. A server that does
+   * not page answers everything at once, which is the one page.
+   */
+  async callAll(op: string, args: Record<string, unknown> = {}, timeoutMs: number = this.ssh.timeoutMs): Promise<unknown[]> {
+    const items: unknown[] = [];
+    let cursor: string | undefined;
+    for (let page = 0; page < MAX_PAGES; page++) {
+      const answer = await this.answer(op, { ...args, cursor }, timeoutMs);
+      if (!Array.isArray(answer.result)) throw new ServerUnreachable(`the server's ${op} is not a list; is it an MTGPU server?`);
+      for (const item of answer.result) items.push(item);
+      cursor = typeof answer.next_cursor === "string" && answer.next_cursor ? answer.next_cursor : undefined;
+      if (!cursor) return items;
+    }
+    throw new ServerUnreachable(`${op} gave more than ${MAX_PAGES} pages; the server is broken`);
+  }
+
+  private async answer(op: string, args: Record<string, unknown>, timeoutMs: number): Promise<Answer> {
     const req: Request = { op, args: dropUndefined(args) };
     let answer: Answer;
     try {
@@ -243,7 +277,7 @@ export class ApiConnection {
     this.observer?.(req, answer);
     if (answer.ok !== true) throw ApiError.fromAnswer(answer);
     if (typeof answer.notice === "string" && answer.notice) this.notice = answer.notice.slice(0, 2000);
-    return answer.result;
+    return answer;
   }
 
   private send(req: Request, timeoutMs: number): Promise<Answer> {

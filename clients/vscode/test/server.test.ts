@@ -7,12 +7,15 @@
 
 import { strict as assert } from "node:assert";
 import { execFileSync, spawnSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { test } from "node:test";
 import { errorMessage, follow, jobOutputArgv, remoteSshUri, terminalCommand } from "../src/commands";
 import { Fleet, monthUsage } from "../src/fleet";
+import { ApiConnection } from "../src/protocol";
 import { discover, loadServerList, sshConfigHosts } from "../src/sources";
 import { serverTree, statusSummary } from "../src/view";
-import { needsServer, real, sshOptions, until } from "./support";
+import { needsServer, real, sshOptions, tmpDir, until } from "./support";
 
 const G = 2 ** 30;
 
@@ -63,6 +66,55 @@ test("the SSH terminal's command lands in the user's tmux session there", needsS
     assert.match(screen[0], /^IN-TMUX-\S+-END$/);
   } finally {
     spawnSync("tmux", ["-L", sock, "kill-server"]);
+  }
+});
+
+test("a ~/.ssh/config host whose key is not trusted yet stays in the panel, with how to trust it", needsServer, async () => {
+  // The real server, under a name whose known_hosts is empty: it answers, its key is unknown.
+  const g = new Map<string, string>();
+  for (const line of execFileSync("ssh", ["-G", "-F", real!.sshConfig, "gpu"], { encoding: "utf-8" }).split("\n")) {
+    const i = line.indexOf(" ");
+    if (i > 0 && !g.has(line.slice(0, i))) g.set(line.slice(0, i), line.slice(i + 1));
+  }
+  const dir = tmpDir("mtgpu-untrusted-");
+  const cfg = path.join(dir, "config");
+  fs.writeFileSync(
+    cfg,
+    `Host fresh\n  HostName ${g.get("hostname")}\n  Port ${g.get("port")}\n  User ${g.get("user")}\n` +
+      `  StrictHostKeyChecking yes\n  UserKnownHostsFile ${path.join(dir, "known_hosts")}\n`,
+  );
+  const f = new Fleet([{ name: "fresh", host: "fresh", source: "ssh_config" }], { ssh: sshOptions(10000, cfg), intervalMs: 300 });
+  const shown = await f.once();
+  const st = f.state("fresh");
+  assert.deepEqual([shown.map((s) => s.target.name), st.hidden, st.status], [["fresh"], false, "unreachable"]);
+  assert.match(st.reason, /^host key not trusted; check and accept it once with `ssh fresh`/);
+  assert.match(serverTree(f).find((n) => n.id === "fresh")?.description ?? "", /^unreachable: host key not trusted/);
+  f.stop();
+});
+
+test("a listing the server gives in pages is read whole, as one page of everything gives it", needsServer, async () => {
+  const f = fleetFromHome(20000);
+  const st = f.state("gpu");
+  await f.connect(st);
+  const ids: string[] = [];
+  try {
+    for (let i = 0; i < 3; i++) ids.push((await f.submitJob(st, `#!/bin/sh\n#MTGPU name=page${i}\ntrue\n`)).job_id);
+    const c = new ApiConnection(st.target, sshOptions(20000));
+    try {
+      const whole = (await c.call("job.list", { all: true, limit: 5000 })) as { job_id: string }[];
+      const paged = (await c.callAll("job.list", { all: true, limit: 1 })) as { job_id: string }[];
+      assert.ok(paged.length >= 3 && ids.every((id) => paged.some((j) => j.job_id === id)), JSON.stringify(paged));
+      assert.deepEqual(paged.map((j) => j.job_id), whole.map((j) => j.job_id));
+      const one = await c.call("job.list", { all: true, limit: 1 });
+      assert.equal((one as unknown[]).length, 1); // so the paged read above took pages
+    } finally {
+      c.close();
+    }
+    await f.refresh(st, false);
+    assert.ok(ids.every((id) => st.jobs.some((j) => j.job_id === id)));
+  } finally {
+    for (const id of ids) await f.cancelJob(st, id).catch(() => undefined);
+    f.stop();
   }
 });
 
