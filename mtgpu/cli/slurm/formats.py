@@ -429,12 +429,11 @@ def gpus_asked(j: dict[str, Any]) -> int:
 
 #: A final state's reason in Slurm's words (``scontrol show job``'s ``Reason=``).
 FINAL_REASONS = {
-    "COMPLETED": "None",
-    "CANCELLED": "None",
-    "TIMEOUT": "TimeLimit",
-    "OUT_OF_MEMORY": "OutOfMemory",
-    "NODE_FAIL": "NodeDown",
-    "PREEMPTED": "None",
+    JobState.COMPLETED: "None",
+    JobState.CANCELLED: "None",
+    JobState.TIMEOUT: "TimeLimit",
+    JobState.OUT_OF_MEMORY: "OutOfMemory",
+    JobState.NODE_FAIL: "NodeDown",
 }
 
 
@@ -444,7 +443,7 @@ def slurm_reason(j: dict[str, Any]) -> str:
     key=value pairs; a reason of several words has them joined by ``_``, as Slurm
     joins ``ReqNodeNotAvail,_UnavailableNodes``. ``mt-job show`` keeps the sentence."""
     state = j.get("state")
-    if state == "FAILED":
+    if state == JobState.FAILED:
         code, sig = j.get("exit_code"), j.get("signal")
         if sig:
             return f"RaisedSignal:{sig}"
