@@ -324,14 +324,16 @@ def render(
 
 
 def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
-    """Slurm's ``sacct --json`` shape, for the fields MTGPU has."""
+    """Slurm's ``sacct --json`` shape, for the fields MTGPU has (integer job ids)."""
+    from mtgpu.cli.slurm.formats import json_id
+
     jobs = []
     for v in views:
         code, _, sig = exit_code(v).partition(":")
         jobs.append(
             {
-                "job_id": v["job_id"],
-                "array": {"job_id": v.get("array_id"), "task_id": v.get("array_task")},
+                "job_id": json_id(v.get("numeric_id") or v["job_id"]),
+                "array": {"job_id": json_id(v.get("array_id")), "task_id": v.get("array_task")},
                 "name": v["name"],
                 "user": v["user"],
                 "account": v["user"],

@@ -122,7 +122,7 @@ def test_squeue_scontrol_scancel_main_paths_and_exit_codes(host) -> None:
     rc, out, err = run(host, "sam", "squeue", "-j", "999999")
     assert rc == 1 and "Invalid job id specified" in err
     rc, out, err = run(host, "sam", "squeue", "--json")
-    assert [j["job_state"] for j in json.loads(out)["jobs"] if j["job_id"] == jid] == ["RUNNING"]
+    assert [j["job_state"] for j in json.loads(out)["jobs"] if j["job_id"] == int(jid)] == ["RUNNING"]
     rc, out, err = run(host, "sam", "scontrol", "show", "job", jid)
     assert rc == 0 and out.startswith(f"JobId={jid} JobName=sleeper") and "JobState=RUNNING" in out
     rc, out, err = run(host, "sam", "scontrol", "show", "job", "999999")

@@ -183,6 +183,15 @@ def test_a_pending_jobs_gpu_request_is_shown_before_it_runs() -> None:
     assert formats.slurm_job_json(j, NOW)["gpus"] == 4
 
 
+def test_json_job_ids_are_integers_as_slurms() -> None:
+    """``squeue``/``scontrol --json``: ``job_id`` is a number, an array task's its own
+    (its SLURM_JOB_ID), and ``array_job_id`` the array's."""
+    assert formats.slurm_job_json(view("12", "RUNNING"), NOW)["job_id"] == 12
+    task = formats.slurm_job_json(view("15_3", "PENDING", numeric_id="19"), NOW)
+    assert (task["job_id"], task["array_job_id"], task["array_task_id"]) == (19, 15, 3)
+    assert formats.json_id("15_[1-9]") == "15_[1-9]"
+
+
 def test_states_accept_slurms_codes_and_names_and_name_a_bad_one() -> None:
     assert parse_states("PD,r") == {"PENDING", "RUNNING"}
     assert parse_states("completed") == {"COMPLETED"}

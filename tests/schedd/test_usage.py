@@ -263,6 +263,9 @@ def test_sacct_times_and_json_shape():
     with pytest.raises(ValueError, match="not a time"):
         sacct.parse_when("soon", 0)
     j = sacct.slurm_json([view()])["jobs"][0]
+    assert j["job_id"] == 7  # an integer, as Slurm's
+    task = sacct.slurm_json([view(job_id="8_0", array_id="8", numeric_id="12")])["jobs"][0]
+    assert (task["job_id"], task["array"]["job_id"]) == (12, 8)
     assert j["exit_code"]["return_code"]["number"] == 0 and j["exit_code"]["signal"]["id"]["number"] == 11
     assert j["exit_code"]["signal"]["name"] == "SIGSEGV" and j["exit_code"]["status"] == ["SIGNALED"]
     assert j["state"]["current"] == ["FAILED"] and j["restart_cnt"] == 1

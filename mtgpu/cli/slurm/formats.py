@@ -532,11 +532,18 @@ def scontrol_node(n: dict[str, Any], one_liner: bool = False) -> str:
     return "\n".join(("   " if i else "") + " ".join(g) for i, g in enumerate(groups)) + "\n"
 
 
+def json_id(text: Any) -> Any:
+    """A job id as Slurm's ``--json`` gives one: an integer (``"12"`` -> 12); an id
+    that is no number (a collapsed array such as ``15_[1-9]``) stays as it is."""
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else text
+
+
 def slurm_job_json(j: dict[str, Any], now: float) -> dict[str, Any]:
-    """A job view under Slurm's ``--json`` key names (the fields MTGPU has)."""
+    """A job view under Slurm's ``--json`` key names (the fields MTGPU has): ``job_id``
+    is the job's number, for an array task its own (its ``SLURM_JOB_ID``), as Slurm's."""
     return {
-        "job_id": j["job_id"],
-        "array_job_id": j.get("array_id"),
+        "job_id": json_id(j.get("numeric_id") or j["job_id"]),
+        "array_job_id": json_id(j.get("array_id")),
         "array_task_id": j.get("array_task"),
         "name": j["name"],
         "user_name": j["user"],
