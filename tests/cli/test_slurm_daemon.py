@@ -60,7 +60,7 @@ def test_sbatch_prints_slurms_line_and_parsable_the_id_and_refuses_a_bad_option(
     wrapped = out.strip()
     assert rc == 0 and wrapped.isdigit(), err
     j = wait_end(host, "sam", wrapped)
-    assert j["state"] == "COMPLETED"
+    assert j["state"] == "COMPLETED" and j["name"] == "wrap", j  # Slurm's name for it
     rc, out, err = run(host, "sam", "mt-job", "logs", wrapped)
     assert out.strip() == f"wrapped-{wrapped}"
     rc, out, err = run(host, "sam", "sbatch", "--bogus-option", "x.sh")

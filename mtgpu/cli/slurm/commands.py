@@ -147,6 +147,7 @@ def sbatch_main(argv: list[str] | None = None) -> int:
             return 1
         args.script_text = f"#!/bin/sh\n{wrap}\n"
         args.script_workdir = os.getcwd()
+        args.file = "wrap"  # the job's name unless -J gives one, as Slurm names it
     elif not rest and (sys.stdin is None or sys.stdin.isatty()):
         print(
             "sbatch: error: no batch script: name a file (- for standard input), pipe one in, or use --wrap",
