@@ -129,6 +129,9 @@ def test_scontrol_show_job_is_slurms_key_value_record() -> None:
     assert "\n" not in formats.scontrol_job(j, NOW, one_liner=True)
     failed = formats.scontrol_job({**j, "state": "FAILED", "exit_code": 3}, NOW)
     assert "ExitCode=3:0" in failed
+    # Slurm's scontrol: TimeLimit=00:05:00 (squeue's %l shows 5:00).
+    assert "TimeLimit=00:05:00" in formats.scontrol_job({**j, "time_limit": 300}, NOW)
+    assert "TimeLimit=1-00:00:00" in formats.scontrol_job({**j, "time_limit": 86400}, NOW)
 
 
 @pytest.mark.parametrize(

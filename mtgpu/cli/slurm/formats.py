@@ -473,7 +473,11 @@ def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
             f"Restarts={j.get('attempt', 0)}",
             f"ExitCode={exit_code}",
         ],
-        [f"RunTime={_hms(run_time(j, now))}", f"TimeLimit={time_limit(j.get('time_limit'))}"],
+        # scontrol writes both as [D-]HH:MM:SS (squeue's %l is the shorter 5:00).
+        [
+            f"RunTime={_hms(run_time(j, now))}",
+            f"TimeLimit={_hms(tl) if (tl := j.get('time_limit')) else 'UNLIMITED'}",
+        ],
         [f"SubmitTime={iso_time(j.get('submit_time'))}"],
         [f"StartTime={iso_time(j.get('start_time'))}", f"EndTime={iso_time(j.get('end_time'))}"],
         [f"Partition={PARTITION}"],
