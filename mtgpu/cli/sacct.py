@@ -96,6 +96,12 @@ def signal_name(sig: int | None) -> str:
         return f"signal {sig}"
 
 
+def _partition() -> str:
+    from mtgpu.cli.slurm.formats import PARTITION
+
+    return PARTITION
+
+
 def exit_code(v: dict[str, Any]) -> str:
     """Slurm's ``ExitCode``: ``status:signal`` (``0:0`` while it runs)."""
     return v.get("exit") or "0:0"
@@ -115,7 +121,9 @@ FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "JobID": (12, False, lambda v: v["job_id"]),
     "JobIDRaw": (12, False, lambda v: v.get("numeric_id") or v["job_id"]),
     "JobName": (10, True, lambda v: v["name"]),
-    "Partition": (10, True, lambda v: v.get("cluster") or ""),
+    # One partition, as squeue, sinfo and scontrol say; the cluster is its own field.
+    "Partition": (10, True, lambda v: _partition()),
+    "Cluster": (10, True, lambda v: v.get("cluster") or ""),
     "Account": (10, True, lambda v: v["user"]),
     "User": (9, True, lambda v: v["user"]),
     "AllocCPUS": (10, True, lambda v: v["alloc_cpus"]),
@@ -337,7 +345,8 @@ def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
                 "name": v["name"],
                 "user": v["user"],
                 "account": v["user"],
-                "partition": v.get("cluster") or "",
+                "partition": _partition(),
+                "cluster": v.get("cluster") or "",
                 "state": {"current": [v["state"]], "reason": v.get("reason") or "None"},
                 "exit_code": {
                     "status": ["SIGNALED" if int(sig) else ("SUCCESS" if int(code) == 0 else "ERROR")]

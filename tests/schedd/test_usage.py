@@ -213,7 +213,9 @@ def test_sacct_default_format_is_slurms_fixed_width_table():
     out = sacct.render([view()], sacct.parse_format(sacct.DEFAULT_FORMAT)).splitlines()
     assert out[0].split() == ["JobID", "JobName", "Partition", "Account", "AllocCPUS", "State", "ExitCode"]
     assert set(out[1].replace(" ", "")) == {"-"}
-    assert out[2].split() == ["7", "train", "lab", "ann", "2", "FAILED", "0:11"]
+    assert out[2].split() == ["7", "train", "mtgpu", "ann", "2", "FAILED", "0:11"]
+    # The one partition, as squeue and scontrol say; the cluster in its own field.
+    assert sacct.render([view()], sacct.parse_format("Cluster"), parsable="|").splitlines()[1] == "lab|"
     assert len(out[0]) == len(out[2]) == 12 + 10 * 5 + 8 + 6
 
 
