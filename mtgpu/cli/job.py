@@ -19,6 +19,9 @@ from mtgpu.jobstate import COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 
 # `#MTGPU` keys accepted as --KEY=VALUE overrides on `submit` (as in the job file);
 # the ones sbatch also has (--gpus, --time, --array...) are sbatch's options there.
+#: What messages start with: ``mt-job``, or the Slurm command run (main_with sets it).
+_prog = "mt-job"
+
 OVERRIDES = (
     "gpu_mode",
     "vram",
@@ -113,7 +116,7 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
                 with open(args.file, "rb") as f:
                     data = f.read()
             except OSError as exc:
-                print(f"mt-job: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+                print(f"{_prog}: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
                 return 1
             # Universal newlines, as a text-mode read gave them.
             script = decode_job_file(data, args.file).replace("\r\n", "\n").replace("\r", "\n")
@@ -125,7 +128,7 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
                 raise JobError(f"the script's argument ${n} is not UTF-8 text")
         session = submitting_session()
     except JobError as exc:
-        print(f"mt-job: {exc}", file=sys.stderr)
+        print(f"{_prog}: {exc}", file=sys.stderr)
         return 1
     overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
     r = submit_once(
@@ -139,11 +142,11 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         **session,
     )
     for w in r.get("warnings", []):
-        print(f"mt-job: warning: {w}", file=sys.stderr)
+        print(f"{_prog}: warning: {w}", file=sys.stderr)
     if r.get("test_only"):
         if args.json:
             _print_json(r)
-        print(f"mt-job: {r['test_only']}", file=sys.stderr)
+        print(f"{_prog}: {r['test_only']}", file=sys.stderr)
         return 0  # --test-only: nothing was submitted
     if args.json:
         _print_json(r)
@@ -175,7 +178,7 @@ def wait_for_job(api: Any, jid: str) -> int:
     bad = [v for v in views if v["state"] != COMPLETED]
     if bad:
         print(
-            f"mt-job: job {bad[0]['job_id']} ended {bad[0]['state']}: {bad[0].get('reason') or '-'}",
+            f"{_prog}: job {bad[0]['job_id']} ended {bad[0]['state']}: {bad[0].get('reason') or '-'}",
             file=sys.stderr,
         )
     return max(codes) or (1 if bad else 0)
@@ -266,7 +269,7 @@ def submit_once(api: Any, **args: Any) -> dict[str, Any]:
             # A failover is over in a few seconds: the tenant is told only of a longer
             # wait (never of a daemon loading its state, which ApiClient waits out too).
             if not told and code != "starting" and time.monotonic() - begun >= SUBMIT_NOTICE:
-                print(f"mt-job: {exc}; retrying", file=sys.stderr)
+                print(f"{_prog}: {exc}; retrying", file=sys.stderr)
                 told = True
             time.sleep(0.5)
 
@@ -285,7 +288,7 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
         try:
             states = parse_states(args.state)
         except ValueError as exc:
-            print(f"mt-job: {str(exc).splitlines()[0]}; such as --state=PD,R", file=sys.stderr)
+            print(f"{_prog}: {str(exc).splitlines()[0]}; such as --state=PD,R", file=sys.stderr)
             return 2
     finished = args.all or bool(states and states - {PENDING, RUNNING})
     # A read: retried through an election as a submission is (nothing is changed).
@@ -301,7 +304,7 @@ def cmd_list(args: argparse.Namespace, api: Any) -> int:
         try:
             lines = formats.squeue_lines(rows, args.format, now)
         except formats.FormatError as exc:
-            print(f"mt-job: {exc}; see `mt-job list --help`", file=sys.stderr)
+            print(f"{_prog}: {exc}; see `mt-job list --help`", file=sys.stderr)
             return 2
         print("\n".join(lines))
         return 0
@@ -394,7 +397,7 @@ def cmd_cancel(args: argparse.Namespace, api: Any) -> int:
         for line in out:
             print(line)
     for line in err:
-        print(f"mt-job: {line}", file=sys.stderr)
+        print(f"{_prog}: {line}", file=sys.stderr)
     return rc
 
 
@@ -409,9 +412,9 @@ def cmd_hold(args: argparse.Namespace, api: Any) -> int:
     for jid in r["changed"]:
         print(f"{done} job {jid}")
     for jid in r["not_pending"]:
-        print(f"mt-job: job {jid} is no longer pending", file=sys.stderr)
+        print(f"{_prog}: job {jid} is no longer pending", file=sys.stderr)
     for jid in r["not_found"]:
-        print(f"mt-job: no job {jid} of yours", file=sys.stderr)
+        print(f"{_prog}: no job {jid} of yours", file=sys.stderr)
     return 1 if r["not_pending"] or r["not_found"] else 0
 
 
@@ -420,7 +423,7 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
     j = api.call("job.show", job_id=args.job_id)
     if j.get("array"):
         print(
-            f"mt-job: {args.job_id} is an array; name one task, such as {j['tasks'][0]['job_id']}",
+            f"{_prog}: {args.job_id} is an array; name one task, such as {j['tasks'][0]['job_id']}",
             file=sys.stderr,
         )
         return 1
@@ -434,7 +437,7 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
         except FileNotFoundError:
             data = b""
         except OSError as exc:
-            print(f"mt-job: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            print(f"{_prog}: cannot read {path}: {exc.strerror}", file=sys.stderr)
             return 1
         if data:
             sys.stdout.buffer.write(data)
@@ -444,7 +447,7 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
             if j["state"] == FAILED and str(j.get("reason", "")).startswith("rejected:"):
                 # Refused after it was accepted (while members of a new cluster had not
                 # yet reported): it never ran, and says why, as a refused submission does.
-                print(f"mt-job: job {args.job_id} {j['reason']}", file=sys.stderr)
+                print(f"{_prog}: job {args.job_id} {j['reason']}", file=sys.stderr)
                 return 1
             return 0
         time.sleep(0.5)
@@ -480,7 +483,7 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
         options.append(f"--exclusive={exclusive}" if exclusive else "--exclusive")
     r = submit_once(api, script=ALLOC_SCRIPT, overrides=overrides, workdir="", options=options)
     jid = r["job_id"]
-    print(f"mt-job: pending job allocation {jid}", file=sys.stderr)
+    print(f"{_prog}: pending job allocation {jid}", file=sys.stderr)
     try:
         while True:
             j = api.call("job.show", job_id=jid)
@@ -488,7 +491,7 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
                 break
             if j["state"] in FINAL:
                 print(
-                    f"mt-job: job allocation {jid} ended {j['state']} before it started: "
+                    f"{_prog}: job allocation {jid} ended {j['state']} before it started: "
                     f"{j.get('reason') or '-'}",
                     file=sys.stderr,
                 )
@@ -496,12 +499,12 @@ def cmd_alloc(args: argparse.Namespace, api: Any) -> int:
             time.sleep(0.3)
     except KeyboardInterrupt:
         api.call("job.cancel", job_ids=[jid], reason="the allocation was given up while pending")
-        print(f"mt-job: job allocation {jid} cancelled", file=sys.stderr)
+        print(f"{_prog}: job allocation {jid} cancelled", file=sys.stderr)
         return 130
-    print(f"mt-job: granted job allocation {jid} on {','.join(j['nodes'])}", file=sys.stderr)
+    print(f"{_prog}: granted job allocation {jid} on {','.join(j['nodes'])}", file=sys.stderr)
     if args.window:
         if not os.environ.get("TMUX"):
-            print("mt-job: --window needs a tmux terminal; running the shell here instead", file=sys.stderr)
+            print(f"{_prog}: --window needs a tmux terminal; running the shell here instead", file=sys.stderr)
         else:
             from mtgpu.proc import call
 
@@ -541,7 +544,7 @@ def _run_in(args: argparse.Namespace, api: Any, jid: str) -> int:
         try:
             os.execvpe(argv[0], argv, {**os.environ, **json.loads(env)})
         except OSError as exc:
-            print(f"mt-job: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+            print(f"{_prog}: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
         os._exit(127)
     os.close(go_r)
     try:
@@ -563,13 +566,13 @@ def _run_in(args: argparse.Namespace, api: Any, jid: str) -> int:
 
     state = api.call("job.show", job_id=jid)["state"]
     if state in FINAL:
-        print(f"mt-job: job allocation {jid} ended {state}", file=sys.stderr)
+        print(f"{_prog}: job allocation {jid} ended {state}", file=sys.stderr)
     else:
         try:
             api.call("job.cancel", job_ids=[jid], reason="its shell exited")
         except MtgpuError as exc:
-            print(f"mt-job: job allocation {jid}: {exc}", file=sys.stderr)
-        print(f"mt-job: relinquishing job allocation {jid}", file=sys.stderr)
+            print(f"{_prog}: job allocation {jid}: {exc}", file=sys.stderr)
+        print(f"{_prog}: relinquishing job allocation {jid}", file=sys.stderr)
     return rc if rc >= 0 else 128 - rc
 
 
@@ -788,8 +791,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_with(args: argparse.Namespace, prog: str) -> int:
-    """Run the parsed ``args`` (of ``mt-job`` or a Slurm command built on it)."""
+    """Run the parsed ``args`` (of ``mt-job`` or a Slurm command built on it); what it
+    says starts with ``prog``, as ``sbatch: ...`` or ``salloc: ...`` in Slurm."""
     from mtgpu.cli.common import run_cli, tenant_client
+
+    global _prog
+    _prog = prog
 
     commands = {
         "submit": cmd_submit,

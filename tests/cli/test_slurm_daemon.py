@@ -65,6 +65,10 @@ def test_sbatch_prints_slurms_line_and_parsable_the_id_and_refuses_a_bad_option(
     assert out.strip() == f"wrapped-{wrapped}"
     rc, out, err = run(host, "sam", "sbatch", "--bogus-option", "x.sh")
     assert rc == 255 and "--bogus-option" in err
+    # What sbatch says is sbatch's, not mt-job's.
+    rc, out, err = run(host, "sam", "sbatch", "--parsable", "-", input=b"#!/bin/sh\n#SBATCH -p gpu\ntrue\n")
+    assert rc == 0 and err.startswith("sbatch: warning: line 2: #SBATCH -p gpu"), err
+    wait_end(host, "sam", out.strip())
 
 
 def test_srun_in_a_job_runs_ntasks_with_distinct_ranks_as_a_listed_step(host) -> None:
