@@ -15,6 +15,7 @@ from mtgpu.cli.common import (
     base_parser,
     cancel_report,
     emit,
+    hold_report,
     run_cli,
     table,
     tenant_client,
@@ -229,13 +230,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return rc
     elif args.cmd in ("hold", "release"):
         r = api.call(f"job.{args.cmd}", job_ids=args.job_ids)
-        done = "Held" if args.cmd == "hold" else "Released"
-        emit(args, r, "\n".join(f"{done} job {j}" for j in r["changed"]) or None)
-        for j in r["not_pending"]:
-            print(f"mtgpu-admin: job {j} is no longer pending", file=sys.stderr)
-        for j in r["not_found"]:
-            print(f"mtgpu-admin: no job {j}", file=sys.stderr)
-        return 1 if r["not_pending"] or r["not_found"] else 0
+        out, err, rc = hold_report(r, released=args.cmd == "release")
+        emit(args, r, "\n".join(out) or None)
+        for line in err:
+            print(f"mtgpu-admin: {line}", file=sys.stderr)
+        return rc
     elif args.cmd == "audit":
         if args.limit < 0:
             raise ValidationError("--limit must be 0 (all) or more")

@@ -116,6 +116,17 @@ def _run_cli(prog: str, fn: Callable[[], int | None]) -> int:
 CANCEL_WAIT = 15
 
 
+def hold_report(r: dict[str, Any], released: bool) -> tuple[list[str], list[str], int]:
+    """What a hold's (or release's) answer says: lines for standard output, lines for
+    standard error, and the exit status (1 when a job named no longer waits or was not
+    found), as :func:`cancel_report` says a cancel's."""
+    done = "Released" if released else "Held"
+    out = [f"{done} job {jid}" for jid in r["changed"]]
+    err = [f"job {jid} is no longer pending" for jid in r["not_pending"]]
+    err += [f"no job {jid} of yours" for jid in r["not_found"]]
+    return out, err, 1 if r["not_pending"] or r["not_found"] else 0
+
+
 def cancel_report(r: dict[str, Any]) -> tuple[list[str], list[str], int]:
     """What a cancel's answer (``job.cancel`` with ``wait``) says: lines for standard
     output, lines for standard error, and the exit status (1 when it ended nothing:

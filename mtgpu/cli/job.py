@@ -17,11 +17,11 @@ from typing import Any
 from mtgpu.cmdline import with_examples
 from mtgpu.jobstate import COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 
-# `#MTGPU` keys accepted as --KEY=VALUE overrides on `submit` (as in the job file);
-# the ones sbatch also has (--gpus, --time, --array...) are sbatch's options there.
 #: What messages start with: ``mt-job``, or the Slurm command run (main_with sets it).
 _prog = "mt-job"
 
+# `#MTGPU` keys accepted as --KEY=VALUE overrides on `submit` (as in the job file);
+# the ones sbatch also has (--gpus, --time, --array...) are sbatch's options there.
 OVERRIDES = (
     "gpu_mode",
     "vram",
@@ -408,14 +408,14 @@ def cmd_hold(args: argparse.Namespace, api: Any) -> int:
     if args.json:
         _print_json(r)
         return 0
-    done = "Released" if args.cmd == "release" else "Held"
-    for jid in r["changed"]:
-        print(f"{done} job {jid}")
-    for jid in r["not_pending"]:
-        print(f"{_prog}: job {jid} is no longer pending", file=sys.stderr)
-    for jid in r["not_found"]:
-        print(f"{_prog}: no job {jid} of yours", file=sys.stderr)
-    return 1 if r["not_pending"] or r["not_found"] else 0
+    from mtgpu.cli.common import hold_report
+
+    out, err, rc = hold_report(r, released=args.cmd == "release")
+    for line in out:
+        print(line)
+    for line in err:
+        print(f"{_prog}: {line}", file=sys.stderr)
+    return rc
 
 
 def cmd_logs(args: argparse.Namespace, api: Any) -> int:

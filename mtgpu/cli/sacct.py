@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mtgpu.cli.slurm.formats import named
+from mtgpu.cli.slurm.formats import PARTITION, json_id, named
 from mtgpu.cmdline import with_examples
 from mtgpu.jobstate import CANCELLED, RUNNING, JobState
 
@@ -96,12 +96,6 @@ def signal_name(sig: int | None) -> str:
         return f"signal {sig}"
 
 
-def _partition() -> str:
-    from mtgpu.cli.slurm.formats import PARTITION
-
-    return PARTITION
-
-
 def exit_code(v: dict[str, Any]) -> str:
     """Slurm's ``ExitCode``: ``status:signal`` (``0:0`` while it runs)."""
     return v.get("exit") or "0:0"
@@ -122,7 +116,7 @@ FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "JobIDRaw": (12, False, lambda v: v.get("numeric_id") or v["job_id"]),
     "JobName": (10, True, lambda v: v["name"]),
     # One partition, as squeue, sinfo and scontrol say; the cluster is its own field.
-    "Partition": (10, True, lambda v: _partition()),
+    "Partition": (10, True, lambda v: PARTITION),
     "Cluster": (10, True, lambda v: v.get("cluster") or ""),
     "Account": (10, True, lambda v: v["user"]),
     "User": (9, True, lambda v: v["user"]),
@@ -333,8 +327,6 @@ def render(
 
 def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
     """Slurm's ``sacct --json`` shape, for the fields MTGPU has (integer job ids)."""
-    from mtgpu.cli.slurm.formats import json_id
-
     jobs = []
     for v in views:
         code, _, sig = exit_code(v).partition(":")
@@ -345,7 +337,7 @@ def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
                 "name": v["name"],
                 "user": v["user"],
                 "account": v["user"],
-                "partition": _partition(),
+                "partition": PARTITION,
                 "cluster": v.get("cluster") or "",
                 "state": {"current": [v["state"]], "reason": v.get("reason") or "None"},
                 "exit_code": {
