@@ -382,3 +382,115 @@ def test_uninstall_purge_after_a_half_done_install_ends_and_leaves_nothing(tmp, 
             os.kill(int(pid), 9)
         wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
         fence.rmdir()
+
+
+def _wheelhouse() -> Path:
+    """MTGPU's dependencies and its build backend as wheels, made once and kept between
+    runs, so that each install below takes seconds and needs no index."""
+    import json
+    import tomllib
+
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    want = sorted([*meta["project"]["dependencies"], *meta["build-system"]["requires"]])
+    tag = hashlib.sha256(json.dumps(want).encode()).hexdigest()[:12]
+    d = Path.home() / ".cache" / "mtgpu-tests" / f"server-wheels-{tag}"
+    if not (d / "complete").exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(d), *want],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        (d / "complete").write_text("\n".join(want))
+    return d
+
+
+#: What install prints as it starts each step, in order; the install is killed as the
+#: line arrives, so it dies inside the step that follows.
+KILL_POINTS = {
+    "making-the-venv": "creating the virtualenv",
+    "in-pip": "installing MTGPU from",
+    "making-host-keys": "keeping the existing",
+    "linking-commands": "job-start helper",
+    "writing-the-unit": "shell completion (bash, zsh)",
+    "daemon-started": "started mtgpu-server",
+    "at-the-end": "next: `mtgpu-admin invite",
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_uninstall_purge_after_an_install_killed_at_each_step_leaves_nothing(tmp, point):
+    """The README's first command killed (SIGKILL, the whole process group, as a lost
+    terminal or an impatient admin would) as each step begins; `uninstall --purge`
+    then ends within a minute, inside a pids fence, and leaves no file, link, unit or
+    process of MTGPU's behind."""
+    wheels = _wheelhouse()
+    port = free_port()
+    cfg = tmp / "etc" / "mtgpu.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "SSH_LISTEN": f"127.0.0.1:{port}",
+                "STATE_DIR": str(tmp / "state"),
+                "RUN_DIR": str(tmp / "run"),
+                "TENANT_HOME_ROOT": str(tmp / "homes"),
+                "SERVER_NAME": "killtest",
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
+    env["MTGPU_PYTHON"] = "/usr/bin/python3"
+    where = ["--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin"), "--unit-dir", str(tmp / "units")]
+    where += ["--config", str(cfg)]
+    argv = [SETUP, "install", "--yes", "--skip-os-packages", "--wheelhouse", str(wheels), *where]
+    argv += ["--log-file", str(tmp / "mtgpu.log")]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    seen = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if KILL_POINTS[point] in line:
+                os.killpg(proc.pid, 9)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(timeout=60)
+    assert KILL_POINTS[point] in "".join(seen), "".join(seen)  # the step was reached
+    pid_file = tmp / "run" / "mtgpu.pid"
+    daemon = int(pid_file.read_text()) if pid_file.exists() else None
+
+    fence = _pids_fence(40)
+    try:
+        r = subprocess.run(
+            [SETUP, "uninstall", "--purge", *where],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            preexec_fn=lambda: (fence / "cgroup.procs").write_text(f"{os.getpid()}\n"),
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+        events = fence / "pids.events"
+        assert not events.exists() or events.read_text().split() == ["max", "0"], events.read_text()
+    finally:
+        for pid in (fence / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+        wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
+        fence.rmdir()
+    if daemon is not None:
+        assert (
+            not Path(f"/proc/{daemon}").exists()
+            or b"mtgpu" not in Path(f"/proc/{daemon}/cmdline").read_bytes()
+        )
+    left = [
+        str(p.relative_to(tmp))
+        for p in sorted(tmp.rglob("*"))
+        if (p.is_symlink() or not p.is_dir()) and p != tmp / "mtgpu.log"
+    ]
+    assert left == [], "\n".join(left)
