@@ -923,12 +923,21 @@ class Daemon:
         cluster = j.get("log_cluster") or ""
         target = os.path.join(user.home, default_output_dir(cluster)[2:].replace("%j", j["job_id"]))
 
+        # In the tenant's fence (session cgroup, mount and network namespaces), as
+        # everything that runs with a tenant's UID; where the fence cannot be made
+        # the files stay (they are the tenant's own, under its quota).
+        fenced = self.fence if os.geteuid() == 0 else None
+        if fenced is None and user.uid != os.geteuid():
+            return
+        try:
+            prefix = await asyncio.to_thread(fenced.prefix, user.uid, user.gid, [], "/") if fenced else []
+        except MtgpuError as exc:
+            log.warning("kept the logs of job %s: %s", j["job_id"], exc)
+            return
+
         async def as_tenant(*argv: str) -> bytes:
             done = await arun(
-                argv,
-                user=user.uid,
-                group=user.gid,
-                extra_groups=[],
+                [*prefix, *argv],
                 env={"PATH": "/usr/bin:/bin"},
                 cwd="/",
                 timeout=600,

@@ -30,8 +30,7 @@ ALLOWED = {
     ): "the job supervisor, in the job's own cgroups and namespaces",
     ("mtgpu/gateway/spawn.py", "user"): "spawn_as and connect_as without a fence: a daemon that is not root",
     ("mtgpu/accounts/published.py", "user"): "probes a published interpreter as nobody, not a tenant",
-    ("mtgpu/server.py", "user"): "reads a local account's authorized_keys as that account (not a tenant); "
-    "the job-log purge (known gap: not yet in the fence, see docs/SECURITY.md)",
+    ("mtgpu/server.py", "user"): "reads a local account's authorized_keys as that account (not a tenant)",
     ("mtgpu/workspaces/podman.py", "str:setpriv"): "workspace podman commands, in the tenant's network "
     "namespace (known gap: not yet in the session cgroup, see docs/SECURITY.md)",
     ("mtgpu/workspaces/podman.py", "user"): "the same podman commands where tenants share the host's network",
