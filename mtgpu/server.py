@@ -561,7 +561,7 @@ class Daemon:
         await asyncio.to_thread(runner.build_jobinit)  # mtgpu-setup install built it already
         # Container workspaces: reservations in the job table, podman as the tenant
         # (their published ports on the tenant's loopback). Started further down.
-        workspaces = Workspaces(self, Podman(tenant_netns=self.fence.net_namespace))
+        workspaces = Workspaces(self, Podman(fence=self.fence))
         job_containers = JobContainers(
             workspaces,
             connect=cluster.peers.connection if cluster is not None else None,

@@ -689,23 +689,47 @@ class TenantFence:
         procs = self.session_cgroup(uid, gid)
         ns = self.namespace(uid)
         net = self.net_namespace(uid)
-        argv = ["/bin/sh", "-c", _JOIN, "mtgpu-session", *procs, "--"]
-        if ns or net:
-            argv += [
-                str(self.tools["nsenter"]),
-                *([f"--mount={ns}"] if ns else []),
-                *([f"--net={net}"] if net else []),
-                f"--wd={cwd}",
-                "--",
-            ]
+        return fenced_argv(
+            procs, ns, net, uid, gid, groups, cwd, setpriv=setpriv, nsenter=str(self.tools["nsenter"])
+        )
+
+
+def fenced_argv(
+    procs: Sequence[str],
+    mount_ns: str | None,
+    net_ns: str | None,
+    uid: int,
+    gid: int,
+    groups: Sequence[int],
+    cwd: str,
+    *,
+    setpriv: str | None = None,
+    nsenter: str | None = None,
+    title: str = "mtgpu-session",
+) -> list[str]:
+    """The one argv prefix that starts a program as a tenant: run as root, it joins the
+    cgroups whose ``cgroup.procs`` files are ``procs``, enters the mount and network
+    namespaces, becomes ``uid`` and execs what follows. A session's (:meth:`TenantFence.prefix`)
+    or an ended job's (its container's removal, in the job's own cgroups)."""
+    setpriv = setpriv or shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv"
+    nsenter = nsenter or shutil.which("nsenter", path="/usr/bin:/bin") or "/usr/bin/nsenter"
+    argv = ["/bin/sh", "-c", _JOIN, title, *procs, "--"]
+    if mount_ns or net_ns:
         argv += [
-            setpriv,
-            f"--reuid={uid}",
-            f"--regid={gid}",
-            f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+            nsenter,
+            *([f"--mount={mount_ns}"] if mount_ns else []),
+            *([f"--net={net_ns}"] if net_ns else []),
+            f"--wd={cwd}",
             "--",
         ]
-        return argv
+    argv += [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+        "--",
+    ]
+    return argv
 
 
 def _has_private_tmp(pid: int, source: str) -> bool:

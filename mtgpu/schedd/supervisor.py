@@ -149,31 +149,39 @@ def write_container_script(la: JobLaunch) -> None:
         f.write(la.script)
 
 
-def remove_container(la: JobLaunch) -> str:
-    """Remove a containerized job's container and script, as the tenant; the error, if any.
+def remove_container(la: JobLaunch, procs: list[str], mount_ns: str | None, net_ns: str | None) -> str:
+    """Remove a containerized job's container and script, as the tenant, inside the
+    job's fence (its cgroups ``procs``, the tenant's namespaces); the error, if any.
 
-    Run when the job has ended whatever ended it; removing one that podman's ``--rm``
-    already removed is no error."""
+    Run when the job has ended whatever ended it, before its cgroups go; removing one
+    that podman's ``--rm`` already removed is no error."""
     from mtgpu.errors import CommandError
     from mtgpu.proc import run
+    from mtgpu.schedd.fence import fenced_argv
 
     u = la.user
-    kw: dict[str, Any] = (
-        {"user": u.uid, "group": u.gid, "extra_groups": list(u.groups)} if os.geteuid() == 0 else {}
-    )
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        prefix = fenced_argv(
+            procs, mount_ns, net_ns, u.uid, u.gid, list(u.groups), "/", title=f"mtgpu-job {la.job_id}"
+        )
     error = ""
     try:
         run(
-            [la.container_argv[0], "rm", "--force", "--ignore", "--time", "0", la.container_name],
+            [*prefix, la.container_argv[0], "rm", "--force", "--ignore", "--time", "0", la.container_name],
             env={"HOME": u.home, "USER": u.name, **la.container_env},
             cwd="/",
             timeout=120,
-            **kw,
         )
     except CommandError as exc:
         error = (exc.stderr or str(exc)).strip()[-300:]
     try:  # as the tenant too: never a path in a tenant's directory as root
-        run(["rm", "-f", "--", la.container_script], env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout=30, **kw)
+        run(
+            [*prefix, "rm", "-f", "--", la.container_script],
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            timeout=30,
+        )
     except CommandError as exc:
         error = error or (exc.stderr or str(exc)).strip()[-300:]
     return error
@@ -645,7 +653,8 @@ class Supervisor:
             self._drain()
             self._finish_leftovers()
             self.rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if la.container_argv and (err := remove_container(la)):
+            procs = [f"{d}/cgroup.procs" for d in self.cg.dirs.values()] if self.cg else []
+            if la.container_argv and (err := remove_container(la, procs, self.mount_ns, self.net_ns)):
                 log.warning("job %s: removing its container %s: %s", la.job_id, la.container_name, err)
         except Exception as exc:  # whatever went wrong, the job still gets an end
             log.exception("supervisor failed")

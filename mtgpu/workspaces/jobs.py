@@ -319,19 +319,9 @@ class JobContainers:
         """``podman load`` as the tenant from a file only root reads (given as stdin)."""
         from mtgpu.workspaces.podman import tenant_env
 
-        kw: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
+        argv = self.ws.runtime.fenced(t, [self.podman, "load", "--quiet"], what="loading the image")
         with open(path, "rb") as f:
-            p = run(
-                [self.podman, "load", "--quiet"],
-                stdin=f,
-                env=tenant_env(t),
-                cwd="/",
-                timeout=1800,
-                check=False,
-                **kw,
-            )
+            p = run(argv, stdin=f, env=tenant_env(t), cwd="/", timeout=1800, check=False)
         if p.returncode != 0:
             raise PodmanError([self.podman, "load"], p.stderr or p.stdout, "loading the image")
 
@@ -428,18 +418,22 @@ class JobContainers:
             return
         from mtgpu.workspaces.podman import tenant_env
 
-        kw: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
+        try:
+            argv = await asyncio.to_thread(
+                self.ws.runtime.fenced, t, [self.podman, "save", "--quiet", image_id], what="saving the image"
+            )
+        except WorkspaceError as exc:
+            process.stderr.write(f"mtgpu: {exc}\n".encode())
+            process.exit(2)
+            return
         log.info("streaming image %s of %s to %s", image_id[:12], user, peer)
         p = await aspawn(
-            [self.podman, "save", "--quiet", image_id],
+            argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=tenant_env(t),
             cwd="/",
-            **kw,
         )
         assert p.stdout is not None and p.stderr is not None
         try:

@@ -1,10 +1,19 @@
 """The container runtime back end: rootless podman, always run as the tenant.
 
 :class:`ContainerRuntime` is the contract the workspace service calls; :class:`Podman`
-implements it by running ``podman`` through :func:`mtgpu.proc.run` with the tenant's
-uid, gid and groups, a clean environment (``HOME``, ``XDG_RUNTIME_DIR``) and the home
-as working directory. Nothing here runs podman as root. A failure is raised as
-:class:`~mtgpu.workspaces.types.PodmanError` with podman's own error line.
+implements it by running ``podman`` as the tenant, with a clean environment (``HOME``,
+``XDG_RUNTIME_DIR``) and the home as working directory. Nothing here runs podman as
+root. A failure is raised as :class:`~mtgpu.workspaces.types.PodmanError` with
+podman's own error line.
+
+Where the daemon is root every command starts through the tenant's fence
+(:meth:`~mtgpu.schedd.fence.TenantFence.prefix`): session cgroup, private mount and
+network namespaces, then the tenant's identity. The two that start a container's
+processes, ``start`` and ``exec``, enter the tenant's network namespace only: on a
+host where rootless podman makes no cgroups of its own, what they start stays in the
+caller's cgroup, and a workspace's GPUs and limits are its reservation's, which the
+session cgroup (no GPUs) would take away. A fence part that cannot be made refuses the
+command; root without a fence refuses every command.
 
 Every method blocks; the daemon calls them in a thread.
 """
@@ -16,18 +25,23 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mtgpu.errors import CommandError, MtgpuError
 from mtgpu.proc import run
 from mtgpu.workspaces.types import LABEL, PodmanError, Tenant, WorkspaceError
+
+if TYPE_CHECKING:
+    from mtgpu.schedd.fence import TenantFence
 
 log = logging.getLogger("mtgpu.workspaces")
 
 #: Where the real podman is looked for; MTGPU's own ``podman`` (the policy wrapper in
 #: ``RUN_DIR/bin``) is never on this path.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: podman commands that start a container's processes (see the module's docstring).
+STARTS_CONTAINERS = frozenset({"start", "exec"})
 
 
 def real_podman(path: str = SYSTEM_PATH) -> str:
@@ -109,19 +123,59 @@ class ContainerRuntime:
     ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError
 
+    def fenced(
+        self, tenant: Tenant, argv: Sequence[str], *, starts: bool = False, what: str = ""
+    ) -> list[str]:
+        """``argv`` made to run as ``tenant`` inside its fence."""
+        raise NotImplementedError
+
 
 class Podman(ContainerRuntime):
     """Rootless podman as the tenant."""
 
-    def __init__(
-        self, binary: str | None = None, *, tenant_netns: Callable[[int], str | None] | None = None
-    ) -> None:
+    def __init__(self, binary: str | None = None, *, fence: TenantFence | None = None) -> None:
         self.binary = binary or real_podman()
-        #: Given a uid, the file of the tenant's private network namespace
-        #: (TENANT_NETWORK: private), None where tenants share the host's. Podman runs
-        #: in it, so a workspace's published ports are on the tenant's own loopback,
-        #: where the tenant's sessions and ``ssh -L`` reach them, as with mt-podman.
-        self.tenant_netns = tenant_netns
+        #: The tenants' fences. Podman runs in the tenant's network namespace
+        #: (TENANT_NETWORK: private), so a workspace's published ports are on the
+        #: tenant's own loopback, where its sessions and ``ssh -L`` reach them.
+        self.fence = fence
+
+    def fenced(
+        self, tenant: Tenant, argv: Sequence[str], *, starts: bool = False, what: str = ""
+    ) -> list[str]:
+        """``argv`` made to run as ``tenant``, inside its fence; ``starts``: a command
+        that starts a container's processes (network namespace only, see above).
+        Unchanged where the daemon is not root (it runs everything as itself)."""
+        if tenant.uid == 0:
+            raise PodmanError(list(argv[:2]), "workspaces never run podman as root")
+        if os.geteuid() != 0:
+            return list(argv)
+        if self.fence is None:
+            raise WorkspaceError(
+                f"{what + ': ' if what else ''}no tenant fence: nothing runs as {tenant.name}"
+            )
+        cwd = tenant.home if os.path.isdir(tenant.home) else "/"
+        # The tenant's shell changes into the home once it is the tenant.
+        inner = ["/bin/sh", "-c", 'cd -- "$0" 2>/dev/null || cd /; exec "$@"', cwd, *argv]
+        try:
+            if not starts:
+                return [*self.fence.prefix(tenant.uid, tenant.gid, list(tenant.groups), "/"), *inner]
+            netns = self.fence.net_namespace(tenant.uid)
+        except MtgpuError as exc:  # FenceError: never run podman with less isolation instead
+            raise WorkspaceError(f"{what + ': ' if what else ''}{exc}") from exc
+        setpriv = self.fence.tools["setpriv"] or "/usr/bin/setpriv"
+        groups = ",".join(map(str, tenant.groups))
+        become = [
+            setpriv,
+            f"--reuid={tenant.uid}",
+            f"--regid={tenant.gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            "--",
+        ]
+        if not netns:
+            return [*become, *inner]
+        nsenter = self.fence.tools["nsenter"] or "/usr/bin/nsenter"
+        return [nsenter, f"--net={netns}", "--", *become, *inner]
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, *args]
@@ -136,41 +190,12 @@ class Podman(ContainerRuntime):
         argv: Sequence[str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``podman ARGS`` (or ``argv``) as ``tenant``; raise PodmanError with its message."""
-        if tenant.uid == 0:
-            raise PodmanError(["podman", *args], "workspaces never run podman as root")
-        argv = list(argv) if argv is not None else self.argv(*args)
-        kw: dict[str, Any] = {}
-        cwd = tenant.home if os.path.isdir(tenant.home) else "/"
+        starts = argv is None and bool(args) and args[0] in STARTS_CONTAINERS
+        argv = self.fenced(
+            tenant, list(argv) if argv is not None else self.argv(*args), starts=starts, what=what
+        )
         try:
-            netns = self.tenant_netns(tenant.uid) if self.tenant_netns and os.geteuid() == 0 else None
-        except MtgpuError as exc:  # FenceError: never run podman in the host's network instead
-            raise WorkspaceError(f"{what + ': ' if what else ''}{exc}") from exc
-        if netns:
-            # nsenter joins the namespace as root, setpriv becomes the tenant, and only
-            # then does the tenant's shell change into the home.
-            groups = ",".join(map(str, tenant.groups))
-            nsenter = shutil.which("nsenter", path="/usr/bin:/bin") or "/usr/bin/nsenter"
-            setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv"
-            argv = [
-                nsenter,
-                f"--net={netns}",
-                "--",
-                setpriv,
-                f"--reuid={tenant.uid}",
-                f"--regid={tenant.gid}",
-                f"--groups={groups}" if groups else "--clear-groups",
-                "--",
-                "/bin/sh",
-                "-c",
-                'cd -- "$0" 2>/dev/null || cd /; exec "$@"',
-                cwd,
-                *argv,
-            ]
-            cwd = "/"
-        elif os.geteuid() == 0:
-            kw = {"user": tenant.uid, "group": tenant.gid, "extra_groups": list(tenant.groups)}
-        try:
-            return run(argv, env=tenant_env(tenant), timeout=timeout, check=check, cwd=cwd, **kw)
+            return run(argv, env=tenant_env(tenant), timeout=timeout, check=check, cwd="/")
         except CommandError as exc:
             raise PodmanError(argv, exc.stderr or str(exc), what) from exc
 

@@ -616,10 +616,8 @@ class Workspaces:
         paths = [f"{t.home}/.mtgpu/cache/{cache_dir_name(p)}" for p in self.options.containers.cache_volumes]
         if not paths:
             return
-        kw: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            kw = {"user": t.uid, "group": t.gid, "extra_groups": list(t.groups)}
-        run(["mkdir", "-p", "--", *paths], env={"PATH": "/usr/bin:/bin"}, cwd="/", **kw)
+        argv = self.runtime.fenced(t, ["mkdir", "-p", "--", *paths], what="making the cache directories")
+        run(argv, env={"PATH": "/usr/bin:/bin"}, cwd="/")
 
     def _container_map(self, t: Tenant) -> dict[str, dict[str, Any]]:
         return {c["name"]: c for c in self.runtime.containers(t)}

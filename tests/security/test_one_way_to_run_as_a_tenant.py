@@ -31,18 +31,11 @@ ALLOWED = {
     ("mtgpu/gateway/spawn.py", "user"): "spawn_as and connect_as without a fence: a daemon that is not root",
     ("mtgpu/accounts/published.py", "user"): "probes a published interpreter as nobody, not a tenant",
     ("mtgpu/server.py", "user"): "reads a local account's authorized_keys as that account (not a tenant)",
-    ("mtgpu/workspaces/podman.py", "str:setpriv"): "workspace podman commands, in the tenant's network "
-    "namespace (known gap: not yet in the session cgroup, see docs/SECURITY.md)",
-    ("mtgpu/workspaces/podman.py", "user"): "the same podman commands where tenants share the host's network",
-    ("mtgpu/workspaces/podman.py", "str:--reuid"): "the same podman commands",
+    ("mtgpu/workspaces/podman.py", "str:setpriv"): "podman start and exec, in the tenant's network "
+    "namespace: what they start keeps the workspace's GPUs (known gap: not in a cgroup of the "
+    "workspace's reservation, see docs/SECURITY.md); every other podman command goes through the fence",
+    ("mtgpu/workspaces/podman.py", "str:--reuid"): "the same two podman commands",
     ("mtgpu/schedd/fence.py", "str:--reuid"): "TenantFence.prefix itself",
-    ("mtgpu/schedd/supervisor.py", "user"): "removing an ended job's container as its tenant "
-    "(known gap: outside the session cgroup, see docs/SECURITY.md)",
-    ("mtgpu/workspaces/jobs.py", "user"): "podman load and save of a job's image as its tenant (known gap)",
-    (
-        "mtgpu/workspaces/service.py",
-        "user",
-    ): "mkdir of a workspace's cache directories as its tenant (known gap)",
     ("mtgpu/workspaces/storage.py", "user"): "probes podman's storage as nobody, not a tenant",
 }
 #: Calls that start processes; a ``user=`` to any other call is a field, not an identity.

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from figures import tally
 from mtgpu_testing import SSH_OPTS, Host, Network, free_port, wait_for
+from security_testing import STUCK_LISTENER, procs_of
 
 from mtgpu.schedd import netns
 
@@ -486,39 +487,6 @@ def test_restart_keeps_running_tenants_networks_and_stop_cleans_the_rest(net: Ne
 
 # --------------------------------------------------------------- forward helpers
 
-#: A listener in the tenant's namespace that never accepts, its queue filled by its own
-#: clients: a connection to it waits (SYN retries) until the helper's timeout.
-STUCK_LISTENER = r"""
-import socket, sys, time
-srv = socket.socket()
-srv.bind(("127.0.0.1", int(sys.argv[1])))
-srv.listen(0)
-held = []
-for _ in range(4):
-    c = socket.socket()
-    c.setblocking(False)
-    c.connect_ex(("127.0.0.1", int(sys.argv[1])))
-    held.append(c)
-print("stuck", flush=True)
-time.sleep(int(sys.argv[2]))
-"""
-
-
-def _procs_of(uid: int) -> dict[int, str]:
-    found = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            status = (d / "status").read_text()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
-        if str(uid) in uids:
-            found[int(d.name)] = cmd
-    return found
-
 
 @pytest.mark.parametrize("flag", ["-W", "-L"])
 def test_a_forward_helper_runs_inside_the_tenants_fence(host: Host, flag: str) -> None:
@@ -545,7 +513,7 @@ def test_a_forward_helper_runs_inside_the_tenants_fence(host: Host, flag: str) -
     fwd = None
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "stuck"
-        session = next(p for p, cmd in _procs_of(uid).items() if "stuck" in cmd or str(port) in cmd)
+        session = next(p for p, cmd in procs_of(uid).items() if "stuck" in cmd or str(port) in cmd)
         mnt = os.readlink(f"/proc/{session}/ns/mnt")
         base = ["ssh", *SSH_OPTS, "-i", str(host.keys_of["ann"]), "-p", str(host.port)]
         if flag == "-W":
@@ -566,20 +534,20 @@ def test_a_forward_helper_runs_inside_the_tenants_fence(host: Host, flag: str) -
             held = socket.create_connection(("127.0.0.1", lport))
         helper = wait_for(
             lambda: next(
-                (p for p, cmd in _procs_of(uid).items() if " -I -c " in cmd and "connect" in cmd), None
+                (p for p, cmd in procs_of(uid).items() if " -I -c " in cmd and "connect" in cmd), None
             ),
             20,
             "the forward helper to wait on the stuck listener",
         )
         checked = 0
-        for pid in [helper, *_procs_of(uid)]:
+        for pid in [helper, *procs_of(uid)]:
             try:
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()
                 ns = os.readlink(f"/proc/{pid}/ns/mnt")
             except OSError:
                 continue  # ended meanwhile
-            assert f"tenant-{uid}" in cgroup, (pid, _procs_of(uid).get(pid), cgroup)
-            assert ns == mnt, (pid, _procs_of(uid).get(pid), ns, mnt)
+            assert f"tenant-{uid}" in cgroup, (pid, procs_of(uid).get(pid), cgroup)
+            assert ns == mnt, (pid, procs_of(uid).get(pid), ns, mnt)
             checked += 1
         assert checked >= 2
         if flag == "-L":
