@@ -14,3 +14,8 @@ FIGURES: Counter[str] = Counter()
 
 def tally(kind: str, n: int = 1) -> None:
     FIGURES[kind] += n
+
+
+def highest(kind: str, value: int) -> None:
+    """Keep the largest ``value`` seen under ``kind`` (a slowest time in ms, say)."""
+    FIGURES[kind] = max(FIGURES[kind], value)

@@ -70,6 +70,7 @@ class Witness:
     host: Any
     tenant: Tenant
     bound: float = 60
+    label: str = "the attack"
     took: list[float] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
@@ -109,11 +110,15 @@ class Witness:
         ordered = sorted(self.took)
         p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
         print(
-            f"witness: {len(self.took)} logins of {self.tenant.name} during the attack, "
+            f"witness: {len(self.took)} logins of {self.tenant.name} during {self.label}, "
             f"the slowest {max(ordered, default=float('nan')):.2f} s, p99 {p99:.2f} s"
         )
         assert not self.failed, self.failed
         assert ordered, "no witness login completed"
+        from figures import highest, tally
+
+        tally("witness_logins", len(ordered))
+        highest("witness_login_slowest_ms", round(ordered[-1] * 1000))
 
 
 #: A listener in the tenant's namespace that never accepts, its queue filled by its own

@@ -1,8 +1,8 @@
 """Every input a tenant controls is bounded before it is parsed: host lists, directive
 lines and values, numbers, array indices, script sizes, request lines, JSON nesting and
 session set-up requests. Each attack goes to a real daemon; each refusal is a one-line
-message naming the limit, another tenant's login still completes, and nothing in the
-log is a traceback."""
+message naming the limit, another tenant keeps logging in with OpenSSH throughout
+(:class:`security_testing.Witness`), and nothing in the log is a traceback."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import psutil
 import pytest
 from figures import tally
 from mtgpu_testing import Host
-from security_testing import Tenant, api_socket, call, lines
+from security_testing import Tenant, Witness, api_socket, call, lines
 
 pytestmark = pytest.mark.root
 
@@ -49,6 +49,14 @@ def bounds():
         yield {"host": h, **people}
     finally:
         h.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def witness(bounds, request):
+    """Victor logs in with OpenSSH, again and again, through every attack here: each
+    login must complete within LOGIN_BOUND; the figures are printed."""
+    with Witness(bounds["host"], bounds["victor"], bound=LOGIN_BOUND, label=request.node.name) as w:
+        yield w
 
 
 def _rss(h: Host) -> int:
