@@ -34,9 +34,11 @@ def _config(gpus: int, **extra):
     return cfg
 
 
-def join(c: Cluster, name: str, gpus: int, **extra) -> Host:
-    """Start one more member that finds the cluster through its first member."""
+def join(c: Cluster, name: str, gpus: int, env: dict[str, str] | None = None, **extra) -> Host:
+    """Start one more member that finds the cluster through its first member (``env``
+    added to its daemon's environment)."""
     new = c.net.add(Host(_config(gpus, **extra), name=name, base=MEMBERS_BASE))
+    new.env.update(env or {})
     new.config["TENANT_UID_RANGE"] = c.hosts[0].config["TENANT_UID_RANGE"]
     new.config["CLUSTER_PEERS"] = [f"{c.hosts[0].address}:{c.hosts[0].port}"]
     new.write_config()

@@ -11,12 +11,16 @@ prints, as the manual says.
 
 Each step moves every member STEP days on; one member's clock is also stepped five
 minutes ahead for a month, and five minutes behind for the next, as NTP corrects a
-drifting host. After each step: every member's certificate covers its own now (it
+drifting host. A fourth member joins a third of the way through (at that day's time)
+and is removed two thirds of the way; each step a new user is added and the one
+before removed. After each step: every member's certificate covers its own now (it
 renewed itself while running); a client at one member's time logs in to every member
 (so a certificate signed on a clock five minutes off is taken by the others, as peers
-dialing it take it); a job submitted through a member runs and completes; nothing was
-re-elected and no member was lost. At the end the daemons are still the ones started,
-and their state, logs and memory are within the bounds docs/SECURITY.md states.
+dialing it take it); the new user logs in everywhere and the removed one nowhere; a
+job for each simulated day, submitted through the members in turn, runs and
+completes; nothing was re-elected and no member was lost. At the end the daemons are
+still the ones started, and their state, logs and memory are within the bounds
+docs/SECURITY.md states.
 
 The short form (CI) runs 96 simulated days; the full year is
 ``MTGPU_YEAR_DAYS=400 python -m pytest -q tests/cluster/test_a_year.py`` (about
@@ -33,6 +37,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cluster_harness import join
 from mtgpu_testing import wait_for
 from security_testing import api_socket, call
 
@@ -76,69 +81,122 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
     kh = tmp_path / "known_hosts"
     kh.write_text(first.api("cluster.status")["result"]["known_hosts"] + "\n")
 
-    def login(h, offset: float) -> subprocess.CompletedProcess[str]:
+    def login(h, offset: float, user: str = "yara", key: Path = key) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "LD_PRELOAD": str(LIB), "FAKETIME": f"{offset:+.0f}"}
         argv = ["ssh", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={kh}"]
         argv += ["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"]
-        argv += ["-p", str(h.port), "-i", str(key), f"yara@{h.address}", "echo ok"]
+        argv += ["-p", str(h.port), "-i", str(key), f"{user}@{h.address}", "echo ok"]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
     def cert(h) -> dict:
         return h.api("ssh.host_certificate")["result"]
 
+    def name(h) -> str:
+        return str(h.config["SERVER_NAME"])
+
+    members = list(c.hosts)
+    added = removed = None
+    leaver: tuple[str, Path] | None = None
     seen = []
     for day in range(STEP, DAYS + 1, STEP):
         month = day // 30
         skew = {"m3": SKEW if month % 2 else -SKEW} if month else {}
+        shifts = {n: day * 86400 + skew.get(n, 0) for n in offsets}
         for n, f in offsets.items():
-            f.write_text(str(day * 86400 + skew.get(n, 0)))
-        shifts = {n: day * 86400 + skew.get(n, 0) for n in names}
+            f.write_text(str(shifts[n]))
+        # A member joins a third of the way through, on a clock at that day.
+        if added is None and day >= DAYS // 3:
+            offsets["m4"] = tmp_path / "m4.offset"
+            offsets["m4"].write_text(str(day * 86400))
+            shifts["m4"] = day * 86400
+            added = join(c, "m4", 1, env={"MTGPU_WALL_CLOCK_OFFSET_FILE": str(offsets["m4"])})
+            members.append(added)
+            wait_for(
+                lambda: all(len(h.api("cluster.status")["result"]["members"]) == 4 for h in members),
+                90,
+                f"m4 in every member's view on day {day}",
+            )
+            kh.write_text(first.api("cluster.status")["result"]["known_hosts"] + "\n")
+        # ... and is removed two thirds of the way: its daemon stops, the others forget it.
+        elif added is not None and removed is None and day >= 2 * DAYS // 3:
+            r = first.admin("cluster", "remove", "m4")
+            assert "removed m4" in r.stdout, r.stdout
+            added.stop()
+            removed = added
+            members.remove(added)
+            del offsets["m4"], shifts["m4"]
+            wait_for(
+                lambda: all(
+                    [m["name"] for m in h.api("cluster.status")["result"]["members"]] == list(names)
+                    for h in members
+                ),
+                90,
+                f"m4 gone from every member's view on day {day}",
+            )
         # Each member renews its own certificate while it runs, before a third is left.
-        for h in c.hosts:
-            n = h.config["SERVER_NAME"]
-            shift = shifts[n]
+        for h in members:
+            shift = shifts[name(h)]
 
             def renewed(h=h, shift=shift):
                 k, at = cert(h), time.time() + shift
                 return k if k["valid_after"] <= at and k["valid_before"] - at > CERT_VALIDITY / 3 else None
 
-            got = wait_for(renewed, 60, f"{n}'s certificate renewed by day {day}")
-            assert not got["warning"], (day, n, got)
+            got = wait_for(renewed, 60, f"{name(h)}'s certificate renewed by day {day}")
+            assert not got["warning"], (day, name(h), got)
         # A user at each member's time logs in to every member through the one line.
-        for at in names:
-            for h in c.hosts:
+        for at in shifts:
+            for h in members:
                 r = login(h, shifts[at])
-                assert r.returncode == 0 and r.stdout.strip() == "ok", (
-                    day,
-                    at,
-                    h.config["SERVER_NAME"],
-                    r.stderr,
-                )
-        # A job submitted through one member (in turn) runs and completes.
-        through = c.hosts[(day // STEP) % len(c.hosts)]
-        with api_socket(through.run_dir, uid) as s:
-            a = call(s, "job.submit", {"script": f"#!/bin/sh\n#MTGPU cpus=1 ram=16M\necho day {day}\n"})
-        assert a["ok"], (day, a)
-        jid = a["result"]["job_id"]
+                assert r.returncode == 0 and r.stdout.strip() == "ok", (day, at, name(h), r.stderr)
+        # A user joins (mtgpu-admin user add) and logs in everywhere; last step's leaves
+        # (user remove) and is refused everywhere.
+        newcomer = f"u{day}"
+        nkey = first.add_user(newcomer)
+        for h in members:
+            r = login(h, shifts[name(h)], newcomer, nkey)
+            assert r.returncode == 0 and r.stdout.strip() == "ok", (day, newcomer, name(h), r.stderr)
+        if leaver is not None:
+            first.admin("user", "remove", leaver[0], "--json")
+            for h in members:
+                shift = shifts[name(h)]
 
-        def ended(jid=jid, through=through):
+                def refused(h=h, shift=shift, gone=leaver) -> bool:
+                    return login(h, shift, *gone).returncode != 0
+
+                wait_for(refused, 30, f"{leaver[0]} refused by {name(h)} on day {day}")
+        leaver = (newcomer, nkey)
+        # A job for each simulated day, submitted through the members in turn.
+        jobs = []
+        for d in range(day - STEP + 1, day + 1):
+            through = members[d % len(members)]
             with api_socket(through.run_dir, uid) as s:
-                j = call(s, "job.show", {"job_id": jid})["result"]
-            return j if j["state"] not in ("PENDING", "RUNNING") else None
+                a = call(s, "job.submit", {"script": f"#!/bin/sh\n#MTGPU cpus=1 ram=16M\necho day {d}\n"})
+            assert a["ok"], (day, d, name(through), a)
+            jobs.append((a["result"]["job_id"], through))
+        for jid, through in jobs:
 
-        j = wait_for(ended, 90, f"day {day}'s job to end")
-        assert j["state"] == "COMPLETED", (day, j)
+            def ended(jid=jid, through=through):
+                with api_socket(through.run_dir, uid) as s:
+                    j = call(s, "job.show", {"job_id": jid})["result"]
+                return j if j["state"] not in ("PENDING", "RUNNING") else None
+
+            j = wait_for(ended, 90, f"job {jid} of day {day} to end")
+            assert j["state"] == "COMPLETED", (day, j)
         # Nothing was re-elected, nobody was lost and every member holds its lease.
-        for h in c.hosts:
+        for h in members:
             st = h.api("cluster.status")["result"]
-            assert (st["scheduler"], st["term"]) == (leader, term), (day, h.config["SERVER_NAME"], st)
-            assert [(m["name"], m["state"]) for m in st["members"]] == [(n, "up") for n in names], (day, st)
-            assert st["lease"]["held"], (day, h.config["SERVER_NAME"], st["lease"])
+            assert (st["scheduler"], st["term"]) == (leader, term), (day, name(h), st)
+            assert [(m["name"], m["state"]) for m in st["members"]] == [(name(m), "up") for m in members], (
+                day,
+                st,
+            )
+            assert st["lease"]["held"], (day, name(h), st["lease"])
         seen.append(day)
+    assert added is not None and removed is added, "the run was too short to add and remove a member"
     assert seen and seen[-1] >= DAYS - STEP
     # The same daemons, within their bounds.
     figures = {}
-    for h in c.hosts:
+    for h in members:
         n = h.config["SERVER_NAME"]
         assert h.proc.poll() is None and h.proc.pid == pids[n], f"{n} restarted"
         rss = psutil.Process(h._server_pid()).memory_info().rss
