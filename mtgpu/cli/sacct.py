@@ -4,8 +4,9 @@ It reads the same records as ``mt-job show`` (one ``job.list`` call, as the tena
 an admin may ask for everyone's), then filters and formats them here. The field
 names, the default format, ``--parsable``/``--parsable2`` and the exit codes
 (``status:signal``) are Slurm's, so scripts written for ``sacct`` keep working.
-MTGPU jobs have no job steps: each job (or array task) is one line, and ``-X``
-(allocations only) changes nothing.
+Each job (or array task) is one line, followed by a line per step (``ID.N``, what
+``srun`` ran in it) unless ``-X``; steps are read from the member that ran them
+(``job.show``), for at most ``STEP_JOBS`` jobs a listing.
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ examples:
 fields (-o/--format, case-insensitive; NAME%WIDTH sets a width):
   """
 
-#: Slurm's default --format.
+#: Slurm's default --format, and those of -b and -l.
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+BRIEF_FORMAT = "JobID,State,ExitCode"
+LONG_FORMAT = (
+    "JobID,JobIDRaw,JobName,Partition,MaxVMSize,MaxRSS,AveRSS,NTasks,AllocCPUS,Elapsed,"
+    "State,ExitCode,DerivedExitCode,ReqCPUS,ReqMem,ReqTRES,AllocTRES,TotalCPU,UserCPU,SystemCPU,"
+    "NodeList,Start,End"
+)
 #: Slurm's state abbreviations for -s/--state.
 STATE_CODES = {s.code: s for s in JobState}
 _LONGEST_ARG = 4096
@@ -79,9 +86,24 @@ def elapsed(v: dict[str, Any], now: float | None = None) -> float | None:
     return None
 
 
-def kib(n: int | None) -> str:
-    """A size as sacct prints MaxRSS (``K`` units, rounded down)."""
-    return "" if n is None else f"{n // 1024}K"
+#: --units: the power of 1024 each letter stands for.
+UNITS = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+#: The most jobs of one listing whose steps are read (one job.show each).
+STEP_JOBS = 200
+
+
+def kib(n: int | None, unit: str | None = None) -> str:
+    """A size as sacct prints MaxRSS (``K`` units, rounded down), or in ``unit``
+    (``--units``: K, M, G, T, P) with two decimals as Slurm prints it then.
+
+    >>> kib(3 << 20), kib(3 << 20, "M"), kib(None, "G")
+    ('3072K', '3.00M', '')
+    """
+    if n is None:
+        return ""
+    if unit is None:
+        return f"{n // 1024}K"
+    return f"{n / 1024 ** UNITS[unit]:.2f}{unit}"
 
 
 def stamp(t: float | None) -> str:
@@ -99,6 +121,16 @@ def signal_name(sig: int | None) -> str:
 def exit_code(v: dict[str, Any]) -> str:
     """Slurm's ``ExitCode``: ``status:signal`` (``0:0`` while it runs)."""
     return v.get("exit") or "0:0"
+
+
+def _req_tres(v: dict[str, Any]) -> str:
+    """What the job asked for, as Slurm's ReqTRES: ``cpu=2,mem=4G,node=1,gres/gpu=1``."""
+    from mtgpu.config.units import format_size
+
+    bits = [f"cpu={v['cpus']}", f"mem={format_size(v['ram'])}", f"node={v.get('req_nodes') or 1}"]
+    if v.get("req_gpus"):
+        bits.append(f"gres/gpu={v['req_gpus']}")
+    return ",".join(bits)
 
 
 def _tres(v: dict[str, Any]) -> str:
@@ -121,6 +153,8 @@ FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "Account": (10, True, lambda v: v["user"]),
     "User": (9, True, lambda v: v["user"]),
     "AllocCPUS": (10, True, lambda v: v["alloc_cpus"]),
+    "NCPUS": (10, True, lambda v: v["alloc_cpus"]),
+    "NTasks": (8, True, lambda v: v.get("ntasks", "")),
     "AllocNodes": (10, True, lambda v: len(v["nodes"])),
     "NNodes": (8, True, lambda v: len(v["nodes"])),
     "NodeList": (15, True, lambda v: ",".join(v["nodes"]) or "None assigned"),
@@ -130,9 +164,16 @@ FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "GPUUUIDs": (40, True, lambda v: ",".join(g.get("uuid") or "?" for g in v["gpus"])),
     "GPUType": (10, True, lambda v: ",".join(sorted({g.get("type") or "?" for g in v["gpus"]}))),
     "ReqCPUS": (8, True, lambda v: v["cpus"]),
-    "ReqMem": (10, True, lambda v: _size(v["ram"])),
+    "ReqMem": (10, True, lambda v: kib(v["ram"], v.get("_units")) if v.get("_units") else _size(v["ram"])),
+    "ReqTRES": (30, True, _req_tres),
     "State": (10, True, lambda v: v["state"]),
     "ExitCode": (8, True, exit_code),
+    # The highest exit status of the job and its steps, as Slurm derives it.
+    "DerivedExitCode": (
+        15,
+        True,
+        lambda v: exit_code(v) if v.get("derived_exit") is None else v["derived_exit"],
+    ),
     "Signal": (8, True, lambda v: signal_name(v.get("signal"))),
     "Reason": (30, True, lambda v: v.get("reason") or "None"),
     "Timelimit": (10, True, lambda v: hms(v["time_limit"]) if v.get("time_limit") else "UNLIMITED"),
@@ -142,8 +183,12 @@ FIELDS: dict[str, tuple[int, bool, Callable[[dict[str, Any]], Any]]] = {
     "Submit": (19, True, lambda v: stamp(v["submit_time"])),
     "Start": (19, True, lambda v: stamp(v["start_time"])),
     "End": (19, True, lambda v: stamp(v["end_time"])),
-    "MaxRSS": (10, True, lambda v: kib(v.get("max_rss"))),
-    "MemoryPeak": (10, True, lambda v: kib(v.get("memory_peak"))),
+    "MaxRSS": (10, True, lambda v: kib(v.get("max_rss"), v.get("_units"))),
+    # One task's figure is the average of one (per-step RSS is not sampled: blank).
+    "AveRSS": (10, True, lambda v: kib(v.get("max_rss"), v.get("_units"))),
+    # Virtual size is not measured: blank, as Slurm leaves what it did not gather.
+    "MaxVMSize": (10, True, lambda v: ""),
+    "MemoryPeak": (10, True, lambda v: kib(v.get("memory_peak"), v.get("_units"))),
     "UserCPU": (10, True, lambda v: cpu_clock(v.get("cpu_user"))),
     "SystemCPU": (10, True, lambda v: cpu_clock(v.get("cpu_system"))),
     "TotalCPU": (10, True, lambda v: cpu_clock(v.get("total_cpu"))),
@@ -185,15 +230,15 @@ def parse_format(text: str) -> list[tuple[str, int]]:
     return out
 
 
-_REL = re.compile(r"^now(?:([+-])(\d+)(seconds|minutes|hours|days|weeks|[smhdw])?)?$")
+_REL = re.compile(r"^now(?:([+-])(\d+)(seconds?|minutes?|hours?|days?|weeks?|[smhdw])?)?$")
 
 
 def parse_when(text: str, now: float) -> float:
     """A time as sacct takes it: ``YYYY-MM-DD[THH:MM[:SS]]``, ``MM/DD[/YY]``, ``now``,
     ``now-2days``, ``today``/``midnight``, ``yesterday``; local time.
 
-    >>> parse_when("now-1hours", 7200.0)
-    3600.0
+    >>> parse_when("now-1hours", 7200.0), parse_when("now-1hour", 7200.0)
+    (3600.0, 3600.0)
     """
     t = text.strip().lower()
     if len(t) > 40:
@@ -284,6 +329,51 @@ def select(
             continue
         out.append(v)
     out.sort(key=lambda v: (_id_key(v["job_id"]), v["submit_time"]))
+    return out
+
+
+def step_view(job: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """A step's line, in the fields of its job's view: its id (``ID.N``), the first
+    word of what it ran as its name, its state, exit code, times, member and tasks;
+    what steps do not measure (RSS, CPU time) is blank."""
+    code = step.get("exit_code")
+    start, end = step.get("start_time"), step.get("end_time")
+    return {
+        **job,
+        "job_id": step["step_id"],
+        "numeric_id": f"{job.get('numeric_id') or job['job_id']}.{step['step']}",
+        "name": (str(step.get("command") or "").split() or ["step"])[0].rsplit("/", 1)[-1][:64],
+        "state": step["state"],
+        "exit": f"{code}:0" if code is not None else "0:0",
+        "derived_exit": "",  # a job's field: blank on its steps, as Slurm's
+        "signal": None,
+        "reason": None,
+        "start_time": start,
+        "end_time": end,
+        "elapsed": (end - start) if end and start else None,
+        "nodes": [step["node"]] if step.get("node") else job["nodes"],
+        "ntasks": step.get("ntasks", 1),
+        "max_rss": None,
+        "memory_peak": None,
+        "cpu_user": None,
+        "cpu_system": None,
+        "total_cpu": None,
+    }
+
+
+def with_steps(
+    views: list[dict[str, Any]], steps_of: Callable[[str], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Each job's view followed by its steps' (``steps_of`` a job id -> its steps);
+    a job's DerivedExitCode is the highest exit status among it and its steps."""
+    out = []
+    for v in views:
+        steps = steps_of(v["job_id"]) if v["state"] != "PENDING" else []
+        codes = [int(str(v.get("exit") or "0:0").split(":")[0])] + [
+            int(s["exit_code"]) for s in steps if s.get("exit_code") is not None
+        ]
+        out.append({**v, "ntasks": 1, "derived_exit": f"{max(codes)}:0" if steps else None})
+        out += [step_view(v, s) for s in steps]
     return out
 
 
@@ -398,7 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--parsable", action="store_true", help="fields separated by |, with a trailing |")
     p.add_argument("-P", "--parsable2", action="store_true", help="fields separated by |, no trailing |")
     p.add_argument("-n", "--noheader", action="store_true", help="no header lines")
-    p.add_argument("-X", "--allocations", action="store_true", help="jobs only (MTGPU jobs have no steps)")
+    p.add_argument("-X", "--allocations", action="store_true", help="jobs only, without their steps")
+    p.add_argument("-b", "--brief", action="store_true", help=f"the fields {BRIEF_FORMAT}")
+    p.add_argument(
+        "-l", "--long", action="store_true", help="many fields (see LONG_FORMAT in `sacct --help`)"
+    )
+    p.add_argument("--name", help="only jobs of these names (comma-separated)")
+    p.add_argument("--units", type=str.upper, choices=sorted(UNITS), help="memory fields in K, M, G, T or P")
     p.add_argument("-a", "--allusers", action="store_true", help="every user's jobs (admins)")
     p.add_argument("-u", "--user", "--uid", dest="user", help="this user's jobs (admins; others: yourself)")
     p.add_argument("-e", "--helpformat", action="store_true", help="list the fields --format takes")
@@ -412,17 +508,22 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(FIELDS))
         return 0
     from mtgpu.cli.common import run_cli, tenant_client
+    from mtgpu.errors import MtgpuError
 
     def run() -> int:
         import json
 
         now = time.time()
         try:
-            for name in ("jobs", "starttime", "endtime", "state", "format", "user"):
+            for name in ("jobs", "starttime", "endtime", "state", "format", "user", "name"):
                 val = getattr(args, name)
                 if val is not None and len(val) > _LONGEST_ARG:
                     raise ValueError(f"--{name} is longer than {_LONGEST_ARG} characters")
-            fields = parse_format(args.format or DEFAULT_FORMAT)
+            chosen = args.format or (
+                BRIEF_FORMAT if args.brief else LONG_FORMAT if args.long else DEFAULT_FORMAT
+            )
+            fields = parse_format(chosen)
+            names = {n.strip() for n in args.name.split(",") if n.strip()} if args.name else None
             job_ids = parse_job_ids(args.jobs) if args.jobs else None
             states = parse_states(args.state) if args.state else None
             if args.starttime:
@@ -441,9 +542,22 @@ def main(argv: list[str] | None = None) -> int:
         api = tenant_client(args)
         views = api.call_all("job.list", all=True, **({"user": user} if user else {}))
         shown = select(views, job_ids=job_ids, states=states, start=start, end=end, now=now)
+        if names is not None:
+            shown = [v for v in shown if v["name"] in names]
         if args.json:
             print(json.dumps(slurm_json(shown), indent=2, sort_keys=True))
             return 0
+        if not args.allocations and len(shown) <= STEP_JOBS:
+
+            def steps_of(jid: str) -> list[dict[str, Any]]:
+                try:
+                    return list(api.call("job.show", job_id=jid).get("steps") or [])
+                except MtgpuError:  # ended and purged meanwhile, or another member's
+                    return []
+
+            shown = with_steps(shown, steps_of)
+        if args.units:
+            shown = [{**v, "_units": args.units} for v in shown]
         mode = "2" if args.parsable2 else ("|" if args.parsable else "")
         out = render(shown, fields, parsable=mode, header=not args.noheader)
         if out:

@@ -389,3 +389,54 @@ def test_scontrol_hold_and_release_a_pending_job_and_not_anothers(host) -> None:
         assert rc == 1 and "`requeue` is not available" in err and "hold" in err, err
     finally:
         run(host, "sam", "scancel", first, after)
+
+
+def test_sacct_shows_steps_derived_exit_codes_and_slurms_fields_and_options(host) -> None:
+    script = (
+        "#!/bin/bash\n#SBATCH -J stepped\n#MTGPU cpus=2 ram=64M\n"
+        "srun true\nsrun -n 2 sh -c 'exit 5' || true\nexit 2\n"
+    )
+    jid = sbatch(host, "sam", script)
+    assert wait_end(host, "sam", jid)["state"] == "FAILED"
+    fmt = "JobID,JobName,State,ExitCode,DerivedExitCode,NTasks"
+    rc, out, err = run(host, "sam", "sacct", "-j", jid, "-P", "-n", "-o", fmt)
+    assert rc == 0, err
+    assert out.splitlines() == [
+        f"{jid}|stepped|FAILED|2:0|5:0|1",
+        f"{jid}.0|true|COMPLETED|0:0||1",
+        f"{jid}.1|sh|FAILED|5:0||2",
+    ], out
+    rc, out, err = run(host, "sam", "sacct", "-X", "-j", jid, "-P", "-n", "-o", "JobID")
+    assert rc == 0 and out.split() == [jid], (out, err)
+    rc, out, err = run(host, "sam", "sacct", "-b", "-X", "-j", jid, "-P")
+    assert rc == 0 and out.splitlines() == ["JobID|State|ExitCode", f"{jid}|FAILED|2:0"], (out, err)
+    # Fields scripts ask for, and -l, all answer; what is not measured is blank.
+    rc, out, err = run(
+        host,
+        "sam",
+        "sacct",
+        "-X",
+        "-j",
+        jid,
+        "-P",
+        "-n",
+        "-o",
+        "NCPUS,ReqTRES,AveRSS,MaxVMSize,MaxRSS",
+        "--units=M",
+    )
+    assert rc == 0, err
+    ncpus, req, ave, vms, rss = out.strip().split("|")
+    assert ncpus == "2" and req == "cpu=2,mem=64M,node=1" and vms == "", out
+    assert ave == rss and (rss == "" or rss.endswith("M")), out
+    rc, out, err = run(host, "sam", "sacct", "-l", "-X", "-j", jid, "-P")
+    assert rc == 0 and out.splitlines()[0].startswith("JobID|JobIDRaw|JobName|Partition|MaxVMSize"), err
+    # --name and a relative start as users type it.
+    rc, out, err = run(
+        host, "sam", "sacct", "-X", "--name", "stepped", "-S", "now-1hour", "-P", "-n", "-o", "JobID"
+    )
+    assert rc == 0 and jid in out.split(), (out, err)
+    rc, out, err = run(host, "sam", "sacct", "-X", "--name", "nosuchname", "-P", "-n", "-o", "JobID")
+    assert rc == 0 and out.strip() == "", out
+    # Another tenant's steps stay out of reach: eve's sacct names none of sam's job.
+    rc, out, err = run(host, "eve", "sacct", "-j", jid, "-P", "-n", "-o", "JobID")
+    assert rc == 0 and jid not in out, out
