@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mtgpu.cli.slurm.formats import PARTITION, json_id, named
+from mtgpu.cli.slurm.formats import PARTITION, json_id, named, version_line
 from mtgpu.cmdline import with_examples
 from mtgpu.jobstate import CANCELLED, RUNNING, JobState
 
@@ -499,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-u", "--user", "--uid", dest="user", help="this user's jobs (admins; others: yourself)")
     p.add_argument("-e", "--helpformat", action="store_true", help="list the fields --format takes")
     p.add_argument("--json", action="store_true", help="Slurm's JSON shape: {jobs: [...]}")
+    p.add_argument(
+        "-V", "--version", action="version", version=version_line(), help="the Slurm release followed"
+    )
     return with_examples(p, {})  # its examples are in EPILOG, with the fields
 
 

@@ -440,3 +440,38 @@ def test_sacct_shows_steps_derived_exit_codes_and_slurms_fields_and_options(host
     # Another tenant's steps stay out of reach: eve's sacct names none of sam's job.
     rc, out, err = run(host, "eve", "sacct", "-j", jid, "-P", "-n", "-o", "JobID")
     assert rc == 0 and jid not in out, out
+
+
+def test_squeue_format_names_sort_start_nodelist_iterate_and_version(host) -> None:
+    h, _ = host
+    running = sbatch(host, "sam", "#!/bin/sh\n#SBATCH -J runner\n#MTGPU ram=64M\nsleep 300\n")
+    wait_for(lambda: show(host, "sam", running)["state"] == "RUNNING", 60, "the runner to run")
+    held = [sbatch(host, "sam", f"#!/bin/sh\n#SBATCH -J waiter{i}\ntrue\n", "--hold") for i in range(2)]
+    try:
+        rc, out, err = run(host, "sam", "squeue", "-h", "-O", "jobid:10,name:12,state:.9")
+        assert rc == 0, err
+        assert f"{running:<10}{'runner':<12}{'RUNNING':>9}" in out.splitlines(), out
+        rc, out, err = run(host, "sam", "squeue", "-h", "-S", "-i", "-o", "%i")
+        assert rc == 0 and out.split() == sorted([running, *held], key=int, reverse=True), (out, err)
+        rc, out, err = run(host, "sam", "squeue", "--start", "-h", "-o", "%i %S %t")
+        assert rc == 0 and sorted(out.splitlines()) == sorted(f"{j} N/A PD" for j in held), (out, err)
+        server = h.config["SERVER_NAME"]
+        rc, out, err = run(host, "sam", "squeue", "-h", "-w", server, "-o", "%i")
+        assert rc == 0 and out.split() == [running], (out, err)
+        rc, out, err = run(host, "sam", "squeue", "-h", "-w", "nosuchhost", "-o", "%i")
+        assert rc == 0 and out.strip() == "", out
+        # -i prints again every N seconds, each time after a blank line and the time.
+        rc, out, err = run(host, "sam", "timeout", "3.5", "squeue", "-i", "1", "-h", "-o", "%i")
+        stamps = [
+            ln for ln in out.splitlines() if ln[:3] in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+        ]
+        assert rc == 124 and len(stamps) >= 2 and "" in out.splitlines(), (rc, out, err)
+        rc, out, err = run(host, "sam", "squeue", "-O", "jobid,bogus")
+        assert rc == 1 and "unknown field 'bogus' in --Format" in err and len(err.splitlines()) == 1, err
+        for cmd in ("squeue", "sinfo", "sbatch", "scancel", "scontrol", "sacct", "srun", "salloc"):
+            rc, out, err = run(host, "sam", cmd, "--version")
+            assert rc == 0 and out.startswith("slurm 22.05.8 (MTGPU "), (cmd, out, err)
+        rc, out, err = run(host, "sam", "squeue", "-V")
+        assert rc == 0 and out.split()[:2] == ["slurm", "22.05.8"], out
+    finally:
+        run(host, "sam", "scancel", running, *held)

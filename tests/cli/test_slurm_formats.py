@@ -242,7 +242,8 @@ def test_slurm_parsers_keep_slurms_options_and_mt_jobs_own() -> None:
     assert vars(sbatch.parse_args(["--gpus=1", "--parsable", "x.sh"]))["sbatch_gpus"] == "1"
     assert {f"--{k}" for k in OVERRIDES} <= {s for a in sbatch._actions for s in a.option_strings}
     mt_alloc = next(p for path, p in walk(mt_job_parser()) if path == ("alloc",))
-    assert set(options(mt_alloc)) | {"--version"} == set(options(build_parser("salloc")))
+    # Slurm's -V beside the --version every program has.
+    assert set(options(mt_alloc)) | {"--version", "-V"} == set(options(build_parser("salloc")))
     assert sbatch_main(["--no-such-option", "x.sh"]) == 255
 
 

@@ -41,12 +41,23 @@ def _config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="the MTGPU daemon's configuration (default $MTGPU_CONFIG)")
 
 
+def _version(p: argparse.ArgumentParser) -> None:
+    """``-V``/``--version``, as every Slurm command has them (``slurm 22.05.8 (MTGPU ...)``)."""
+    taken = {o for a in p._actions for o in a.option_strings}
+    flags = [f for f in ("-V", "--version") if f not in taken]
+    if flags:
+        p.add_argument(
+            *flags, action="version", version=formats.version_line(), help="the Slurm release followed"
+        )
+
+
 def _listing_parser(prog: str, description: str) -> SlurmParser:
     """A parser for squeue and sinfo, where ``-h`` is ``--noheader`` (help is ``--help``)."""
     p = SlurmParser(prog=prog, description=description, add_help=False)
     _config(p)
     p.add_argument("--help", action="help", help="show this help and exit")
     p.add_argument("-h", "--noheader", action="store_true", help="no header line")
+    _version(p)
     return p
 
 
@@ -117,6 +128,7 @@ def sbatch_parser() -> argparse.ArgumentParser:
         p.add_argument("--wrap", metavar="COMMAND", help="run COMMAND as the job (no script file)")
     else:
         wrap.metavar, wrap.help = "COMMAND", "run COMMAND as the job (no script file)"
+    _version(p)
     return with_examples(p, {"": SBATCH_EXAMPLES})
 
 
@@ -192,6 +204,11 @@ def squeue_parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--all", action="store_true", help="accepted for Slurm's sake (one partition)")
     p.add_argument("-p", "--partition", help="accepted for Slurm's sake (one partition)")
     p.add_argument("--json", action="store_true", help="JSON, with Slurm's key names")
+    p.add_argument("-O", "--Format", dest="format_names", help="columns by name: jobid,name:30,state:.10")
+    p.add_argument("-S", "--sort", help="sort by -o letters, - for descending: -t,i")
+    p.add_argument("-i", "--iterate", type=float, metavar="SECONDS", help="print again every SECONDS")
+    p.add_argument("-w", "--nodelist", help="only jobs on these members (a host list: gpu[01-04])")
+    p.add_argument("--start", action="store_true", help="pending jobs and their expected start (N/A)")
     return with_examples(p, {"": SQUEUE_EXAMPLES})
 
 
@@ -236,7 +253,26 @@ def select_jobs(
     return out
 
 
+def _glue_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``-S -t,i`` as getopt reads it: the next word is the option's value even when it
+    starts with ``-`` (argparse would take it for an option).
+
+    >>> _glue_values(["-S", "-i", "-h"], ("-S", "--sort"))
+    ['--sort=-i', '-h']
+    """
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in options and i + 1 < len(argv):
+            out.append(f"{options[-1]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def squeue_main(argv: list[str] | None = None) -> int:
+    argv = _glue_values(list(sys.argv[1:] if argv is None else argv), ("-S", "--sort"))
     args = squeue_parser().parse_args(argv)
     try:
         states = parse_states(args.states)
@@ -246,8 +282,31 @@ def squeue_main(argv: list[str] | None = None) -> int:
         return 1
     ids = [s.strip() for s in args.jobs.split(",") if s.strip()] if args.jobs else None
     names = args.name.split(",") if args.name else None
+    if args.start:
+        states = {PENDING}
+    if args.iterate is not None and not 1 <= args.iterate <= 86400:
+        print("squeue: error: --iterate takes seconds from 1 to 86400", file=sys.stderr)
+        return 1
+    try:
+        if args.format_names:
+            args.format = formats.format_from_names(args.format_names)
+        on = set(formats.expand_hostlist(args.nodelist)) if args.nodelist else None
+    except ValueError as exc:
+        print(f"squeue: error: {exc}", file=sys.stderr)
+        return 1
 
     def body(api: Any) -> int:
+        if args.iterate is None:
+            return once(api)
+        while True:  # until interrupted, as Slurm's: a blank line, then the time, each time
+            rc = once(api, stamp=True)
+            if rc != 0:
+                return rc
+            sys.stdout.flush()
+            time.sleep(args.iterate)
+            print()
+
+    def once(api: Any, stamp: bool = False) -> int:
         finished = bool(ids) or bool(states and states - {PENDING, RUNNING})
         jobs = api.call_all("job.list", all=finished or None)
         now = time.time()
@@ -258,10 +317,14 @@ def squeue_main(argv: list[str] | None = None) -> int:
 
             who = pwd.getpwuid(os.getuid()).pw_name
         picked = select_jobs(jobs, states, ids, names, who)
+        if on is not None:
+            picked = [j for j in picked if on & set(j.get("nodes") or ())]
         if ids and not picked and not any(formats.named(j, ids) for j in jobs):
             print(f"slurm_load_jobs error: {INVALID_JOB}", file=sys.stderr)
             return 1
         picked = formats.sort_jobs(picked)
+        if args.sort:
+            picked = formats.sort_by(picked, args.sort, now)
         if args.json:
             _print_json(
                 {"meta": _meta(), "errors": [], "jobs": [formats.slurm_job_json(j, now) for j in picked]}
@@ -269,9 +332,15 @@ def squeue_main(argv: list[str] | None = None) -> int:
             return 0
         if not args.array:
             picked = formats.collapse_pending_arrays(picked)
-        fmt = args.format or (formats.SQUEUE_LONG if args.long else formats.SQUEUE_DEFAULT)
-        # -l starts with the time, as Slurm's does.
-        pre = [time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))] if args.long else []
+        fmt = args.format or (
+            formats.SQUEUE_START
+            if args.start
+            else formats.SQUEUE_LONG
+            if args.long
+            else formats.SQUEUE_DEFAULT
+        )
+        # -l and -i start with the time, as Slurm's do.
+        pre = [time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))] if args.long or stamp else []
         return _print_lines("squeue", lambda: pre + formats.squeue_lines(picked, fmt, now, not args.noheader))
 
     return _run("squeue", args, body)
@@ -305,6 +374,7 @@ def scancel_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--signal", help="only KILL or TERM: a job is ended, not signalled")
     p.add_argument("-Q", "--quiet", action="store_true", help="no error for jobs that had ended")
     p.add_argument("-v", "--verbose", action="store_true", help="say what was cancelled")
+    _version(p)
     return with_examples(p, {"": SCANCEL_EXAMPLES})
 
 
@@ -476,6 +546,7 @@ def scontrol_parser() -> argparse.ArgumentParser:
         help="a job id or member name (default: all); a host list (default: $SLURM_JOB_NODELIST); "
         "more job ids to hold or release",
     )
+    _version(p)
     return with_examples(p, {"": SCONTROL_EXAMPLES})
 
 
@@ -622,6 +693,7 @@ def salloc_parser() -> argparse.ArgumentParser:
     """``mt-job alloc``'s own parser under Slurm's name."""
     p = _subparser("alloc", "salloc")
     p.description = "Queue an interactive allocation and run a shell (or COMMAND) inside it."
+    _version(p)
     return with_examples(p, {"": SALLOC_EXAMPLES})
 
 

@@ -20,10 +20,103 @@ from typing import Any
 from mtgpu.jobstate import BY_NAME_OR_CODE, PENDING, RUNNING, JobState
 from mtgpu.text import natural_key
 
+#: The Slurm release whose commands' output and options these follow (Debian 12's),
+#: as ``--version`` names it for scripts that check it.
+SLURM_COMPAT = "22.05.8"
+
+
+def version_line() -> str:
+    """What ``-V``/``--version`` prints: ``slurm 22.05.8 (MTGPU 0.1.0)``."""
+    import mtgpu
+
+    return f"slurm {SLURM_COMPAT} (MTGPU {mtgpu.__version__})"
+
+
+#: squeue's -O/--Format names -> the -o letter with the same column.
+SQUEUE_FORMAT_NAMES = {
+    "jobid": "i",
+    "jobarrayid": "i",
+    "arrayjobid": "F",
+    "arraytaskid": "K",
+    "partition": "P",
+    "name": "j",
+    "username": "u",
+    "userid": "u",
+    "statecompact": "t",
+    "state": "T",
+    "timeused": "M",
+    "timelimit": "l",
+    "timeleft": "L",
+    "numnodes": "D",
+    "reasonlist": "R",
+    "nodelist": "N",
+    "reason": "r",
+    "numcpus": "C",
+    "minmemory": "m",
+    "tres-per-node": "b",
+    "priority": "Q",
+    "submittime": "V",
+    "starttime": "S",
+    "endtime": "e",
+    "workdir": "Z",
+    "command": "o",
+}
+
+
+def format_from_names(text: str) -> str:
+    """``-O/--Format``'s ``name[:[.]size]`` list as an ``-o`` format: each column 20
+    wide unless a size is given (``.``: right-justified), side by side with nothing
+    between them, as Slurm's.
+
+    >>> format_from_names("jobid:10,name,state:.8")
+    '%10i%20j%.8T'
+    """
+    out = []
+    for item in text.split(","):
+        name, _, size = item.strip().partition(":")
+        letter = SQUEUE_FORMAT_NAMES.get(name.lower())
+        if letter is None:
+            raise FormatError(
+                f"unknown field {name[:40]!r} in --Format; known: {', '.join(SQUEUE_FORMAT_NAMES)}"
+            )
+        right = size.startswith(".")
+        size = size.lstrip(".") or "20"
+        if not size.isdigit() or not 0 < int(size) <= 1000:
+            raise FormatError(f"--Format {item[:40]!r}: a size is a number from 1 to 1000")
+        out.append(f"%{'.' if right else ''}{int(size)}{letter}")
+    return "".join(out)
+
+
+def sort_by(jobs: Sequence[dict[str, Any]], keys: str, now: float) -> list[dict[str, Any]]:
+    """``-S/--sort``: a comma list of ``-o`` letters, each ``-`` for descending
+    (``-t,i``), as Slurm's; values compared as text with numbers in order."""
+    fields = _job_fields(now)
+    order = []
+    for key in reversed([k.strip() for k in keys.split(",") if k.strip()]):
+        desc, letter = key.startswith("-"), key.lstrip("+-")
+        if letter not in fields or letter == "%":
+            raise FormatError(f"unknown sort field {key[:20]!r}; give -o letters such as i, t, u, -M")
+        order.append((letter, desc))
+    out = list(jobs)
+    for letter, desc in order:  # stable: the first key sorts last
+        get = fields[letter][1]
+
+        def sort_key(
+            j: dict[str, Any], get: Callable[[dict[str, Any]], Any] = get
+        ) -> tuple[tuple[int, int | str], ...]:
+            return natural_key(str(get(j)))
+
+        out.sort(key=sort_key, reverse=desc)
+    return out
+
+
 #: squeue's default format (``squeue`` with no -o), as Slurm prints it.
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 #: ``squeue -l``.
 SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+#: ``squeue --start``: pending jobs with their expected start (N/A: MTGPU makes no
+#: backfill estimate) and why they wait.
+SQUEUE_START = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %R"
 #: sinfo's default format, and ``sinfo -N``.
 SINFO_DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
 SINFO_NODES = "%#N %.6D %#P %6t"

@@ -38,6 +38,7 @@ srun --gpus=1 --pty bash          an interactive shell with one GPU
 
 def build_parser() -> argparse.ArgumentParser:
     from mtgpu.cli.slurm.commands import SlurmParser
+    from mtgpu.cli.slurm.formats import version_line
 
     p = SlurmParser(
         prog="srun",
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         "lists the job's steps.",
     )
     p.add_argument("--config", help="the MTGPU daemon's configuration (default $MTGPU_CONFIG)")
+    p.add_argument(
+        "-V", "--version", action="version", version=version_line(), help="the Slurm release followed"
+    )
     p.add_argument(
         "-n", "--ntasks", type=int, metavar="N", help="how many tasks (default: the job's SLURM_NTASKS)"
     )
