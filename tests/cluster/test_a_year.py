@@ -16,7 +16,8 @@ and is removed two thirds of the way; each step a new user is added and the one
 before removed. After each step: every member's certificate covers its own now (it
 renewed itself while running); a client at one member's time logs in to every member
 (so a certificate signed on a clock five minutes off is taken by the others, as peers
-dialing it take it); the new user logs in everywhere and the removed one nowhere; a
+dialing it take it); once a month each member dials every other afresh at its own
+time; the new user logs in everywhere and the removed one nowhere; a
 job for each simulated day, submitted through the members in turn, runs and
 completes; nothing was re-elected and no member was lost. At the end the daemons are
 still the ones started, and their state, logs and memory are within the bounds
@@ -24,7 +25,7 @@ docs/SECURITY.md states.
 
 The short form (CI) runs 96 simulated days; the full year is
 ``MTGPU_YEAR_DAYS=400 python -m pytest -q tests/cluster/test_a_year.py`` (about
-eight minutes on two cores).
+four minutes on two cores).
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from cluster_harness import join
+from cluster_harness import KEY, join
 from mtgpu_testing import wait_for
 from security_testing import api_socket, call
 
@@ -53,6 +55,26 @@ LIB = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), None)
 STATE_BOUND = 64 << 20
 LOG_BOUND = 64 << 20
 RSS_BOUND = 400 << 20
+
+
+#: A fresh dial from one member to others, as the member makes one: its host key, a
+#: user certificate signed at its time, the others' host certificates checked at its
+#: time (argv: offset file, cluster id, key, member name, its STATE_DIR, addresses).
+DIAL = r"""
+import asyncio, sys
+from mtgpu.clock import shift_wall_clock
+shift_wall_clock(sys.argv[1])
+from mtgpu.cluster.dial import connect_peer
+from mtgpu.cluster.identity import ClusterIdentity
+ident = ClusterIdentity.derive(sys.argv[2], sys.argv[3])
+async def main():
+    for address in sys.argv[6:]:
+        conn = await connect_peer(address, ident, sys.argv[4], sys.argv[5])
+        conn.close()
+        await conn.wait_closed()
+        print("dialed", address, flush=True)
+asyncio.run(main())
+"""
 
 
 def _du(path: Path) -> int:
@@ -96,6 +118,7 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
 
     members = list(c.hosts)
     added = removed = None
+    dials = 0
     leaver: tuple[str, Path] | None = None
     seen = []
     for day in range(STEP, DAYS + 1, STEP):
@@ -143,6 +166,16 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
 
             got = wait_for(renewed, 60, f"{name(h)}'s certificate renewed by day {day}")
             assert not got["warning"], (day, name(h), got)
+        # Once a month each member dials every other afresh, at its own time.
+        if day // 30 != (day - STEP) // 30:
+            for h in members:
+                others = [f"{o.address}:{o.port}" for o in members if o is not h]
+                argv = [sys.executable, "-I", "-c", DIAL, str(offsets[name(h)]), "lab", KEY, name(h)]
+                r = subprocess.run(
+                    [*argv, h.config["STATE_DIR"], *others], capture_output=True, text=True, timeout=60
+                )
+                assert r.returncode == 0 and r.stdout.count("dialed") == len(others), (day, name(h), r.stderr)
+                dials += len(others)
         # A user at each member's time logs in to every member through the one line.
         for at in shifts:
             for h in members:
@@ -203,4 +236,6 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
         state, log = _du(Path(h.config["STATE_DIR"])), h.log_path.stat().st_size
         figures[n] = {"rss_mib": rss >> 20, "state_kib": state >> 10, "log_kib": log >> 10}
         assert rss < RSS_BOUND and state < STATE_BOUND and log < LOG_BOUND, (n, figures[n])
-    print(f"\nyear test: {DAYS} simulated days in steps of {STEP}: {json.dumps(figures)}")
+    print(
+        f"\nyear test: {DAYS} simulated days in steps of {STEP}, {dials} fresh dials: {json.dumps(figures)}"
+    )
