@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import heapq
 import math
@@ -633,6 +634,10 @@ def register(d: Dispatcher, host: JobHost) -> None:
                 options=options,
             )
             check_priority(spec.priority, is_admin=caller.admin)
+            if spec.output is None and arg(args, "slurm_output", bool, False):
+                # sbatch's default, as Slurm's: both streams (unless --error) in the
+                # working directory, slurm-%j.out (an array task's slurm-%A_%a.out).
+                spec = dataclasses.replace(spec, output="slurm-%A_%a.out" if spec.array else "slurm-%j.out")
             submitted = submitted_session(args, spec.export, o.propagate_resource_limits)
             # Decided on a complete inventory: members that have not reported yet are
             # waited for (briefly) before a request that does not fit the others is refused.

@@ -139,6 +139,8 @@ def cmd_submit(args: argparse.Namespace, api: Any) -> int:
         options=sbatch.argv_of(args),
         file_name=os.path.basename(args.file),
         **({"args": script_args} if script_args else {}),
+        # sbatch: Slurm's slurm-%j.out in the working directory where no -o is given.
+        **({"slurm_output": True} if getattr(args, "slurm_output", False) else {}),
         **session,
     )
     for w in r.get("warnings", []):

@@ -475,3 +475,36 @@ def test_squeue_format_names_sort_start_nodelist_iterate_and_version(host) -> No
         assert rc == 0 and out.split()[:2] == ["slurm", "22.05.8"], out
     finally:
         run(host, "sam", "scancel", running, *held)
+
+
+def test_sbatch_writes_slurm_jobid_out_where_it_was_submitted_and_mt_job_keeps_its_own(host) -> None:
+    h, _ = host
+    script = "#!/bin/sh\n#MTGPU ram=64M\necho to-out\necho to-err >&2\n"
+    run(host, "sam", "mkdir", "-p", "subdir")
+    rc, out, err = run(host, "sam", "sh", "-c", "cd subdir && sbatch --parsable -", input=script.encode())
+    assert rc == 0, err
+    jid = out.strip()
+    j = wait_end(host, "sam", jid)
+    home = h.homes / "sam"
+    assert j["stdout"] == j["stderr"] == f"{home}/subdir/slurm-{jid}.out", j
+    rc, text, _ = run(host, "sam", "cat", f"subdir/slurm-{jid}.out")
+    assert sorted(text.split()) == ["to-err", "to-out"], text
+    # -e alone: stdout stays in slurm-%j.out, stderr goes where -e says.
+    rc, out, err = run(
+        host, "sam", "sh", "-c", "cd subdir && sbatch --parsable -e err-%j.txt -", input=script.encode()
+    )
+    jid = out.strip()
+    j = wait_end(host, "sam", jid)
+    assert (j["stdout"], j["stderr"]) == (f"{home}/subdir/slurm-{jid}.out", f"{home}/subdir/err-{jid}.txt"), j
+    # An #SBATCH -o in the script wins; an array's default names its task.
+    rc, out, err = run(
+        host, "sam", "sbatch", "--parsable", "-", input=b"#!/bin/sh\n#SBATCH -o mine.txt\ntrue\n"
+    )
+    assert wait_end(host, "sam", out.strip())["stdout"] == f"{home}/mine.txt"
+    rc, out, err = run(host, "sam", "sbatch", "--parsable", "--array=0-1", "--wrap", "true")
+    arr = out.strip()
+    assert wait_end(host, "sam", f"{arr}_1")["stdout"] == f"{home}/slurm-{arr}_1.out"
+    # mt-job submit keeps MTGPU's default place.
+    rc, out, err = run(host, "sam", "mt-job", "submit", "--parsable", "-", input=script.encode())
+    j = wait_end(host, "sam", out.strip())
+    assert "/.mtgpu/jobs/" in j["stdout"] and j["stdout"] != j["stderr"], j

@@ -83,6 +83,10 @@ def test_corpus_scripts_submitted_unchanged_get_what_slurm_gives(host) -> None:
         assert j["time_limit"] == exp.get("time"), (name, j["time_limit"])
         if "output" in exp:  # relative to the directory it was submitted from
             assert j["stdout"] == f"{home}/corpus/{exp['output']}", (name, j["stdout"])
+        elif SUBMITTED[name].startswith("sbatch"):  # Slurm's default, where it was submitted
+            assert j["stdout"] == f"{home}/corpus/slurm-{jid}.out", (name, j["stdout"])
+        else:  # mt-job keeps its own
+            assert "/.mtgpu/jobs/" in j["stdout"], (name, j["stdout"])
         p = probe_output(j["stdout"])
         assert p["probe"] == "end", (name, p)
         gpus, cpus = exp["gpus_per_node"], exp["cpus_per_node"]

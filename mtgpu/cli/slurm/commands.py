@@ -173,6 +173,7 @@ def sbatch_main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
     args.banner = "Submitted batch job"
+    args.slurm_output = True  # slurm-%j.out in the working directory unless -o says
     return job.main_with(args, "sbatch")
 
 
