@@ -22,6 +22,7 @@ from typing import Any
 from mtgpu.api.dispatcher import Caller, Dispatcher, arg
 from mtgpu.errors import ApiError, ValidationError
 from mtgpu.jobstate import RUNNING
+from mtgpu.schedd.jobenv import JobLaunch, build_env
 
 
 def _uids(pid: int) -> list[str]:
@@ -81,6 +82,11 @@ def register(d: Dispatcher, host: Any) -> None:
         finally:
             os.close(pidfd)
         env = dict(launch.get("gpu_env") or {}) or {"CUDA_VISIBLE_DEVICES": ""}
+        try:  # what a batch job of it sees: Slurm's and MTGPU's variables, as salloc's shell
+            whole = build_env(JobLaunch.from_dict(launch))
+            env.update({k: v for k, v in whole.items() if k.startswith(("SLURM_", "SLURMD_", "MTGPU_"))})
+        except (KeyError, TypeError, ValueError):  # a launch of an older release: the ids
+            pass
         env.update(MTGPU_JOB_ID=jid, SLURM_JOB_ID=jid)
         if launch.get("time_limit"):
             env["MTGPU_TIME_LIMIT"] = str(int(launch["time_limit"]))

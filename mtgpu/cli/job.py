@@ -457,7 +457,20 @@ def cmd_logs(args: argparse.Namespace, api: Any) -> int:
 
 
 #: The script of an allocation: it only holds the resources until its time limit.
-ALLOC_SCRIPT = "#!/bin/sh\n# mt-job alloc: holds the allocation for interactive work\nexec sleep 2147483647\n"
+#: The job an allocation is: it holds the resources until its shell ends, then ends
+#: with that shell's exit status, which ``mt-job alloc`` writes into a pipe of the
+#: tenant's own (``~/.mtgpu/alloc/MEMBER-ID``), so an allocation left with ``exit 4`` is
+#: FAILED 4:0 and one left with ``exit`` COMPLETED, as Slurm records them. Where the
+#: pipe cannot be made it holds until cancelled.
+ALLOC_SCRIPT = """#!/bin/sh
+# mt-job alloc: holds the allocation for interactive work, then ends as its shell did
+d="$HOME/.mtgpu/alloc" f="$HOME/.mtgpu/alloc/$SLURMD_NODENAME-$MTGPU_JOB_ID"
+{ mkdir -p -m 700 "$d" && rm -f "$f" && mkfifo -m 600 "$f"; } 2>/dev/null || exec sleep 2147483647
+read -r rc < "$f"
+rm -f "$f"
+case "$rc" in ''|*[!0-9]*) exit 0 ;; esac
+exit "$rc"
+"""
 FINAL = FINAL_STATES
 
 
@@ -564,18 +577,47 @@ def _run_in(args: argparse.Namespace, api: Any, jid: str) -> int:
         except KeyboardInterrupt:
             continue  # the shell has the terminal; Ctrl-C is for it
     rc = os.waitstatus_to_exitcode(status)
+    rc = rc if rc >= 0 else 128 - rc
     from mtgpu.errors import MtgpuError
 
     state = api.call("job.show", job_id=jid)["state"]
     if state in FINAL:
         print(f"{_prog}: job allocation {jid} ended {state}", file=sys.stderr)
     else:
-        try:
-            api.call("job.cancel", job_ids=[jid], reason="its shell exited")
-        except MtgpuError as exc:
-            print(f"{_prog}: job allocation {jid}: {exc}", file=sys.stderr)
         print(f"{_prog}: relinquishing job allocation {jid}", file=sys.stderr)
-    return rc if rc >= 0 else 128 - rc
+        if not _end_allocation(r["node"], jid, rc):
+            try:
+                api.call("job.cancel", job_ids=[jid], reason="its shell exited")
+            except MtgpuError as exc:
+                print(f"{_prog}: job allocation {jid}: {exc}", file=sys.stderr)
+    return rc
+
+
+def _end_allocation(node: str, jid: str, rc: int, wait: float = 5.0) -> bool:
+    """Hand the shell's exit status to the allocation's job (:data:`ALLOC_SCRIPT`), which
+    then ends with it; False where its pipe is not there (the job then is cancelled)."""
+    import errno
+    import stat
+
+    path = os.path.join(os.path.expanduser("~"), ".mtgpu", "alloc", f"{node}-{jid}")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            break
+        except OSError as exc:  # ENXIO: no reader yet; ENOENT: not made (yet)
+            if exc.errno not in (errno.ENXIO, errno.ENOENT) or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        os.write(fd, f"{rc}\n".encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def cmd_nodes(args: argparse.Namespace, api: Any) -> int:

@@ -95,13 +95,16 @@ class ClusterIdentity:
         )
 
     def peer_certificate(self, key: asyncssh.SSHKey, name: str) -> asyncssh.SSHCertificate:
-        """A user certificate naming this member, for logging in to the others."""
+        """A user certificate naming this member, for logging in to the others: valid
+        from CERT_BACKDATE before now, as host certificates are, so a member whose clock
+        is behind this one's (by up to that) still takes a fresh one."""
+        at = int(time.time())
         return self.user_ca.generate_user_certificate(
             key,
             key_id=peer_username(name),
             principals=[peer_username(name)],
-            valid_after="-5m",
-            valid_before=f"+{CERT_VALIDITY}s",
+            valid_after=at - CERT_BACKDATE,
+            valid_before=at + CERT_VALIDITY,
         )
 
     def is_user_ca(self, key: asyncssh.SSHKey) -> bool:

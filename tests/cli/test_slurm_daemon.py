@@ -186,9 +186,30 @@ def test_salloc_and_srun_pty_run_a_command_inside_an_allocation(host) -> None:
     assert rc == 0, err
     assert "granted job allocation" in err and out.strip().startswith("in-")
     jid = out.strip().removeprefix("in-")
-    assert show(host, "sam", jid)["name"] == "interactive"
+    j = wait_end(host, "sam", jid)
+    # Left with status 0: COMPLETED, as Slurm records it (not CANCELLED).
+    assert (j["name"], j["state"], j["exit_code"]) == ("interactive", "COMPLETED", 0), j
     rc, out, err = run(host, "sam", "srun", "--pty", "--mem=64M", "sh", "-c", "exit 5")
     assert rc == 5 and "granted job allocation" in err
+    jid = err.split("granted job allocation ")[1].split()[0]
+    j = wait_end(host, "sam", jid)
+    assert (j["state"], j["exit_code"]) == ("FAILED", 5), j
+    rc, out, err = run(host, "sam", "sacct", "-X", "-j", jid, "-n", "-P", "-o", "State,ExitCode")
+    assert out.strip() == "FAILED|5:0", out
+    # Inside, the variables a batch job of it has, not the job id alone.
+    rc, out, err = run(
+        host,
+        "sam",
+        "salloc",
+        "--mem=64M",
+        "-c",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo $SLURM_JOB_NODELIST $SLURM_CPUS_ON_NODE $SLURM_MEM_PER_NODE $SLURM_NNODES",
+    )
+    assert rc == 0 and out.split() == [host[0].config["SERVER_NAME"], "2", "64", "1"], (out, err)
     rc, out, err = run(host, "sam", "srun")
     assert rc == 1 and "No command given" in err
 
