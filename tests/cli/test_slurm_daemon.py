@@ -529,3 +529,33 @@ def test_sbatch_writes_slurm_jobid_out_where_it_was_submitted_and_mt_job_keeps_i
     rc, out, err = run(host, "sam", "mt-job", "submit", "--parsable", "-", input=script.encode())
     j = wait_end(host, "sam", out.strip())
     assert "/.mtgpu/jobs/" in j["stdout"] and j["stdout"] != j["stderr"], j
+
+
+def test_srun_in_a_job_takes_the_options_real_scripts_use(host) -> None:
+    h, _ = host
+    script = (
+        "#!/bin/bash\n#MTGPU cpus=2 ram=64M gpus=2\n"
+        "srun --mpi=pmix --cpu-bind=cores -u --kill-on-bad-exit=1 --exclusive --overlap "
+        "--distribution=block -n 2 sh -c 'echo t=$SLURM_PROCID'\n"
+        "srun -n 2 --export=ALL,FOO=bar sh -c 'echo foo=$FOO'\n"
+        "HIDDEN=x srun -n 1 --export=NONE sh -c 'echo hidden=${HIDDEN:-none} job=$SLURM_JOB_ID'\n"
+        "srun -n 2 -o out-%j-%t.txt sh -c 'echo o=$SLURM_PROCID; echo e=$SLURM_PROCID >&2'\n"
+        "srun -n 2 --gpus-per-task=1 sh -c 'echo g$SLURM_PROCID=$CUDA_VISIBLE_DEVICES'\n"
+        "srun -n 2 --gpus-per-task=0 true\n"
+        "srun -n 3 --gpus-per-task=1 true || echo refused=$?\n"
+    )
+    jid = sbatch(host, "sam", script)
+    j = wait_end(host, "sam", jid)
+    assert j["state"] == "COMPLETED", j
+    rc, out, _ = run(host, "sam", "cat", j["stdout"])
+    lines = out.splitlines()
+    assert sorted(ln for ln in lines if ln.startswith("t=")) == ["t=0", "t=1"], out
+    assert [ln for ln in lines if ln.startswith("foo=")] == ["foo=bar", "foo=bar"], out
+    assert f"hidden=none job={jid}" in lines, out
+    gpus = sorted(ln for ln in lines if ln.startswith("g"))
+    assert len(gpus) == 2 and len({g.split("=")[1] for g in gpus}) == 2, out  # one GPU each, not shared
+    assert "refused=1" in lines and "needs 3 GPUs; the job holds 2" in out, out
+    assert "--mpi=pmix: tasks start without a PMI server" in out, out
+    for t in (0, 1):
+        rc, text, _ = run(host, "sam", "cat", f"out-{jid}-{t}.txt")
+        assert sorted(text.split()) == [f"e={t}", f"o={t}"], text

@@ -58,7 +58,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ntasks-per-node", type=int, metavar="N", help="tasks on each member")
     p.add_argument("-l", "--label", action="store_true", help="prefix each output line with its task number")
-    p.add_argument("-K", "--kill-on-bad-exit", action="store_true", help="end the other tasks when one fails")
+    p.add_argument(
+        "-K",
+        "--kill-on-bad-exit",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="0|1",
+        help="end the other tasks when one fails (=0: do not)",
+    )
+    p.add_argument(
+        "-o", "--output", help="in a job: the tasks' stdout to this file (%%t task, %%j job, %%s step)"
+    )
+    p.add_argument("-e", "--error", help="in a job: the tasks' stderr to this file (same patterns)")
+    p.add_argument(
+        "--export",
+        help="in a job: the tasks' environment: ALL (default), NONE (the job's SLURM_*/MTGPU_* "
+        "and PATH/HOME only), and VAR=VALUE or VAR items to add: ALL,FOO=1",
+    )
+    p.add_argument(
+        "-m", "--distribution", help="in a job: block (default) or cyclic, for tasks over the members"
+    )
+    p.add_argument(
+        "--gpus-per-task",
+        type=int,
+        metavar="N",
+        help="in a job: each task sees N of the job's GPUs of its own (CUDA_VISIBLE_DEVICES)",
+    )
+    p.add_argument("--mpi", help="accepted; tasks start without a PMI server (see the manual)")
+    p.add_argument("--cpu-bind", help="accepted; tasks run on the job's CPUs, not bound one by one")
+    p.add_argument("-u", "--unbuffered", action="store_true", help="accepted; output is passed on as written")
+    p.add_argument("--exclusive", action="store_true", help="accepted; steps share the job's resources")
+    p.add_argument("--overlap", action="store_true", help="accepted; steps share the job's resources")
     p.add_argument("--pty", action="store_true", help="outside a job: an interactive allocation")
     p.add_argument("-G", "--gpus", help="outside a job: GPUs, such as 1 or rtx4090:1")
     p.add_argument("--gres", help="outside a job: Slurm's form, such as gpu:1")
@@ -82,6 +114,72 @@ def task_block(ntasks: int, nnodes: int, rank: int) -> tuple[int, int]:
     """
     per, extra = divmod(ntasks, nnodes)
     return rank * per + min(rank, extra), per + (1 if rank < extra else 0)
+
+
+def task_ids(ntasks: int, nnodes: int, rank: int, distribution: str = "block") -> list[int]:
+    """The task numbers member ``rank`` runs: a block of them (Slurm's default), or
+    every ``nnodes``-th from ``rank`` with ``cyclic``.
+
+    >>> task_ids(5, 2, 0), task_ids(5, 2, 1, "cyclic")
+    ([0, 1, 2], [1, 3])
+    """
+    if distribution.split(":")[0] == "cyclic":
+        return list(range(rank, ntasks, nnodes))
+    first, count = task_block(ntasks, nnodes, rank)
+    return list(range(first, first + count))
+
+
+def export_env(env: dict[str, str], spec: str | None) -> dict[str, str]:
+    """The tasks' environment from ``--export``: ``ALL`` (the default) keeps this one,
+    ``NONE`` keeps only the job's ``SLURM_*``/``MTGPU_*`` variables, PATH and HOME;
+    ``VAR=VALUE`` items set, ``VAR`` items keep one.
+
+    >>> export_env({"A": "1", "SLURM_JOB_ID": "7", "PATH": "/bin"}, "NONE,B=2")
+    {'SLURM_JOB_ID': '7', 'PATH': '/bin', 'B': '2'}
+    >>> export_env({"A": "1"}, "ALL,A=3")
+    {'A': '3'}
+    """
+    if not spec:
+        return dict(env)
+    items = [i for i in spec.split(",") if i]
+    words = {i.upper() for i in items if "=" not in i}
+    if "NONE" in words or ("ALL" not in words and items):
+        out = {
+            k: v
+            for k, v in env.items()
+            if k.startswith(("SLURM_", "SLURMD_", "MTGPU_")) or k in ("PATH", "HOME")
+        }
+    else:
+        out = dict(env)
+    for item in items:
+        key, eq, value = item.partition("=")
+        if eq:
+            out[key] = value
+        elif key.upper() not in ("ALL", "NONE") and key in env:
+            out[key] = env[key]
+    return out
+
+
+def output_name(pattern: str, job_id: str, step: int, task: int, node: str) -> str:
+    """``-o``/``-e``'s file for one task: ``%t`` task, ``%j`` job, ``%s`` step, ``%N``
+    member, ``%%`` a percent sign.
+
+    >>> output_name("out-%j.%s-%t.txt", "12", 0, 3, "n1")
+    'out-12.0-3.txt'
+    """
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            sub = {"t": str(task), "j": job_id, "s": str(step), "N": node, "%": "%"}.get(nxt)
+            if sub is not None:
+                out.append(sub)
+                i += 2
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def task_env(
@@ -136,9 +234,38 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
         print("srun: error: --ntasks and --nodes must be at least 1", file=sys.stderr)
         return 1
     nnodes = min(nnodes, ntasks)
-    first, count = task_block(ntasks, nnodes, rank) if rank < nnodes else (0, 0)
+    dist = (args.distribution or "block").lower()
+    if dist.split(":")[0] not in ("block", "cyclic"):
+        print(
+            f"srun: error: --distribution={args.distribution}: MTGPU places tasks block or cyclic",
+            file=sys.stderr,
+        )
+        return 1
+    ids = task_ids(ntasks, nnodes, rank, dist) if rank < nnodes else []
+    count = len(ids)
     if count == 0:
         return 0  # this member has no share of the step
+    first = ids[0]
+    gpu_sets: list[str] | None = None
+    if args.gpus_per_task:
+        held = [g for g in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if g]
+        want = args.gpus_per_task * count
+        if want > len(held):
+            print(
+                f"srun: error: --gpus-per-task={args.gpus_per_task} for {count} tasks here needs {want} GPUs; "
+                f"the job holds {len(held)} on this member",
+                file=sys.stderr,
+            )
+            return 1
+        per = args.gpus_per_task
+        gpu_sets = [",".join(held[i * per : (i + 1) * per]) for i in range(count)]
+    if args.mpi and args.mpi.lower() not in ("none",):
+        print(
+            f"srun: warning: --mpi={args.mpi}: tasks start without a PMI server; an MPI program "
+            "started this way runs each task alone: start it with mpirun inside the job",
+            file=sys.stderr,
+        )
+    env = export_env(env, args.export)
     step = 0
     if api is not None:
         from mtgpu.errors import MtgpuError
@@ -159,18 +286,35 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     copiers: list[threading.Thread] = []
     pipe = subprocess.PIPE if args.label else None
+    node = env.get("SLURMD_NODENAME") or "localhost"
+    files: list[IO[bytes]] = []
     try:
-        for local in range(count):
-            procid = first + local
+        for local, procid in enumerate(ids):
             e = task_env(env, step, procid, local, ntasks, nnodes)
-            p = spawn(args.command, env=e, stdout=pipe, stderr=pipe)
+            if gpu_sets is not None:
+                e["CUDA_VISIBLE_DEVICES"] = e["NVIDIA_VISIBLE_DEVICES"] = gpu_sets[local]
+            out: Any = pipe
+            err: Any = pipe
+            if args.output:
+                out = open(output_name(args.output, job_id, step, procid, node), "ab")  # noqa: SIM115
+                files.append(out)
+            if args.error:
+                err = open(output_name(args.error, job_id, step, procid, node), "ab")  # noqa: SIM115
+                files.append(err)
+            elif args.output:
+                err = out  # as Slurm's: -o alone takes both streams
+            p = spawn(args.command, env=e, stdout=out, stderr=err)
             procs.append(p)
             if args.label:
-                for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
-                    t = threading.Thread(target=_copy, args=(stream, out, f"{procid}: ", lock), daemon=True)
+                for stream, dest in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
+                    if stream is None:
+                        continue
+                    t = threading.Thread(target=_copy, args=(stream, dest, f"{procid}: ", lock), daemon=True)
                     t.start()
                     copiers.append(t)
     except OSError as exc:
+        for f in files:
+            f.close()
         print(f"srun: error: cannot run {args.command[0]}: {exc.strerror}", file=sys.stderr)
         for p in procs:
             p.kill()
@@ -192,14 +336,15 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
             if codes[i] is None and (c := p.poll()) is not None:
                 codes[i] = c
                 if c != 0:
-                    node = env.get("SLURMD_NODENAME") or "localhost"
                     what = f"exit code {c}" if c > 0 else f"signal {-c}"
-                    print(f"srun: error: {node}: task {first + i}: Exited with {what}", file=sys.stderr)
+                    print(f"srun: error: {node}: task {ids[i]}: Exited with {what}", file=sys.stderr)
                     if args.kill_on_bad_exit:
                         forward(signal.SIGKILL, None)
         time.sleep(0.05)
     for t in copiers:
         t.join(5)
+    for f in files:
+        f.close()
     rc = exit_status([c for c in codes if c is not None])
     _end(api, job_id, step, rc)
     return rc
@@ -260,10 +405,12 @@ def run_job(args: argparse.Namespace, api: Any) -> int:
     jid = r["job_id"]
     offsets = {"stdout": 0, "stderr": 0}
     queued = ran = False
+    since = time.monotonic()
     try:
         while True:
             j = api.call("job.show", job_id=jid)
-            if j["state"] == PENDING and not queued:
+            # As Slurm's: "queued" only for a job that waits, not one that starts at once.
+            if j["state"] == PENDING and not queued and time.monotonic() - since > 1.0:
                 print(f"srun: job {jid} queued and waiting for resources", file=sys.stderr)
                 queued = True
             elif queued and not ran and j["state"] != PENDING:
