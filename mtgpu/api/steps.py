@@ -9,6 +9,13 @@ its steps are a view of what ran here), bounded per job and in jobs.
 
 A tenant may record steps of its own running jobs only; the text of a step (its
 command) is bounded and shown escaped like every other tenant text.
+
+A step that asks for GPUs (``srun --gres=gpu:N``, ``-G N``, ``--gpus-per-task``)
+holds that many of the job's GPUs on this member while it runs, by their place in
+the job's list (``CUDA_VISIBLE_DEVICES``): two steps running at once never get the
+same one unless one asks for none. A step asking for more than are free now is
+answered ``step_busy`` (srun waits and asks again, as Slurm's "step creation temporarily
+disabled"); more than the job holds here is refused.
 """
 
 from __future__ import annotations
@@ -36,8 +43,28 @@ class StepLog:
     def __init__(self) -> None:
         self._jobs: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
-    def begin(self, job_id: str, node: str, ntasks: int, first_task: int, command: str, now: float) -> int:
-        """Record a new step of ``job_id`` on ``node`` and return its number."""
+    def free_gpus(self, job_id: str, held: int) -> list[int]:
+        """The places (0 to ``held``-1) in the job's GPU list no running step holds."""
+        taken = {
+            g
+            for s in (self._jobs.get(job_id) or {}).get("steps", ())
+            if s["state"] == "RUNNING"
+            for g in s.get("gpus", ())
+        }
+        return [g for g in range(held) if g not in taken]
+
+    def begin(
+        self,
+        job_id: str,
+        node: str,
+        ntasks: int,
+        first_task: int,
+        command: str,
+        now: float,
+        gpus: list[int] | None = None,
+    ) -> int:
+        """Record a new step of ``job_id`` on ``node`` (holding the places ``gpus`` of
+        the job's GPUs) and return its number."""
         entry = self._jobs.pop(job_id, None) or {"next": 0, "steps": []}
         self._jobs[job_id] = entry
         while len(self._jobs) > MAX_JOBS_KEPT:
@@ -56,6 +83,7 @@ class StepLog:
                 "exit_code": None,
                 "start_time": now,
                 "end_time": None,
+                "gpus": list(gpus or ()),
             }
         )
         del entry["steps"][:-MAX_STEPS_KEPT]
@@ -103,7 +131,24 @@ def register(d: Dispatcher, host: Any, log: StepLog) -> None:
             command = " ".join(arg(args, "command", str, "")[: MAX_STEP_COMMAND * 4].split())[
                 :MAX_STEP_COMMAND
             ]
-            return {"step": log.begin(jid, here, ntasks, first, command, time.time())}
+            want = arg(args, "gpus", int, 0)
+            held = next((len(m.gpu_indices) for m in job.members if m.node == here), 0)
+            if not 0 <= want <= MAX_STEP_TASKS:
+                raise ValidationError(f"gpus must be 0 to {MAX_STEP_TASKS}")
+            if want > held:
+                raise ValidationError(
+                    f"the step asks for {want} GPUs; job {jid} holds {held} on {here}"
+                )
+            free = log.free_gpus(jid, held)
+            if want > len(free):
+                raise ApiError(
+                    f"{want} GPUs asked; {len(free)} of job {jid}'s {held} on {here} are not "
+                    "held by its running steps",
+                    "step_busy",  # srun waits and asks again (not the client's own retry)
+                )
+            taken = free[:want]
+            n = log.begin(jid, here, ntasks, first, command, time.time(), taken)
+            return {"step": n, "gpus": taken}
         if action == "end":
             n = arg(args, "step", int)
             code = arg(args, "exit_code", int)

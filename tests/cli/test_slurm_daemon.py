@@ -74,7 +74,7 @@ def test_sbatch_prints_slurms_line_and_parsable_the_id_and_refuses_a_bad_option(
 def test_srun_in_a_job_runs_ntasks_with_distinct_ranks_as_a_listed_step(host) -> None:
     script = (
         "#!/bin/bash\n#MTGPU cpus=2 ram=64M\n"
-        "srun -n 3 sh -c 'echo task=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID step=$SLURM_STEP_ID'\n"
+        "srun -n 3 --overcommit sh -c 'echo task=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID step=$SLURM_STEP_ID'\n"
         "srun -l echo labelled\n"
     )
     jid = sbatch(host, "sam", script)
@@ -542,7 +542,7 @@ def test_srun_in_a_job_takes_the_options_real_scripts_use(host) -> None:
         "srun -n 2 -o out-%j-%t.txt sh -c 'echo o=$SLURM_PROCID; echo e=$SLURM_PROCID >&2'\n"
         "srun -n 2 --gpus-per-task=1 sh -c 'echo g$SLURM_PROCID=$CUDA_VISIBLE_DEVICES'\n"
         "srun -n 2 --gpus-per-task=0 true\n"
-        "srun -n 3 --gpus-per-task=1 true || echo refused=$?\n"
+        "srun -n 3 -O --gpus-per-task=1 true || echo refused=$?\n"
     )
     jid = sbatch(host, "sam", script)
     j = wait_end(host, "sam", jid)
@@ -559,3 +559,36 @@ def test_srun_in_a_job_takes_the_options_real_scripts_use(host) -> None:
     for t in (0, 1):
         rc, text, _ = run(host, "sam", "cat", f"out-{jid}-{t}.txt")
         assert sorted(text.split()) == [f"e={t}", f"o={t}"], text
+
+
+def test_a_step_gets_its_own_gpus_and_cannot_ask_past_the_job(host) -> None:
+    """Steps are allocations inside the job: a step's GPUs are its own while it runs
+    (two at once never share one), and more CPUs or memory than the job has is refused
+    as Slurm refuses it, before anything runs."""
+    script = (
+        "#!/bin/bash\n#MTGPU cpus=2 ram=64M gpus=2\n"
+        "srun -n 1 --gres=gpu:1 sh -c 'echo one=$CUDA_VISIBLE_DEVICES'\n"
+        "srun -n 4 true || echo four=$?\n"
+        "srun -n 4 --overcommit true && echo overcommit=ok\n"
+        "srun --mem=50G true || echo mem=$?\n"
+        "srun -n1 -G 1 sh -c 'echo a=$CUDA_VISIBLE_DEVICES; sleep 2' &\n"
+        "srun -n1 -G 1 sh -c 'echo b=$CUDA_VISIBLE_DEVICES; sleep 2' &\n"
+        "wait\n"
+        "srun -n1 --gres=gpu:1 sleep 3 &\n"
+        "sleep 1\n"
+        "srun -n1 --gres=gpu:2 sh -c 'echo later=$CUDA_VISIBLE_DEVICES'\n"
+        "wait\n"
+    )
+    jid = sbatch(host, "sam", script)
+    j = wait_end(host, "sam", jid, timeout=90)
+    assert j["state"] == "COMPLETED", j
+    rc, out, _ = run(host, "sam", "cat", j["stdout"])
+    got = dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln and ln.split("=")[0].isalpha())
+    assert len(got["one"].split(",")) == 1, out
+    assert got["four"] == "1" and "More processors requested than permitted" in out, out
+    assert got["overcommit"] == "ok", out
+    assert got["mem"] == "1" and "Memory required by task is not available" in out, out
+    assert got["a"] != got["b"] and len(got["a"].split(",")) == len(got["b"].split(",")) == 1, out
+    assert len(got["later"].split(",")) == 2, out
+    assert "Job step creation temporarily disabled, retrying" in out, out
+    assert [s["gpus"] for s in j["steps"][:1]] == [[0]], j["steps"]

@@ -92,10 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclusive", action="store_true", help="accepted; steps share the job's resources")
     p.add_argument("--overlap", action="store_true", help="accepted; steps share the job's resources")
     p.add_argument("--pty", action="store_true", help="outside a job: an interactive allocation")
-    p.add_argument("-G", "--gpus", help="outside a job: GPUs, such as 1 or rtx4090:1")
-    p.add_argument("--gres", help="outside a job: Slurm's form, such as gpu:1")
-    p.add_argument("-c", "--cpus-per-task", dest="cpus", help="outside a job: CPUs")
-    p.add_argument("--mem", help="outside a job: memory, such as 8G (plain numbers are MB)")
+    p.add_argument("-G", "--gpus", help="GPUs, such as 1 or rtx4090:1 (in a job: the step's, of the job's)")
+    p.add_argument("--gres", help="Slurm's form, such as gpu:1 (in a job: the step's)")
+    p.add_argument("-c", "--cpus-per-task", dest="cpus", help="CPUs (in a job: per task, of the job's)")
+    p.add_argument("--mem", help="memory, such as 8G; plain numbers are MB (in a job: at most the job's)")
+    p.add_argument(
+        "-O", "--overcommit", action="store_true", help="in a job: more tasks than the job has CPUs for"
+    )
     p.add_argument("-t", "--time", help="outside a job: time limit (30m, 2h, HH:MM:SS)")
     p.add_argument("-J", "--job-name", dest="name", help="outside a job: the job's name")
     p.add_argument("-w", "--nodelist", dest="server", help="outside a job: the member to run on")
@@ -127,6 +130,46 @@ def task_ids(ntasks: int, nnodes: int, rank: int, distribution: str = "block") -
         return list(range(rank, ntasks, nnodes))
     first, count = task_block(ntasks, nnodes, rank)
     return list(range(first, first + count))
+
+
+def step_gpus(args: argparse.Namespace) -> int:
+    """The GPUs a step asks for with ``-G N``/``--gpus TYPE:N`` or ``--gres gpu[:TYPE]:N``
+    (0: none asked; its tasks then see all of the job's, holding none).
+
+    >>> step_gpus(build_parser().parse_args(["--gres=gpu:a100:2", "x"])), step_gpus(build_parser().parse_args(["x"]))
+    (2, 0)
+    """
+    text = args.gpus
+    if not text and args.gres:
+        kind, _, rest = args.gres.partition(":")
+        text = rest if kind == "gpu" else ""
+    if not text:
+        return 0
+    last = text.rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else 1
+
+
+def step_limits(args: argparse.Namespace, env: dict[str, str], count: int) -> str:
+    """Why a step does not fit the job on this member (empty: it does), as Slurm's
+    ``Unable to create step`` says: its tasks times ``-c`` above the job's CPUs here
+    (unless ``--overcommit``), or ``--mem`` above the job's memory."""
+    from mtgpu.config.units import parse_size
+
+    cpus = int(env.get("SLURM_CPUS_ON_NODE") or 0)
+    per = int(args.cpus) if args.cpus and str(args.cpus).isdigit() else 1
+    if cpus and count * per > cpus and not args.overcommit:
+        return (
+            f"More processors requested than permitted ({count} tasks x {per} CPUs on this member; "
+            f"the job has {cpus} here; --overcommit runs them anyway)"
+        )
+    if args.mem and env.get("SLURM_MEM_PER_NODE"):
+        try:
+            asked = parse_size(args.mem + "M" if args.mem.isdigit() else args.mem) >> 20
+        except ValueError:
+            return f"--mem={args.mem} is not a size (such as 512M or 8G)"
+        if asked > int(env["SLURM_MEM_PER_NODE"]):
+            return f"Memory required by task is not available (--mem={args.mem}; the job has {env['SLURM_MEM_PER_NODE']}M)"
+    return ""
 
 
 def export_env(env: dict[str, str], spec: str | None) -> dict[str, str]:
@@ -246,19 +289,22 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
     if count == 0:
         return 0  # this member has no share of the step
     first = ids[0]
-    gpu_sets: list[str] | None = None
-    if args.gpus_per_task:
-        held = [g for g in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if g]
-        want = args.gpus_per_task * count
-        if want > len(held):
-            print(
-                f"srun: error: --gpus-per-task={args.gpus_per_task} for {count} tasks here needs {want} GPUs; "
-                f"the job holds {len(held)} on this member",
-                file=sys.stderr,
-            )
-            return 1
-        per = args.gpus_per_task
-        gpu_sets = [",".join(held[i * per : (i + 1) * per]) for i in range(count)]
+    refused = step_limits(args, env, count)
+    if refused:
+        print(f"srun: error: Unable to create step for job {job_id}: {refused}", file=sys.stderr)
+        return 1
+    held = [g for g in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if g]
+    want = args.gpus_per_task * count if args.gpus_per_task else step_gpus(args)
+    if want > len(held):
+        how = (
+            f"--gpus-per-task={args.gpus_per_task} for {count} tasks here"
+            if args.gpus_per_task
+            else "the step"
+        )
+        print(
+            f"srun: error: {how} needs {want} GPUs; the job holds {len(held)} on this member", file=sys.stderr
+        )
+        return 1
     if args.mpi and args.mpi.lower() not in ("none",):
         print(
             f"srun: warning: --mpi={args.mpi}: tasks start without a PMI server; an MPI program "
@@ -267,21 +313,49 @@ def run_step(args: argparse.Namespace, api: Any | None) -> int:
         )
     env = export_env(env, args.export)
     step = 0
+    places = list(range(want))  # unrecorded: the first of the job's GPUs
     if api is not None:
-        from mtgpu.errors import MtgpuError
+        from mtgpu.errors import ApiError, MtgpuError
 
-        try:
-            step = api.call(
-                "job.step",
-                job_id=job_id,
-                action="begin",
-                ntasks=count,
-                first_task=first,
-                command=shlex.join(args.command),
-            )["step"]
-        except MtgpuError as exc:
-            print(f"srun: warning: the step is not recorded: {exc}", file=sys.stderr)
-            api = None
+        said = False
+        while True:
+            try:
+                r = api.call(
+                    "job.step",
+                    job_id=job_id,
+                    action="begin",
+                    ntasks=count,
+                    first_task=first,
+                    command=shlex.join(args.command),
+                    **({"gpus": want} if want else {}),
+                )
+                step, places = r["step"], list(r.get("gpus") or places)
+                break
+            except ApiError as exc:
+                if exc.code != "step_busy":
+                    print(f"srun: warning: the step is not recorded: {exc}", file=sys.stderr)
+                    api = None
+                    break
+                if not said:  # as Slurm's: the step waits for the GPUs its siblings hold
+                    print(
+                        "srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)",
+                        file=sys.stderr,
+                    )
+                    said = True
+                time.sleep(1)
+            except MtgpuError as exc:
+                print(f"srun: warning: the step is not recorded: {exc}", file=sys.stderr)
+                api = None
+                break
+        if said:
+            print(f"srun: Step created for job {job_id}", file=sys.stderr)
+    mine = [held[p] for p in places if p < len(held)]
+    gpu_sets: list[str] | None = None
+    if args.gpus_per_task:
+        per = args.gpus_per_task
+        gpu_sets = [",".join(mine[i * per : (i + 1) * per]) for i in range(count)]
+    elif want:
+        gpu_sets = [",".join(mine)] * count
     lock = threading.Lock()
     procs: list[subprocess.Popen[bytes]] = []
     copiers: list[threading.Thread] = []
