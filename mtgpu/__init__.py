@@ -22,6 +22,23 @@ def _quiet_crypto_deprecations() -> None:
 
 _quiet_crypto_deprecations()
 
+
+def _keep_inet_ntop() -> None:
+    """PySyncObj 0.3.17 (pinned) loads ``pysyncobj/win_inet_pton.py`` with its TCP
+    transport, and that module puts a Windows-only ``inet_ntop`` into ``socket`` on
+    every platform: every later ``socket.inet_ntop`` in the process (psutil's
+    connection lists, asyncssh's X11 code) then fails. It is for Windows alone:
+    elsewhere an empty module stands in for it, so ``socket`` is left as it is."""
+    import os
+    import sys
+    import types
+
+    if os.name != "nt":
+        sys.modules.setdefault("pysyncobj.win_inet_pton", types.ModuleType("pysyncobj.win_inet_pton"))
+
+
+_keep_inet_ntop()
+
 #: The layout of STATE_DIR. A release that changes it so that older releases can no
 #: longer read it raises this; `mtgpu-setup install` refuses to put an older
 #: release over state written in a newer format.

@@ -32,6 +32,7 @@ OTHER_VOCABULARIES: tuple[tuple[str, str, str], ...] = (
     ("mtgpu/cli/container.py", "cmd_start", "a workspace's state"),
     ("mtgpu/api/steps.py", "StepLog.begin", "a job step's state"),
     ("mtgpu/api/steps.py", "StepLog.end", "a job step's state"),
+    ("mtgpu/api/steps.py", "StepLog.free_gpus", "a job step's state"),
     ("mtgpu/cli/sacct.py", "slurm_json", "Slurm's exit_code status, not a state"),
     ("mtgpu/gpuinfo/check.py", "format_check", "a GPU probe's outcome"),
 )

@@ -136,9 +136,7 @@ def register(d: Dispatcher, host: Any, log: StepLog) -> None:
             if not 0 <= want <= MAX_STEP_TASKS:
                 raise ValidationError(f"gpus must be 0 to {MAX_STEP_TASKS}")
             if want > held:
-                raise ValidationError(
-                    f"the step asks for {want} GPUs; job {jid} holds {held} on {here}"
-                )
+                raise ValidationError(f"the step asks for {want} GPUs; job {jid} holds {held} on {here}")
             free = log.free_gpus(jid, held)
             if want > len(free):
                 raise ApiError(

@@ -23,7 +23,7 @@ from typing import Any
 
 from mtgpu.cli.slurm.formats import PARTITION, json_id, named, version_line
 from mtgpu.cmdline import with_examples
-from mtgpu.jobstate import CANCELLED, RUNNING, JobState
+from mtgpu.jobstate import CANCELLED, PENDING, RUNNING, JobState
 
 EPILOG = """\
 examples:
@@ -368,7 +368,7 @@ def with_steps(
     a job's DerivedExitCode is the highest exit status among it and its steps."""
     out = []
     for v in views:
-        steps = steps_of(v["job_id"]) if v["state"] != "PENDING" else []
+        steps = steps_of(v["job_id"]) if v["state"] != PENDING else []
         codes = [int(str(v.get("exit") or "0:0").split(":")[0])] + [
             int(s["exit_code"]) for s in steps if s.get("exit_code") is not None
         ]

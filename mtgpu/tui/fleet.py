@@ -465,6 +465,16 @@ class Fleet:
         self.refresh_now(st)
         return dict(r)
 
+    async def workspace_choices(self, st: ServerState) -> tuple[list[str], list[str], bool]:
+        """What a new workspace may start from there: the admin's template names, the
+        images every tenant may use, and whether any other image is allowed."""
+        link = self._link(st)
+        templates = await link.call("workspace.templates")
+        policy = await link.call("workspace.policy")
+        names = [str(t["name"]) for t in templates or [] if isinstance(t, dict) and "name" in t]
+        images = [str(i) for i in (policy or {}).get("images") or []]
+        return names, images, bool((policy or {}).get("allow_user_images"))
+
     async def workspace_action(self, st: ServerState, action: str, name: str) -> dict[str, Any]:
         """``start``, ``stop`` or ``rm`` a workspace."""
         if action not in ("start", "stop", "rm"):

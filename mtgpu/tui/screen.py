@@ -371,6 +371,8 @@ class App:
         self.keys.set_text(markup)
 
     def say(self, text: str, error: bool = False) -> None:
+        # An error is shown whole, over as many lines as it takes; news stays one line.
+        self.message.set_wrap_mode("space" if error else "clip")
         self.message.set_text(("error", text) if error else text)
         if self.loop is not None and self.loop.screen.started:
             self.loop.draw_screen()
@@ -461,10 +463,7 @@ class App:
                 ),
             )
         elif name == "new_workspace":
-            self.ask(
-                f"New workspace on {st.name} (NAME TEMPLATE|IMAGE [PORT...]): ",
-                lambda text: self.new_workspace(st, text),
-            )
+            self.ask_new_workspace(st)
         elif name == "drop_server":
             if st.target.source != LIST:
                 self.say(
@@ -579,6 +578,29 @@ class App:
                 self.say(f"{busy}: {type(exc).__name__}: {exc}", error=True)
                 return
             self.say(done(r) if done else (r if isinstance(r, str) else f"{busy}: done"))
+
+        t = asyncio.get_running_loop().create_task(go())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def ask_new_workspace(self, st: ServerState) -> None:
+        """Ask for a new workspace, listing what the server offers: its templates and
+        the images every tenant may use (asked for first; without them, the bare prompt)."""
+
+        async def go() -> None:
+            try:
+                templates, images, any_image = await self.fleet.workspace_choices(st)
+            except MtgpuError:
+                templates, images, any_image = [], [], False
+            offered = [f"templates: {', '.join(templates)}" if templates else "no templates"]
+            if images:
+                offered.append(f"images: {', '.join(images)}")
+            if any_image:
+                offered.append("or any image")
+            self.ask(
+                f"New workspace on {st.name} ({'; '.join(offered)}). NAME TEMPLATE|IMAGE [PORT...]: ",
+                lambda text: self.new_workspace(st, text),
+            )
 
         t = asyncio.get_running_loop().create_task(go())
         self._tasks.add(t)

@@ -307,6 +307,22 @@ def frozen():
             pass
 
 
+def _a_new_login_takes_over(host, terms, user, key, env, tag) -> None:
+    """A second login shows the earlier session's screen (``TAG-42``), says it took it
+    over on tmux's status line, and makes no new, empty session."""
+    started = time.monotonic()
+    second = terms(host, user, key, env=env)
+    screen = second.wait_for(f"{tag}-42")
+    assert "took over `main` from a connection idle since" in second.wait_for("took over")
+    print(
+        f"{tag}: the new login showed the earlier screen {time.monotonic() - started:.1f} s after it started"
+    )
+    assert f"{tag}-42" in screen
+    assert _tmux_as(host, user, "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
+    assert _tmux_as(host, user, "list-clients", "-F", "#{client_session}").stdout.split() == ["main"]
+    assert _running(host, user, "main") == "sleep"
+
+
 @pytest.mark.parametrize("env", CLIENT_ENVS)
 def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, terms, frozen, env):
     host = shared_host
@@ -321,15 +337,7 @@ def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, te
     assert _tmux_as(
         host, user, "list-sessions", "-F", "#{session_name} #{session_attached}"
     ).stdout.split() == ["main", "1"]
-    second = terms(host, user, key, env=env)
-    screen = second.wait_for("frozen-42")
-    # Said on the screen (tmux's status line) and no new, empty session.
-    assert "took over `main` from a connection idle since" in second.wait_for("took over")
-    assert "frozen-42" in screen
-    assert _tmux_as(host, user, "list-sessions", "-F", "#{session_name}").stdout.split() == ["main"]
-    clients = _tmux_as(host, user, "list-clients", "-F", "#{client_session}").stdout.split()
-    assert clients == ["main"]
-    assert _running(host, user, "main") == "sleep"
+    _a_new_login_takes_over(host, terms, user, key, env, "frozen")
     assert (
         subprocess.run(["pgrep", "-u", host.passwd(user)[2], "-x", "sleep"], capture_output=True).returncode
         == 0
@@ -337,6 +345,46 @@ def test_a_frozen_client_then_a_new_login_takes_the_session_over(shared_host, te
     # The laptop wakes up: its terminal was detached, not the session ended.
     os.kill(pid, signal.SIGCONT)
     first.wait_for("detached")
+
+
+@pytest.fixture
+def dropped():
+    """Drop every packet of one TCP connection, both ways (a Wi-Fi gone, a VPN cut):
+    iptables rules of this test's own, by comment, removed at the end."""
+    tag = f"mtgpu-test-drop-{os.getpid()}"
+    rules: list[list[str]] = []
+
+    def drop(client_port: int, server_port: int) -> None:
+        for sport, dport in ((client_port, server_port), (server_port, client_port)):
+            rule = ["INPUT", "-p", "tcp", "--sport", str(sport), "--dport", str(dport)]
+            rule += ["-m", "comment", "--comment", tag, "-j", "DROP"]
+            subprocess.run(["iptables", "-w", "-I", *rule], check=True)
+            rules.append(rule)
+
+    yield drop
+    for rule in rules:
+        subprocess.run(["iptables", "-w", "-D", *rule], check=False)
+
+
+@pytest.mark.parametrize("env", CLIENT_ENVS)
+def test_a_client_whose_packets_are_dropped_then_a_new_login_takes_the_session_over(
+    shared_host, terms, dropped, env
+):
+    import psutil
+
+    host = shared_host
+    user = "drew" if env is None else "drewc"
+    key = host.add_user(user)
+    first = terms(host, user, key, env=env)
+    _start_work(first, "dropped")
+    pid = first.ssh_pid()
+    assert pid is not None
+    conn = next(
+        c for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == host.port
+    )
+    dropped(conn.laddr.port, host.port)  # the server still holds the connection, silent
+    time.sleep(2)
+    _a_new_login_takes_over(host, terms, user, key, env, "dropped")
 
 
 @pytest.mark.parametrize("env", CLIENT_ENVS)

@@ -5,6 +5,8 @@ here, naming it, instead of misbehaving in a running cluster."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -213,3 +215,22 @@ def test_a_module_attribute_a_release_lacks_is_named_and_refused(tmp_path, monke
     assert syncobj.missing_module_attributes() == ["mtgpu_test_release.createJournal"]
     with pytest.raises(StateError, match=r"lacks mtgpu_test_release\.createJournal"):
         StateStore("solo", [], str(tmp_path))
+
+
+def test_loading_pysyncobj_leaves_socket_inet_ntop_alone() -> None:
+    """PySyncObj 0.3.17's TCP transport imports a module that replaces
+    ``socket.inet_ntop`` with a Windows-only function on every platform; MTGPU's
+    package keeps it out (mtgpu/__init__.py), so a process that runs the cluster can
+    still turn addresses into text (psutil's connection lists did not)."""
+    code = (
+        "import mtgpu, pysyncobj, pysyncobj.tcp_connection, socket\n"
+        "print(socket.inet_ntop(socket.AF_INET, bytes([127, 0, 0, 1])), socket.inet_ntop(socket.AF_INET6, bytes(16)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0 and r.stdout.split() == ["127.0.0.1", "::"], r.stderr
+    # Without MTGPU's guard the same import breaks it: the reason for the guard.
+    bare = "import pysyncobj.tcp_connection, socket\nsocket.inet_ntop(socket.AF_INET, bytes(4))\n"
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", bare], capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert r.returncode != 0 and "not_windows" in r.stderr, (r.returncode, r.stderr[-500:])

@@ -168,6 +168,15 @@ def test_the_screen_shows_gpus_jobs_workspaces_a_dead_server_and_no_color(laptop
 
         # A workspace created from the keyboard shows with its state.
         p.keys(*["Up"] * 8, "Down")
+        # n lists what the server offers first; a refusal is shown whole, not cut.
+        p.keys("n")
+        p.wait_for(r"New workspace on gpu \(templates: busybox")
+        offered = " ".join(p.screen().split())
+        assert "(templates: busybox; images: " in offered and "mtgpu-test:1" in offered, offered
+        p.type("bad nosuch/image:1")
+        p.wait_for(r"refused by the container policy")
+        whole = " ".join(p.screen().split())
+        assert "your saved images are localhost/mtgpu-saved/NAME" in whole, p.screen()
         p.keys("n")
         p.wait_for(r"New workspace on gpu")
         p.type("dev busybox")
