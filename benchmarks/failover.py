@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from mtgpu_testing import Host, Network, agreed_scheduler as leader_of  # noqa: E402
+from mtgpu_testing import Host, Network  # noqa: E402
+from mtgpu_testing import agreed_scheduler as leader_of
 
 KEY = "benchmark-cluster-key-0123456789"
 

@@ -64,9 +64,11 @@ def machine() -> str:
     import asyncssh
     import pysyncobj.version
 
-    return (f"{cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, asyncssh {asyncssh.__version__}, "
-            f"pysyncobj {pysyncobj.version.VERSION}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}, asyncssh {asyncssh.__version__}, "
+        f"pysyncobj {pysyncobj.version.VERSION}"
+    )
 
 
 def fs_of(path: str) -> str:
@@ -101,8 +103,10 @@ def bench(args: argparse.Namespace, tcp: bool, fsync: bool = True) -> dict[str, 
             c.start(*VOTERS)
             up = time.monotonic()
             leader = c.leader()
-            out["first leader"] = (f"{time.monotonic() - up:.2f}s after the members were up "
-                                   f"({time.monotonic() - t0:.2f}s from spawn)")
+            out["first leader"] = (
+                f"{time.monotonic() - up:.2f}s after the members were up "
+                f"({time.monotonic() - t0:.2f}s from spawn)"
+            )
 
             rates, notes = [], []
             for r in range(args.rounds):
@@ -110,23 +114,29 @@ def bench(args: argparse.Namespace, tcp: bool, fsync: bool = True) -> dict[str, 
                 res = c.call(leader, "write", prefix=f"a{r}-", n=args.writes, wait=120, timeout=150)
                 rates.append(res["ok"] / res["secs"])
                 if res["ok"] != args.writes:
-                    notes.append(f"round {r}: {res['ok']} acked, failed {res['fail']}, "
-                                 f"{res['pending']} pending")
+                    notes.append(
+                        f"round {r}: {res['ok']} acked, failed {res['fail']}, {res['pending']} pending"
+                    )
                 if c.call(leader, "status")["term"] != term:
                     notes.append(f"round {r}: the leader changed under load")
                 leader = c.leader()
             out[f"async+ack on the leader ({args.writes} at once)"] = (
-                f"median {statistics.median(rates):,.0f}/s [" + ", ".join(f"{x:,.0f}" for x in rates)
-                + "]" + ("; " + "; ".join(notes) if notes else ""))
+                f"median {statistics.median(rates):,.0f}/s ["
+                + ", ".join(f"{x:,.0f}" for x in rates)
+                + "]"
+                + ("; " + "; ".join(notes) if notes else "")
+            )
             follower = next(n for n in VOTERS if n != leader)
             n = args.writes // 4
             res = c.call(follower, "write", prefix="f-", n=n, wait=120, timeout=150)
             out[f"async+ack through a follower ({n})"] = f"{res['ok'] / res['secs']:,.0f}/s" + (
-                f" ({res['ok']} acked)" if res["ok"] != n else "")
+                f" ({res['ok']} acked)" if res["ok"] != n else ""
+            )
             leader = c.leader()
             res = c.call(leader, "seq", prefix="s-", n=args.seq, timeout=120)
             out[f"sequential commits on the leader ({args.seq})"] = (
-                f"{res['ok'] / res['secs']:,.0f}/s ({1000 * res['secs'] / max(1, res['ok']):.2f} ms each)")
+                f"{res['ok'] / res['secs']:,.0f}/s ({1000 * res['secs'] / max(1, res['ok']):.2f} ms each)"
+            )
             c.converge(VOTERS, timeout=60)
 
             time.sleep(1.0)
@@ -153,9 +163,11 @@ def bench(args: argparse.Namespace, tcp: bool, fsync: bool = True) -> dict[str, 
             if args.kills:
                 out[f"kill -9 leader, n={args.kills}: new leader"] = (
                     f"p50 {pct(to_leader, 50):.2f}s p99 {pct(to_leader, 99):.2f}s "
-                    f"[" + " ".join(f"{x:.2f}" for x in to_leader) + "]")
+                    f"[" + " ".join(f"{x:.2f}" for x in to_leader) + "]"
+                )
                 out[f"kill -9 leader, n={args.kills}: first commit"] = (
-                    f"p50 {pct(to_commit, 50):.2f}s p99 {pct(to_commit, 99):.2f}s")
+                    f"p50 {pct(to_commit, 50):.2f}s p99 {pct(to_commit, 99):.2f}s"
+                )
         finally:
             c.close()
     return out
@@ -168,22 +180,32 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1000, help="sequential commits")
     ap.add_argument("--kills", type=int, default=12)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU sampling")
-    ap.add_argument("--no-tcp", action="store_true",
-                    help="skip the baseline run over PySyncObj's own TCP transport")
-    ap.add_argument("--fsync", choices=("both", "on", "off"), default="both",
-                    help="SSH transport runs with the journal synced before each acknowledgement "
-                         "(on, as the daemon runs), left to the kernel's writeback (off), or both")
+    ap.add_argument(
+        "--no-tcp", action="store_true", help="skip the baseline run over PySyncObj's own TCP transport"
+    )
+    ap.add_argument(
+        "--fsync",
+        choices=("both", "on", "off"),
+        default="both",
+        help="SSH transport runs with the journal synced before each acknowledgement "
+        "(on, as the daemon runs), left to the kernel's writeback (off), or both",
+    )
     ap.add_argument("--dir", default=None, help="where the members' journals go (default: $TMPDIR)")
     args = ap.parse_args()
 
     print(f"machine: {machine()}")
-    print("conf: mtgpu.state.store.make_conf (appendEntriesUseBatch=False, journal on disk, "
-          "raft timeouts 0.4-1.4 s)")
+    print(
+        "conf: mtgpu.state.store.make_conf (appendEntriesUseBatch=False, journal on disk, "
+        "raft timeouts 0.4-1.4 s)"
+    )
     print(f"journals under: {args.dir or tempfile.gettempdir()} ({fs_of(args.dir or tempfile.gettempdir())})")
     runs = [(False, f) for f in {"both": (True, False), "on": (True,), "off": (False,)}[args.fsync]]
     for tcp, fsync in runs + ([] if args.no_tcp else [(True, False)]):
-        name = "PySyncObj TCPTransport (baseline, no fsync)" if tcp else (
-            f"SshRaftTransport over asyncssh, fsync {'on' if fsync else 'off'}")
+        name = (
+            "PySyncObj TCPTransport (baseline, no fsync)"
+            if tcp
+            else (f"SshRaftTransport over asyncssh, fsync {'on' if fsync else 'off'}")
+        )
         print(f"\n== {name}")
         for k, v in bench(args, tcp, fsync).items():
             print(f"  {k}: {v}")

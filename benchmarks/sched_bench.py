@@ -350,8 +350,8 @@ def journal_records(n: int, seed: int) -> list[tuple[dict[str, Any], list[int] |
     """``n`` submissions as the API builds them: (record, array tasks or None, token)."""
     import uuid
 
-    from mtgpu.schedd.jobfile import expand_array, parse_job_file
     from mtgpu.jobspec import spec_to_dict
+    from mtgpu.schedd.jobfile import expand_array, parse_job_file
 
     rng = random.Random(seed)
     parsed = []

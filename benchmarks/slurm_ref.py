@@ -739,7 +739,10 @@ def print_comparison(res: dict[str, Any]) -> None:
     w = max(len(r["metric"]) for r in res["table"]) + 2
     print(f"\n  {'':{w}}{'Slurm':>10}{'MTGPU':>10}  {'MTGPU better by':>16}  target")
     for r in res["table"]:
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
         factor = "-" if r["factor"] is None else f"{r['factor']:.2f}x"
         target = "" if r["target"] is None else f">= {r['target']:g}x {'met' if r['met'] else 'MISSED'}"
         print(

@@ -42,8 +42,7 @@ def zeros_sha256(n: int) -> str:
     return h.hexdigest()
 
 
-CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
-           "chacha20-poly1305@openssh.com"]
+CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "chacha20-poly1305@openssh.com"]
 THROUGHPUT_TARGET = 0.9  # mtgpu/openssh, at least
 LOGIN_TARGET = 0.5  # mtgpu's time / openssh's, at most
 
@@ -55,7 +54,7 @@ class Target:
     def _opts(self) -> list[str]:
         return [*SSH_OPTS, "-i", str(self.key), *(["-c", self.cipher] if self.cipher else [])]
 
-    def with_cipher(self, cipher: str | None) -> "Target":
+    def with_cipher(self, cipher: str | None) -> Target:
         return Target(self.name, self.port, self.user, self.key, cipher)
 
     def ssh(self, *cmd: str) -> list[str]:
@@ -94,8 +93,9 @@ def upload(t: Target, size: int, expect: str, workdir: Path) -> float:
     with open(src, "rb") as f:
         dt, r = timed(t.ssh("cat > upload.bin"), stdin=f)
     assert r.returncode == 0, r.stderr
-    got = subprocess.run(t.ssh("sha256sum upload.bin; rm -f upload.bin"), capture_output=True,
-                         text=True).stdout.split()[0]
+    got = subprocess.run(
+        t.ssh("sha256sum upload.bin; rm -f upload.bin"), capture_output=True, text=True
+    ).stdout.split()[0]
     assert got == expect, f"{t.name}: upload corrupted"
     return size / dt
 
@@ -111,8 +111,9 @@ def sftp_get_put(t: Target, size: int, expect: str, workdir: Path) -> tuple[floa
     batch.write_text(f"put {local} sftp-up.bin\n")
     dt_put, r = timed(t.sftp(batch))
     assert r.returncode == 0, r.stderr
-    got = subprocess.run(t.ssh("sha256sum sftp-up.bin; rm -f sftp.bin sftp-up.bin"),
-                         capture_output=True, text=True).stdout.split()[0]
+    got = subprocess.run(
+        t.ssh("sha256sum sftp-up.bin; rm -f sftp.bin sftp-up.bin"), capture_output=True, text=True
+    ).stdout.split()[0]
     assert got == expect
     local.unlink()
     return size / dt_get, size / dt_put
@@ -152,17 +153,26 @@ def main() -> int:
             short = cipher.split("@")[0]
             for base in targets:
                 t = base.with_cipher(cipher)
-                get = lambda m: rows.setdefault(f"{short} {m}", {})  # noqa: E731
-                get("exec download MB/s")[t.name] = max(download(t, size, expect) for _ in range(args.reps)) / 1e6
-                get("exec upload MB/s")[t.name] = max(upload(t, size, expect, workdir) for _ in range(args.reps)) / 1e6
+
+                def get(m: str, short: str = short) -> dict:
+                    return rows.setdefault(f"{short} {m}", {})
+
+                get("exec download MB/s")[t.name] = (
+                    max(download(t, size, expect) for _ in range(args.reps)) / 1e6
+                )
+                get("exec upload MB/s")[t.name] = (
+                    max(upload(t, size, expect, workdir) for _ in range(args.reps)) / 1e6
+                )
                 gets, puts = zip(*(sftp_get_put(t, ssize, sexpect, workdir) for _ in range(args.reps)))
                 get("sftp get MB/s")[t.name] = max(gets) / 1e6
                 get("sftp put MB/s")[t.name] = max(puts) / 1e6
         login = {t.name: login_latency(t, args.logins) * 1e3 for t in targets}
         cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(" :\t")
         load = Path("/proc/loadavg").read_text().split()[0]
-        print(f"# ssh_throughput: {args.size_mib} MiB exec, {args.sftp_mib} MiB sftp, best of {args.reps}, "
-              f"{args.logins} logins; sha256 verified; {cpu}, {os.cpu_count()} CPUs, load {load} at the end")
+        print(
+            f"# ssh_throughput: {args.size_mib} MiB exec, {args.sftp_mib} MiB sftp, best of {args.reps}, "
+            f"{args.logins} logins; sha256 verified; {cpu}, {os.cpu_count()} CPUs, load {load} at the end"
+        )
         print(f"| {'cipher, metric':34} | {'mtgpu':>8} | {'openssh':>8} | {'ratio':>6} | target |")
         print(f"| {'-' * 34} | {'-' * 8} | {'-' * 8} | {'-' * 6} | ------ |")
         missed = 0
@@ -170,14 +180,20 @@ def main() -> int:
             ratio = v["mtgpu"] / v["openssh"]
             ok = ratio >= THROUGHPUT_TARGET
             missed += not ok
-            print(f"| {metric:34} | {v['mtgpu']:8.1f} | {v['openssh']:8.1f} | {ratio:6.2f} | {'met' if ok else 'NOT MET'} |")
+            print(
+                f"| {metric:34} | {v['mtgpu']:8.1f} | {v['openssh']:8.1f} | {ratio:6.2f} | {'met' if ok else 'NOT MET'} |"
+            )
         ratio = login["mtgpu"] / login["openssh"]
         ok = ratio <= LOGIN_TARGET
         missed += not ok
-        print(f"| {'login to command ms (median)':34} | {login['mtgpu']:8.1f} | {login['openssh']:8.1f} | "
-              f"{ratio:6.2f} | {'met' if ok else 'NOT MET'} |")
-        print(f"targets: throughput mtgpu/openssh >= {THROUGHPUT_TARGET} on the same cipher; "
-              f"login mtgpu/openssh time <= {LOGIN_TARGET}; {missed} not met")
+        print(
+            f"| {'login to command ms (median)':34} | {login['mtgpu']:8.1f} | {login['openssh']:8.1f} | "
+            f"{ratio:6.2f} | {'met' if ok else 'NOT MET'} |"
+        )
+        print(
+            f"targets: throughput mtgpu/openssh >= {THROUGHPUT_TARGET} on the same cipher; "
+            f"login mtgpu/openssh time <= {LOGIN_TARGET}; {missed} not met"
+        )
         return 0
     finally:
         if sshd is not None:

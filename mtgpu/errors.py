@@ -22,7 +22,18 @@ Clients decide on codes, never on the words of a message::
     ├── JobError             a job file or job request is invalid
     ├── FenceError           a tenant's isolation cannot be set up: its session or
     │                        job is refused, never run with less (code ``isolation``)
-    └── SetupError           mtgpu-setup cannot do what was asked
+    ├── SetupError           mtgpu-setup cannot do what was asked
+    │   ├── SetupFailed      a step of install/uninstall failed (mtgpu.install.setup)
+    │   └── BundleError      a release bundle is unusable here (mtgpu.install.bundle)
+    ├── LimitReached         an SSH connection limit (mtgpu.sshd.limits)
+    ├── SubmissionUnknown    a submission's outcome is not known (mtgpu.cli.job)
+    ├── Unavailable          no job launcher took a start (mtgpu.schedd.launcher)
+    └── FrameError           not a cluster handshake frame (mtgpu.cluster.framing)
+
+Outside it, on purpose: ``BpfUnavailable`` is an ``OSError`` (it carries the errno of
+bpf(2)); ``FormatError`` and ``HostlistError`` of the Slurm formats and the
+configuration's ``_SubKeyError`` are ``ValueError`` for the parsers that catch those.
+``tests/api/test_errors.py`` checks every exception class MTGPU defines.
 """
 
 from __future__ import annotations

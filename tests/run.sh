@@ -28,12 +28,13 @@ VENV=${MTGPU_TEST_VENV:-/opt/mtgpu-test}
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
 chmod -R a+rX "$VENV"
 # Lint and types first, with the versions and settings pinned in pyproject.toml.
-"$VENV/bin/ruff" check mtgpu tests
+"$VENV/bin/ruff" check mtgpu tests benchmarks
 "$VENV/bin/mypy"
 # Formatting: ruff format, and import order as `ruff check --select I` sorts it. To
-# fix what these report: ruff check --select I --fix mtgpu tests && ruff format mtgpu tests
-"$VENV/bin/ruff" format --check mtgpu tests
-"$VENV/bin/ruff" check --select I mtgpu tests
+# fix what these report: ruff check --select I --fix mtgpu tests benchmarks &&
+# ruff format mtgpu tests benchmarks
+"$VENV/bin/ruff" format --check mtgpu tests benchmarks
+"$VENV/bin/ruff" check --select I mtgpu tests benchmarks
 if [ $# -gt 0 ]; then
     exec "$VENV/bin/python" -m pytest "$@"
 fi

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from mtgpu.cmdline import with_examples
+from mtgpu.errors import MtgpuError
 from mtgpu.jobstate import COMPLETED, FAILED, FINAL_STATES, PENDING, RUNNING
 
 #: What messages start with: ``mt-job``, or the Slurm command run (main_with sets it).
@@ -222,7 +223,7 @@ SUBMIT_RETRY = 60.0
 SUBMIT_NOTICE = 5.0
 
 
-class SubmissionUnknown(Exception):
+class SubmissionUnknown(MtgpuError):
     """A submission's outcome could not be learnt: it may or may not have been made."""
 
 

@@ -19,12 +19,14 @@ import struct
 import time
 from typing import Any, Protocol
 
+from mtgpu.errors import MtgpuError
+
 PROTO = "mtgpu-raft/1"
 HEADER = struct.Struct("<I")
 PING = HEADER.pack(0)
 
 
-class FrameError(Exception):
+class FrameError(MtgpuError):
     """The peer sent something that is not a valid frame or handshake."""
 
 

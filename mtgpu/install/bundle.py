@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mtgpu.errors import CommandError
+from mtgpu.errors import CommandError, SetupError
 from mtgpu.proc import run
 
 MANIFEST = "BUNDLE.json"
@@ -39,7 +39,7 @@ CONTENTS = ("pyproject.toml", "README.md", "LICENSE", "bin", "etc", "docs", "mtg
 BOOTSTRAP = ("pip", "setuptools>=64")
 
 
-class BundleError(Exception):
+class BundleError(SetupError):
     pass
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtgpu.cmdline import VERSION, with_examples
-from mtgpu.errors import CommandError
+from mtgpu.errors import CommandError, SetupError
 from mtgpu.install import ospackages
 from mtgpu.install.bundle import BundleError, check_target, read_manifest, source_version, version_key
 from mtgpu.install.ospackages import host_root
@@ -63,7 +63,7 @@ def say(msg: str) -> None:
     print(f"mtgpu-setup: {msg}", flush=True)
 
 
-class SetupFailed(Exception):
+class SetupFailed(SetupError):
     pass
 
 

@@ -366,7 +366,7 @@ class JobTable(SyncObjConsumer):
         numbered = number_tasks and tasks is not None
         if numbered:
             self.next_id += len(tasks or ())
-        base = _pending(record, now)
+        base = _pending(codec.bounded_warnings(record), now)  # a journal entry of an older release too
         ids = []
         if tasks is None:
             self._put({**base, "job_id": jid, "array_id": None, "array_task": None})

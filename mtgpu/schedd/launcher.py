@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from mtgpu.errors import CommandError
+from mtgpu.errors import CommandError, MtgpuError
 from mtgpu.proc import python_argv, run
 from mtgpu.schedd import supervisor
 from mtgpu.schedd.runner import is_alive, pid_record, process_start, read_json, signal_record
@@ -69,7 +69,7 @@ SUPERVISOR_NICE = 10
 _spawning = threading.Lock()
 
 
-class Unavailable(Exception):
+class Unavailable(MtgpuError):
     """No launcher took the request; nothing was started."""
 
 

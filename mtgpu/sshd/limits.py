@@ -28,6 +28,8 @@ from typing import Any
 
 import asyncssh
 
+from mtgpu.errors import MtgpuError
+
 log = logging.getLogger("mtgpu.sshd")
 
 #: Option (lower-case key) and what it counts, for each kind of count.
@@ -147,7 +149,7 @@ def _trim(d: dict[Any, Any]) -> None:
             del d[k]
 
 
-class LimitReached(Exception):
+class LimitReached(MtgpuError):
     """A count is at its limit; the message names the limit and what to do."""
 
 

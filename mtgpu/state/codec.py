@@ -38,7 +38,15 @@ from pysyncobj import pickle as raft_pickle
 
 import mtgpu
 from mtgpu.errors import StateError
-from mtgpu.jobspec import GpuMode, JobSpec, MemberPlacement, Placement, member_from_dict, spec_from_dict
+from mtgpu.jobspec import (
+    GpuMode,
+    JobSpec,
+    MemberPlacement,
+    Placement,
+    bound_warnings,
+    member_from_dict,
+    spec_from_dict,
+)
 from mtgpu.jobstate import JobState
 
 #: The format this release reads and writes.
@@ -67,12 +75,32 @@ def upgrade_job(record: dict[str, Any], fmt: int) -> dict[str, Any]:
 
 
 def upgrade_jobs(jobs: dict[str, dict[str, Any]], fmt: int) -> dict[str, dict[str, Any]]:
-    """A job table's records (of format ``fmt``) in :data:`FORMAT`."""
+    """A job table's records (of format ``fmt``) in :data:`FORMAT`, each one's warnings
+    within today's bound (:func:`bounded_warnings`)."""
     if fmt > FORMAT:
         raise StateFormatError(newer_text("the job table", fmt))
-    if fmt == FORMAT:
-        return jobs
-    return {jid: upgrade_job(j, fmt) for jid, j in jobs.items()}
+    out = jobs if fmt == FORMAT else {jid: upgrade_job(j, fmt) for jid, j in jobs.items()}
+    for jid, j in out.items():
+        trimmed = bounded_warnings(j)
+        if trimmed is not j:
+            out = out if out is not jobs else dict(jobs)
+            out[jid] = trimmed
+    return out
+
+
+def bounded_warnings(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its spec's warnings within the bound every submission gets now
+    (:func:`mtgpu.jobspec.bound_warnings`); the same object where they are. A record
+    stored before that bound (a state or a journal entry of an older release, 33 MB of
+    warnings for one job) is cut when it is read back, the same way on every replica."""
+    spec = record.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("warnings"), (list, tuple)):
+        return record
+    warnings = spec["warnings"]
+    bounded = bound_warnings(warnings)
+    if len(bounded) == len(warnings) and all(a is b for a, b in zip(bounded, warnings, strict=True)):
+        return record
+    return {**record, "spec": {**spec, "warnings": list(bounded)}}
 
 
 def newer_text(where: str, fmt: int, by: str = "") -> str:

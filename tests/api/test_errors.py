@@ -232,3 +232,31 @@ def test_a_hostile_tenants_submissions_are_stored_bounded_and_as_text(hostile):
     assert not signal["ok"] and "0 to 65535" in signal["error"], signal
     log = h.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "internal error" not in log, log[-3000:]
+
+
+#: Exception classes of MTGPU's outside MtgpuError, on purpose (mtgpu/errors.py says why).
+OUTSIDE_THE_TREE = {
+    "mtgpu.schedd.bpfdev.BpfUnavailable",
+    "mtgpu.cli.slurm.formats.FormatError",
+    "mtgpu.cli.slurm.formats.HostlistError",
+    "mtgpu.config.options._SubKeyError",
+}
+
+
+def test_every_exception_class_mtgpu_defines_is_in_the_one_tree() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import mtgpu
+    from mtgpu.errors import MtgpuError
+
+    found = {}
+    for info in pkgutil.walk_packages(mtgpu.__path__, "mtgpu."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name:
+                found[f"{info.name}.{name}"] = obj
+    outside = sorted(n for n, c in found.items() if not issubclass(c, MtgpuError))
+    assert outside == sorted(OUTSIDE_THE_TREE), outside
+    assert len(found) > 20, sorted(found)  # the walk saw the package

@@ -335,3 +335,30 @@ def test_the_tasks_of_an_array_share_one_decoded_spec() -> None:
     dump = [[{"jobs": jobs, "next_id": table.next_id, "state_format": codec.FORMAT}]]
     with pytest.raises(codec.StateFormatError, match=f"job '{bad}' has 'spec.priority' = 'high'"):
         codec.check_dump(dump, "the test's dump")
+
+
+def test_warnings_stored_before_their_bound_are_cut_when_read_back(tmp_path: Path) -> None:
+    """A state (or a journal entry) of a release that kept every warning (33 MB for one
+    job of `#SBATCH -Q -Q ...`) is read back with each job's warnings within today's
+    bound, the same on every replica; records within it stay the very same objects."""
+    from mtgpu.jobspec import MAX_WARNINGS
+
+    d = copy_fixture("snapshot", tmp_path)
+    flood = ["line 2: #SBATCH -Q is ignored"] * 40000 + [f"line {i}: other" for i in range(300)]
+
+    def swell(table: dict) -> None:
+        table["jobs"]["5"]["spec"]["warnings"] = flood
+
+    _rewrite_dump(d, swell)
+    table = load_jobs(d)
+    kept = table.jobs["5"]["spec"]["warnings"]
+    assert len(kept) <= MAX_WARNINGS + 1 and kept[-1].startswith("... and "), kept[-3:]
+    assert any("(x40000)" in w for w in kept), kept[:3]
+    other = next(j for jid, j in table.jobs.items() if jid != "5")
+    assert codec.bounded_warnings(other) is other
+    # A submission as an older release journalled it: bounded as it is applied.
+    record = {**table.jobs["5"], "spec": {**table.jobs["5"]["spec"], "warnings": flood}}
+    for k in ("job_id", "array_id", "array_task"):
+        record.pop(k, None)
+    r = table.submit(record, None, 1.0, _doApply=True)
+    assert len(table.jobs[r["job_id"]]["spec"]["warnings"]) <= MAX_WARNINGS + 1
