@@ -264,7 +264,10 @@ class JobViews:
                 sched.pending_info.get(rec.array_id) if rec.array_id else None
             )
             if info is not None:
-                view["position"] = info.position
+                # 0: not in the queue yet (waiting on a dependency, a hold or --begin)
+                view["position"] = info.position or None
+                # When the scheduler holds resources back for it (the next in line)
+                view["expected_start"] = info.expected_start
                 view["reason"] = info.reason
                 view["reason_detail"] = private_reason(info.message, rec.uid, sched.table.get)
             else:

@@ -592,3 +592,29 @@ def test_a_step_gets_its_own_gpus_and_cannot_ask_past_the_job(host) -> None:
     assert len(got["later"].split(",")) == 2, out
     assert "Job step creation temporarily disabled, retrying" in out, out
     assert [s["gpus"] for s in j["steps"][:1]] == [[0]], j["steps"]
+
+
+def test_squeue_start_shows_when_the_next_job_in_line_should_start(host) -> None:
+    """The scheduler holds resources back for the next job in line and knows when they
+    free up (the running job's time limit): squeue --start says so, as Slurm's backfill
+    estimate; a job waiting on a dependency has no place in the queue yet."""
+    import datetime as dt
+
+    running = sbatch(host, "sam", "#!/bin/sh\n#SBATCH --gres=gpu:2 -t 10\n#MTGPU ram=64M\nsleep 300\n")
+    j = wait_for(lambda: (v := show(host, "sam", running))["state"] == "RUNNING" and v, 60, "the runner")
+    nxt = sbatch(host, "sam", "#!/bin/sh\n#SBATCH --gres=gpu:2\n#MTGPU ram=64M\ntrue\n")
+    after = sbatch(host, "sam", "#!/bin/sh\n#MTGPU ram=64M\ntrue\n", f"--dependency=afterok:{running}")
+    try:
+
+        def expected() -> str | None:
+            rc, out, _ = run(host, "sam", "squeue", "--start", "-h", "-j", nxt, "-o", "%i %S")
+            when = out.split()[1] if rc == 0 and len(out.split()) == 2 else "N/A"
+            return None if when == "N/A" else when
+
+        when = wait_for(expected, 30, "an expected start for the next job")
+        start = dt.datetime.fromisoformat(when).timestamp()
+        assert abs(start - (j["start_time"] + 600)) < 5, (when, j["start_time"])
+        waiting = wait_for(lambda: (v := show(host, "sam", after))["reason"] == "Dependency" and v, 30, "dep")
+        assert waiting["position"] is None, waiting
+    finally:
+        run(host, "sam", "scancel", running, nxt, after)

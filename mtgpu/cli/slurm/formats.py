@@ -114,8 +114,8 @@ def sort_by(jobs: Sequence[dict[str, Any]], keys: str, now: float) -> list[dict[
 SQUEUE_DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 #: ``squeue -l``.
 SQUEUE_LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
-#: ``squeue --start``: pending jobs with their expected start (N/A: MTGPU makes no
-#: backfill estimate) and why they wait.
+#: ``squeue --start``: pending jobs with their expected start (where the scheduler
+#: holds resources back for one, the next in line; N/A for the others) and why they wait.
 SQUEUE_START = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %R"
 #: sinfo's default format, and ``sinfo -N``.
 SINFO_DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
@@ -272,7 +272,8 @@ def _job_fields(now: float) -> dict[str, tuple[str, Callable[[dict[str, Any]], A
         "b": ("TRES_PER_NODE", lambda j: f"gres/gpu:{n}" if (n := gpus_per_node(j)) else "N/A"),
         "Q": ("PRIORITY", lambda j: j.get("priority", "")),
         "V": ("SUBMIT_TIME", ts("submit_time")),
-        "S": ("START_TIME", ts("start_time")),
+        # A pending job's: when the scheduler expects it to start, if it knows.
+        "S": ("START_TIME", lambda j: iso_time(j.get("start_time") or j.get("expected_start"))),
         "e": ("END_TIME", ts("end_time")),
         "Z": ("WORK_DIR", lambda j: j.get("workdir", "")),
         "o": ("COMMAND", lambda j: j.get("command") or j.get("workdir", "")),
