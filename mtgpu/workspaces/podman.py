@@ -9,11 +9,13 @@ podman's own error line.
 Where the daemon is root every command starts through the tenant's fence
 (:meth:`~mtgpu.schedd.fence.TenantFence.prefix`): session cgroup, private mount and
 network namespaces, then the tenant's identity. The two that start a container's
-processes, ``start`` and ``exec``, enter the tenant's network namespace only: on a
-host where rootless podman makes no cgroups of its own, what they start stays in the
-caller's cgroup, and a workspace's GPUs and limits are its reservation's, which the
-session cgroup (no GPUs) would take away. A fence part that cannot be made refuses the
-command; root without a fence refuses every command.
+processes, ``start`` and ``exec``, join the cgroups of the workspace's reservation (its
+holding job's: its GPUs, its memory) instead of the session's, in the same namespaces:
+on a host where rootless podman makes no cgroups of its own, what they start stays in
+the caller's cgroup, and the session cgroup would deny the workspace its GPUs. Given no
+reservation cgroups (a runtime used alone) they enter the network namespace only. A
+fence part that cannot be made refuses the command; root without a fence refuses every
+command.
 
 Every method blocks; the daemon calls them in a thread.
 """
@@ -103,7 +105,9 @@ class ContainerRuntime:
         """Run another container tool as the tenant (the ``devcontainer`` CLI)."""
         raise NotImplementedError
 
-    def start(self, tenant: Tenant, name: str) -> None:
+    def start(self, tenant: Tenant, name: str, within: Sequence[str] = ()) -> None:
+        """Start the container; ``within``: the ``cgroup.procs`` files of the workspace's
+        reservation, which what it starts joins."""
         raise NotImplementedError
 
     def stop(self, tenant: Tenant, name: str) -> None:
@@ -119,12 +123,24 @@ class ContainerRuntime:
         raise NotImplementedError
 
     def exec(
-        self, tenant: Tenant, name: str, argv: Sequence[str], user: str = "", timeout: float = 600
+        self,
+        tenant: Tenant,
+        name: str,
+        argv: Sequence[str],
+        user: str = "",
+        timeout: float = 600,
+        within: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError
 
     def fenced(
-        self, tenant: Tenant, argv: Sequence[str], *, starts: bool = False, what: str = ""
+        self,
+        tenant: Tenant,
+        argv: Sequence[str],
+        *,
+        starts: bool = False,
+        what: str = "",
+        within: Sequence[str] = (),
     ) -> list[str]:
         """``argv`` made to run as ``tenant`` inside its fence."""
         raise NotImplementedError
@@ -141,10 +157,16 @@ class Podman(ContainerRuntime):
         self.fence = fence
 
     def fenced(
-        self, tenant: Tenant, argv: Sequence[str], *, starts: bool = False, what: str = ""
+        self,
+        tenant: Tenant,
+        argv: Sequence[str],
+        *,
+        starts: bool = False,
+        what: str = "",
+        within: Sequence[str] = (),
     ) -> list[str]:
         """``argv`` made to run as ``tenant``, inside its fence; ``starts``: a command
-        that starts a container's processes (network namespace only, see above).
+        that starts a container's processes, in the cgroups ``within`` (see above).
         Unchanged where the daemon is not root (it runs everything as itself)."""
         if tenant.uid == 0:
             raise PodmanError(list(argv[:2]), "workspaces never run podman as root")
@@ -160,6 +182,14 @@ class Podman(ContainerRuntime):
         try:
             if not starts:
                 return [*self.fence.prefix(tenant.uid, tenant.gid, list(tenant.groups), "/"), *inner]
+            if within:
+                from mtgpu.schedd.fence import fenced_argv
+
+                ns, net = self.fence.namespace(tenant.uid), self.fence.net_namespace(tenant.uid)
+                prefix = fenced_argv(
+                    within, ns, net, tenant.uid, tenant.gid, tenant.groups, "/", title="mtgpu-workspace"
+                )
+                return [*prefix, *inner]
             netns = self.fence.net_namespace(tenant.uid)
         except MtgpuError as exc:  # FenceError: never run podman with less isolation instead
             raise WorkspaceError(f"{what + ': ' if what else ''}{exc}") from exc
@@ -188,11 +218,16 @@ class Podman(ContainerRuntime):
         check: bool = True,
         what: str = "",
         argv: Sequence[str] | None = None,
+        within: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         """Run ``podman ARGS`` (or ``argv``) as ``tenant``; raise PodmanError with its message."""
         starts = argv is None and bool(args) and args[0] in STARTS_CONTAINERS
         argv = self.fenced(
-            tenant, list(argv) if argv is not None else self.argv(*args), starts=starts, what=what
+            tenant,
+            list(argv) if argv is not None else self.argv(*args),
+            starts=starts,
+            what=what,
+            within=within,
         )
         try:
             return run(argv, env=tenant_env(tenant), timeout=timeout, check=check, cwd="/")
@@ -256,8 +291,8 @@ class Podman(ContainerRuntime):
     def run_tool(self, tenant: Tenant, argv: Sequence[str]) -> None:
         self.run(tenant, argv=argv, timeout=3600, what=f"running {os.path.basename(argv[0])}")
 
-    def start(self, tenant: Tenant, name: str) -> None:
-        self.run(tenant, "start", name, what=f"starting {name}")
+    def start(self, tenant: Tenant, name: str, within: Sequence[str] = ()) -> None:
+        self.run(tenant, "start", name, what=f"starting {name}", within=within)
 
     def stop(self, tenant: Tenant, name: str) -> None:
         self.run(tenant, "stop", "--ignore", name, what=f"stopping {name}")
@@ -274,10 +309,16 @@ class Podman(ContainerRuntime):
         return p.stdout + p.stderr
 
     def exec(
-        self, tenant: Tenant, name: str, argv: Sequence[str], user: str = "", timeout: float = 600
+        self,
+        tenant: Tenant,
+        name: str,
+        argv: Sequence[str],
+        user: str = "",
+        timeout: float = 600,
+        within: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
         opts = ["--user", user] if user else []
-        return self.run(tenant, "exec", *opts, name, *argv, timeout=timeout, check=False)
+        return self.run(tenant, "exec", *opts, name, *argv, timeout=timeout, check=False, within=within)
 
 
 def which(cmd: str) -> str | None:

@@ -591,15 +591,16 @@ class Workspaces:
                 env=env,
             )
             self.runtime.create(t, argv)
+        within = self._reservation_cgroups(job_id)
         if rec.desired == "running":
-            self.runtime.start(t, rec.name)
+            self.runtime.start(t, rec.name, within=within)
         rec.applied, rec.gpus, rec.error = job_id, gpus, ""
         self._save(rec)
         if not rec.post_create_done and spec.post_create and rec.desired == "running":
             rec.post_create_done = True
             self._save(rec)
             for command in spec.post_create:
-                p = self.runtime.exec(t, rec.name, list(command), user=spec.user)
+                p = self.runtime.exec(t, rec.name, list(command), user=spec.user, within=within)
                 if p.returncode != 0:
                     rec.error = (
                         f"postCreateCommand {' '.join(command)!r} exited {p.returncode}: "
@@ -607,6 +608,24 @@ class Workspaces:
                     )
                     self._save(rec)
                     break
+
+    def _reservation_cgroups(self, job_id: str) -> list[str]:
+        """The ``cgroup.procs`` files of the job that holds a workspace's reservation here
+        (root's files, written by its supervisor before the job ran): what the container's
+        ``podman start`` and ``exec`` join, so the workspace runs within its GPUs and
+        memory. Empty without a runner (a service used alone); a runner whose job has no
+        cgroups file refuses, rather than start the workspace outside them."""
+        agent = getattr(self.host, "agent", None)
+        runner = getattr(agent, "runner", None)
+        if runner is None:
+            return []
+        try:
+            dirs = json.loads((runner.job_dir(job_id) / "cgroups.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise WorkspaceError(
+                f"the reservation (job {job_id}) has no cgroups here yet; start the workspace again in a moment"
+            ) from exc
+        return [f"{d}/cgroup.procs" for d in dirs.values()]
 
     def _cache_dirs(self, t: Tenant) -> None:
         """The directories behind the cache volumes, made by the tenant in the home."""
@@ -746,8 +765,9 @@ class Workspaces:
         self._save(rec)
         if job is not None and job.state == RUNNING and rec.applied == job.job_id:
             t = self.tenant(user, uid)
+            within = self._reservation_cgroups(job.job_id)
             async with self._lock(rec.key):
-                await asyncio.to_thread(self.runtime.start, t, name)
+                await asyncio.to_thread(self.runtime.start, t, name, within)
         elif job is None or job.state in FINAL_STATES:
             await self._reserve(rec)
         return await self._settle(rec, wait, True)

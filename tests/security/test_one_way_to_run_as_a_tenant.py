@@ -31,9 +31,9 @@ ALLOWED = {
     ("mtgpu/gateway/spawn.py", "user"): "spawn_as and connect_as without a fence: a daemon that is not root",
     ("mtgpu/accounts/published.py", "user"): "probes a published interpreter as nobody, not a tenant",
     ("mtgpu/server.py", "user"): "reads a local account's authorized_keys as that account (not a tenant)",
-    ("mtgpu/workspaces/podman.py", "str:setpriv"): "podman start and exec, in the tenant's network "
-    "namespace: what they start keeps the workspace's GPUs (known gap: not in a cgroup of the "
-    "workspace's reservation, see docs/SECURITY.md); every other podman command goes through the fence",
+    ("mtgpu/workspaces/podman.py", "str:setpriv"): "podman start and exec given no reservation cgroups "
+    "(a runtime used alone, in tests): the tenant's network namespace only; the daemon always gives "
+    "them the reservation's cgroups (fence.fenced_argv), and every other command goes through the fence",
     ("mtgpu/workspaces/podman.py", "str:--reuid"): "the same two podman commands",
     ("mtgpu/schedd/fence.py", "str:--reuid"): "TenantFence.prefix itself",
     ("mtgpu/workspaces/storage.py", "user"): "probes podman's storage as nobody, not a tenant",

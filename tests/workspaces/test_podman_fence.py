@@ -106,3 +106,21 @@ def test_a_podman_pull_for_a_workspace_runs_inside_the_tenants_fence(ws_host) ->
         listener.kill()
         listener.wait()
         ws_host.ssh("mt-container", "rm", "stuckpull")
+
+
+def test_a_workspace_runs_in_its_reservations_cgroups_not_the_sessions(ws_host) -> None:
+    """``podman start`` joins the cgroups of the job that holds the workspace's
+    reservation: the container's processes are bound by its GPUs and memory, never
+    left in the session cgroup (which denies every GPU) or the daemon's."""
+    v = ws_host.mc("create", "boxed", "--image", "localhost/mtgpu-test:1")
+    try:
+        v = ws_host.wait_state("boxed", {"RUNNING"}, timeout=90)
+        job = v["reservation"]
+        assert job, v
+        _, out, _ = ws_host.run("podman inspect boxed --format '{{.State.Pid}}'")
+        pid = int(out.strip())
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+        assert f"mtgpu_job_{job}_" in cgroup, cgroup
+        assert f"tenant-{ws_host.uid}" not in cgroup, cgroup
+    finally:
+        ws_host.ssh("mt-container", "rm", "boxed")

@@ -55,7 +55,7 @@ class Recorder(ContainerRuntime):
             "env": [a for a in argv if a.startswith("--env=MTGPU_GPUS")],
         }
 
-    def start(self, tenant: Tenant, name: str) -> None:
+    def start(self, tenant: Tenant, name: str, within: Any = ()) -> None:
         self.calls.append(("start", name))
         self.containers_[name]["state"] = "running"
 
@@ -72,7 +72,9 @@ class Recorder(ContainerRuntime):
         self.calls.append(("commit", name, image))
         return "sha256:x"
 
-    def exec(self, tenant: Tenant, name: str, argv: Any, user: str = "", timeout: float = 600) -> Any:
+    def exec(
+        self, tenant: Tenant, name: str, argv: Any, user: str = "", timeout: float = 600, within: Any = ()
+    ) -> Any:
         self.calls.append(("exec", name, *argv))
         return type("P", (), {"returncode": 0, "stdout": "", "stderr": ""})()
 
