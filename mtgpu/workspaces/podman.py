@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mtgpu.errors import CommandError, MtgpuError
 from mtgpu.proc import run
+from mtgpu.schedd.fence import fenced_argv
 from mtgpu.workspaces.types import LABEL, PodmanError, Tenant, WorkspaceError
 
 if TYPE_CHECKING:
@@ -179,33 +180,18 @@ class Podman(ContainerRuntime):
         cwd = tenant.home if os.path.isdir(tenant.home) else "/"
         # The tenant's shell changes into the home once it is the tenant.
         inner = ["/bin/sh", "-c", 'cd -- "$0" 2>/dev/null || cd /; exec "$@"', cwd, *argv]
+        uid, gid = tenant.uid, tenant.gid
         try:
             if not starts:
-                return [*self.fence.prefix(tenant.uid, tenant.gid, list(tenant.groups), "/"), *inner]
-            if within:
-                from mtgpu.schedd.fence import fenced_argv
-
-                ns, net = self.fence.namespace(tenant.uid), self.fence.net_namespace(tenant.uid)
-                prefix = fenced_argv(
-                    within, ns, net, tenant.uid, tenant.gid, tenant.groups, "/", title="mtgpu-workspace"
-                )
-                return [*prefix, *inner]
-            netns = self.fence.net_namespace(tenant.uid)
+                return [*self.fence.prefix(uid, gid, list(tenant.groups), "/"), *inner]
+            # Into the reservation's cgroups, with the tenant's namespaces; without them
+            # (a runtime used alone) into the tenant's network namespace only.
+            ns = self.fence.namespace(uid) if within else None
+            net = self.fence.net_namespace(uid)
         except MtgpuError as exc:  # FenceError: never run podman with less isolation instead
             raise WorkspaceError(f"{what + ': ' if what else ''}{exc}") from exc
-        setpriv = self.fence.tools["setpriv"] or "/usr/bin/setpriv"
-        groups = ",".join(map(str, tenant.groups))
-        become = [
-            setpriv,
-            f"--reuid={tenant.uid}",
-            f"--regid={tenant.gid}",
-            f"--groups={groups}" if groups else "--clear-groups",
-            "--",
-        ]
-        if not netns:
-            return [*become, *inner]
-        nsenter = self.fence.tools["nsenter"] or "/usr/bin/nsenter"
-        return [nsenter, f"--net={netns}", "--", *become, *inner]
+        prefix = fenced_argv(within, ns, net, uid, gid, tenant.groups, "/", title="mtgpu-workspace")
+        return [*prefix, *inner]
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, *args]

@@ -19,27 +19,46 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 SETUP = str(REPO / "bin" / "mtgpu-setup")
 
 
-def _setup(args, tmp, check=True):
+def _env() -> dict[str, str]:
+    """mtgpu-setup's environment: this one's, less what points at the test tree."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
     env["MTGPU_PYTHON"] = "/usr/bin/python3"  # a fresh host has nothing but the system Python
-    argv = [
-        SETUP,
-        *args,
-        "--prefix",
-        str(tmp / "opt"),
-        "--bin-dir",
-        str(tmp / "bin"),
-        "--unit-dir",
-        str(tmp / "units"),
-        "--config",
-        str(tmp / "etc" / "mtgpu.yaml"),
-    ]
+    return env
+
+
+def _where(tmp: Path) -> list[str]:
+    """Where mtgpu-setup installs, inside ``tmp``."""
+    where = ["--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin"), "--unit-dir", str(tmp / "units")]
+    return where + ["--config", str(tmp / "etc" / "mtgpu.yaml")]
+
+
+def _setup(args, tmp, check=True):
+    argv = [SETUP, *args, *_where(tmp)]
     if args[0] == "install":
         argv += ["--skip-os-packages", "--log-file", str(tmp / "mtgpu.log")]
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=600)
     if check and r.returncode != 0:
         raise AssertionError(f"{args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def _write_config(tmp: Path, name: str) -> Path:
+    """A configuration in ``tmp/etc`` that keeps the daemon's files in ``tmp`` and
+    listens on a free loopback port."""
+    cfg = tmp / "etc" / "mtgpu.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "SSH_LISTEN": f"127.0.0.1:{free_port()}",
+                "STATE_DIR": str(tmp / "state"),
+                "RUN_DIR": str(tmp / "run"),
+                "TENANT_HOME_ROOT": str(tmp / "homes"),
+                "SERVER_NAME": name,
+            }
+        )
+    )
+    return cfg
 
 
 def _status(tmp):
@@ -68,20 +87,8 @@ def test_install_is_idempotent_status_and_uninstall_keep_state(tmp):
     """Also: installing leaves OpenSSH's configuration alone and never listens on 22."""
     sshd_cfg = Path("/etc/ssh/sshd_config")
     sshd_before = sshd_cfg.read_bytes() if sshd_cfg.exists() else None
-    port = free_port()
-    cfg = tmp / "etc" / "mtgpu.yaml"
-    cfg.parent.mkdir()
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "SSH_LISTEN": f"127.0.0.1:{port}",
-                "STATE_DIR": str(tmp / "state"),
-                "RUN_DIR": str(tmp / "run"),
-                "TENANT_HOME_ROOT": str(tmp / "homes"),
-                "SERVER_NAME": "setuptest",
-            }
-        )
-    )
+    cfg = _write_config(tmp, "setuptest")
+    port = int(yaml.safe_load(cfg.read_text())["SSH_LISTEN"].rsplit(":", 1)[1])
     before_cfg = cfg.read_text()
     first = _setup(["install", "--yes"], tmp)
     assert "keeping the existing" in first.stdout
@@ -283,20 +290,7 @@ def test_the_readme_first_command_installs_from_nothing_with_pips_cache_off(tmp,
     wheels: every package, PySyncObj's source distribution too, is built here, under the
     launcher's environment (PYTHONSAFEPATH once broke that build)."""
     clone = _clean_clone(tmp / "clone")
-    cfg = tmp / "etc" / "mtgpu.yaml"
-    cfg.parent.mkdir()
-    port = free_port()
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "SSH_LISTEN": f"127.0.0.1:{port}",
-                "STATE_DIR": str(tmp / "state"),
-                "RUN_DIR": str(tmp / "run"),
-                "TENANT_HOME_ROOT": str(tmp / "homes"),
-                "SERVER_NAME": "freshtest",
-            }
-        )
-    )
+    cfg = _write_config(tmp, "freshtest")
     for k, v in _fresh_host_pip_env().items():
         monkeypatch.setenv(k, v)
     for k in [k for k in os.environ if k.startswith("PIP_") and k not in _fresh_host_pip_env()]:
@@ -345,6 +339,30 @@ def _pids_fence(limit: int) -> Path:
     return fence
 
 
+def _purge_in_a_fence(tmp: Path) -> None:
+    """``uninstall --purge`` inside a pids fence of 40, given a minute: it must end
+    well, print no traceback and never reach the fence's limit."""
+    fence = _pids_fence(40)
+    try:
+        r = subprocess.run(
+            [SETUP, "uninstall", "--purge", *_where(tmp)],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=60,
+            preexec_fn=lambda: (fence / "cgroup.procs").write_text(f"{os.getpid()}\n"),
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+        events = fence / "pids.events"
+        assert not events.exists() or events.read_text().split() == ["max", "0"], events.read_text()
+    finally:
+        for pid in (fence / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+        wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
+        fence.rmdir()
+
+
 @pytest.mark.parametrize("stage", ["venv-only", "venv-without-dependencies"])
 def test_uninstall_purge_after_a_half_done_install_ends_and_leaves_nothing(tmp, stage):
     """An install killed after making the virtualenv, or after pip put MTGPU in without
@@ -359,29 +377,8 @@ def test_uninstall_purge_after_a_half_done_install_ends_and_leaves_nothing(tmp, 
     cfg.parent.mkdir()
     cfg.write_text(yaml.safe_dump({"STATE_DIR": str(tmp / "state"), "RUN_DIR": str(tmp / "run")}))
     (tmp / "state").mkdir()
-    fence = _pids_fence(40)
-    try:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
-        env["MTGPU_PYTHON"] = "/usr/bin/python3"
-        argv = [SETUP, "uninstall", "--purge", "--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin")]
-        argv += ["--unit-dir", str(tmp / "units"), "--config", str(cfg)]
-        r = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            preexec_fn=lambda: (fence / "cgroup.procs").write_text(f"{os.getpid()}\n"),
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
-        events = fence / "pids.events"
-        assert not events.exists() or events.read_text().split() == ["max", "0"], events.read_text()
-        assert not (tmp / "opt").exists() and not cfg.exists() and not (tmp / "state").exists()
-    finally:
-        for pid in (fence / "cgroup.procs").read_text().split():
-            os.kill(int(pid), 9)
-        wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
-        fence.rmdir()
+    _purge_in_a_fence(tmp)
+    assert not (tmp / "opt").exists() and not cfg.exists() and not (tmp / "state").exists()
 
 
 def _wheelhouse() -> Path:
@@ -425,28 +422,11 @@ def test_uninstall_purge_after_an_install_killed_at_each_step_leaves_nothing(tmp
     then ends within a minute, inside a pids fence, and leaves no file, link, unit or
     process of MTGPU's behind."""
     wheels = _wheelhouse()
-    port = free_port()
-    cfg = tmp / "etc" / "mtgpu.yaml"
-    cfg.parent.mkdir()
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "SSH_LISTEN": f"127.0.0.1:{port}",
-                "STATE_DIR": str(tmp / "state"),
-                "RUN_DIR": str(tmp / "run"),
-                "TENANT_HOME_ROOT": str(tmp / "homes"),
-                "SERVER_NAME": "killtest",
-            }
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MTGPU_CONFIG")}
-    env["MTGPU_PYTHON"] = "/usr/bin/python3"
-    where = ["--prefix", str(tmp / "opt"), "--bin-dir", str(tmp / "bin"), "--unit-dir", str(tmp / "units")]
-    where += ["--config", str(cfg)]
-    argv = [SETUP, "install", "--yes", "--skip-os-packages", "--wheelhouse", str(wheels), *where]
+    _write_config(tmp, "killtest")
+    argv = [SETUP, "install", "--yes", "--skip-os-packages", "--wheelhouse", str(wheels), *_where(tmp)]
     argv += ["--log-file", str(tmp / "mtgpu.log")]
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True
     )
     seen = []
     try:
@@ -463,26 +443,7 @@ def test_uninstall_purge_after_an_install_killed_at_each_step_leaves_nothing(tmp
     assert KILL_POINTS[point] in "".join(seen), "".join(seen)  # the step was reached
     pid_file = tmp / "run" / "mtgpu.pid"
     daemon = int(pid_file.read_text()) if pid_file.exists() else None
-
-    fence = _pids_fence(40)
-    try:
-        r = subprocess.run(
-            [SETUP, "uninstall", "--purge", *where],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            preexec_fn=lambda: (fence / "cgroup.procs").write_text(f"{os.getpid()}\n"),
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "Traceback" not in r.stdout + r.stderr
-        events = fence / "pids.events"
-        assert not events.exists() or events.read_text().split() == ["max", "0"], events.read_text()
-    finally:
-        for pid in (fence / "cgroup.procs").read_text().split():
-            os.kill(int(pid), 9)
-        wait_for(lambda: not (fence / "cgroup.procs").read_text().strip(), 10, "the fence empties")
-        fence.rmdir()
+    _purge_in_a_fence(tmp)
     if daemon is not None:
         assert (
             not Path(f"/proc/{daemon}").exists()

@@ -18,7 +18,8 @@ from mtgpu_testing import REPO
 
 #: Identity changes that are not a tenant's program outside its fence, each with why.
 ALLOWED = {
-    ("mtgpu/schedd/fence.py", "str:setpriv"): "TenantFence.prefix itself, and its tool lookup and report",
+    ("mtgpu/schedd/fence.py", "str:setpriv"): "TenantFence.prefix and fenced_argv themselves, the tool "
+    "lookup and report",
     ("mtgpu/schedd/netns.py", "str:setpriv"): "the list of tools a private network needs (a lookup)",
     (
         "mtgpu/schedd/supervisor.py",
@@ -31,10 +32,6 @@ ALLOWED = {
     ("mtgpu/gateway/spawn.py", "user"): "spawn_as and connect_as without a fence: a daemon that is not root",
     ("mtgpu/accounts/published.py", "user"): "probes a published interpreter as nobody, not a tenant",
     ("mtgpu/server.py", "user"): "reads a local account's authorized_keys as that account (not a tenant)",
-    ("mtgpu/workspaces/podman.py", "str:setpriv"): "podman start and exec given no reservation cgroups "
-    "(a runtime used alone, in tests): the tenant's network namespace only; the daemon always gives "
-    "them the reservation's cgroups (fence.fenced_argv), and every other command goes through the fence",
-    ("mtgpu/workspaces/podman.py", "str:--reuid"): "the same two podman commands",
     ("mtgpu/schedd/fence.py", "str:--reuid"): "TenantFence.prefix itself",
     ("mtgpu/workspaces/storage.py", "user"): "probes podman's storage as nobody, not a tenant",
 }

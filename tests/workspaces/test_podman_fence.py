@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mtgpu_testing import SSH_OPTS, free_port, wait_for
+from mtgpu_testing import free_port, wait_for
 from security_testing import STUCK_LISTENER, procs_of
 from workspace_testing import podman_ready, start_workspace_host, stop_workspace_host
 
@@ -44,17 +44,9 @@ def ws_host():
 def test_a_podman_pull_for_a_workspace_runs_inside_the_tenants_fence(ws_host) -> None:
     uid = ws_host.uid
     port = free_port()
+    host, user, key = ws_host.host, ws_host.user, ws_host.key
     listener = subprocess.Popen(
-        [
-            "ssh",
-            *SSH_OPTS,
-            "-i",
-            str(ws_host.key),
-            "-p",
-            str(ws_host.host.port),
-            f"{ws_host.user}@{ws_host.host.address}",
-            f"exec python3 -c {shlex.quote(STUCK_LISTENER)} {port} 60",
-        ],
+        host.ssh_argv(user, key, f"exec python3 -c {shlex.quote(STUCK_LISTENER)} {port} 60"),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,
@@ -62,16 +54,9 @@ def test_a_podman_pull_for_a_workspace_runs_inside_the_tenants_fence(ws_host) ->
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "stuck"
         creating = subprocess.Popen(
-            [
-                "ssh",
-                *SSH_OPTS,
-                "-i",
-                str(ws_host.key),
-                "-p",
-                str(ws_host.host.port),
-                f"{ws_host.user}@{ws_host.host.address}",
-                f"mt-container create stuckpull --image 127.0.0.1:{port}/hostile/image:1",
-            ],
+            host.ssh_argv(
+                user, key, f"mt-container create stuckpull --image 127.0.0.1:{port}/hostile/image:1"
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
