@@ -61,7 +61,7 @@ from mtgpu.proc import arun
 from mtgpu.schedd import fence
 from mtgpu.schedd.agent import Agent
 from mtgpu.schedd.drains import Drains
-from mtgpu.schedd.jobenv import JobLaunch, JobUser, master_port
+from mtgpu.schedd.jobenv import JobLaunch, JobUser
 from mtgpu.schedd.jobtable import JobTable
 from mtgpu.schedd.runner import Runner
 from mtgpu.schedd.scheduler import Scheduler
@@ -591,6 +591,7 @@ class Daemon:
             prepare_container=job_containers.prepare,
             job_env=lambda u: container_store_env(self, u.uid, u.gid),
             rendezvous_ports=o.rendezvous_ports,
+            job_network=network_on is not None,
         )
         # In a cluster: a submission the members that reported cannot run waits for
         # the others as long as they may take (a member silent for CLUSTER_LOST_AFTER
@@ -668,16 +669,17 @@ class Daemon:
     def _job_network(
         self,
     ) -> tuple[Callable[[JobLaunch], None] | None, Callable[[str], None] | None]:
-        """With private tenant networks: what walls a multi-member job's rendezvous
-        port off from all but its ranks as it starts, and what takes that down as it
-        ends (None, None without)."""
+        """With private tenant networks: what gives a multi-member job's part its job
+        network as it starts (netns.JobNet), and what removes it as a job ends (None,
+        None without)."""
         assert self.fence is not None
         net = self.fence.network
         if net is None or not net.private:
             return None, None
 
         def on(la: JobLaunch) -> None:
-            net.open_job(la.job_id, la.user.uid, la.master_addr, master_port(la), la.node_rank == 0)
+            ports = self.agent.rendezvous_ports if self.agent is not None else self.options.rendezvous_ports
+            net.open_job(la.job_id, la.user.uid, la.node_rank, la.member_addrs, ports)
 
         return on, net.close_job
 

@@ -33,6 +33,7 @@ from mtgpu.schedd.jobenv import (
 )
 from mtgpu.schedd.jobfile import parse_array, parse_signal
 from mtgpu.schedd.jobtable import JobTable
+from mtgpu.schedd.netns import interface_of, job_net
 from mtgpu.schedd.runner import SPEC, EarlierRunActive, JobAlreadyStarted, JobResult, Runner
 from mtgpu.schedd.vramwatch import JobProcesses, JobShare, VramStop, share_of
 from mtgpu.state.codec import JobRecord
@@ -80,6 +81,7 @@ def launch_for(
     term: int = 0,
     env: dict[str, str] | None = None,
     master_port: int = 0,
+    member_addrs: tuple[str, ...] = (),
     tools_dir: str = "",
     api_socket: str = "",
 ) -> JobLaunch:
@@ -112,6 +114,7 @@ def launch_for(
         node_name=node,
         master_addr=master_addr,
         master_port=master_port,
+        member_addrs=member_addrs,
         submit_dir=job.workdir,
         term=term,
         env={**submitted.get("env", {}), **(env or {})},
@@ -172,16 +175,6 @@ def result_usage(r: JobResult) -> dict[str, Any]:
     }
 
 
-def interface_of(address: str) -> str | None:
-    """The network interface that holds ``address`` here, or None."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addrs):
-            return name
-    return None
-
-
 def job_output_paths(job: JobRecord, user: JobUser) -> tuple[str, str]:
     """Where the job's stdout and stderr go (as ``mt-job show`` reports them)."""
     out, err, _ = output_paths(launch_for(job, user))
@@ -209,8 +202,12 @@ class Agent:
         prepare_container: Callable[..., Awaitable[JobLaunch]] | None = None,
         job_env: Callable[[JobUser], Mapping[str, str]] | None = None,
         rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS,
+        job_network: bool = False,
     ) -> None:
         self.node = node
+        #: Whether multi-member jobs run in their tenant's namespace on a job network
+        #: of their own (TENANT_NETWORK: private; see netns.JobNet), not the host's.
+        self.job_network = job_network
         self.table = table
         self.runner = runner
         self.sampler = sampler
@@ -304,7 +301,16 @@ class Agent:
         master = members[0].node
         master_addr = self.address if master == self.node else (self.address_of(master) or master)
         env = dict(self.job_env(user)) if self.job_env is not None else {}
-        if len(members) > 1 and (ifname := interface_of(self.address)):
+        member_addrs: tuple[str, ...] = ()
+        if len(members) > 1 and self.job_network:
+            # The ranks meet on the job's own network, in their tenant's namespace.
+            plan = job_net(jid)
+            master_addr = plan.address(0)
+            env.update(GLOO_SOCKET_IFNAME=plan.dev, NCCL_SOCKET_IFNAME=plan.dev)
+            member_addrs = tuple(
+                self.address if m.node == self.node else (self.address_of(m.node) or m.node) for m in members
+            )
+        elif len(members) > 1 and (ifname := interface_of(self.address)):
             # gloo and NCCL pick an interface from the hostname otherwise (often
             # loopback), and the parts on other members cannot reach it.
             env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
@@ -320,6 +326,7 @@ class Agent:
             master_addr=master_addr,
             env=env,
             master_port=port,
+            member_addrs=member_addrs,
             tools_dir=self.tools_dir,
             api_socket=self.api_socket,
         )

@@ -107,6 +107,9 @@ class JobLaunch:
     node_name: str = ""
     master_addr: str = ""
     master_port: int = 0
+    #: A multi-member job on a job network of its own (TENANT_NETWORK: private): each
+    #: rank's member address, in rank order, between which its VXLAN link runs.
+    member_addrs: tuple[str, ...] = ()
     submit_dir: str = ""
     container: str | None = None
     #: A containerized job: ``podman run ...`` up to and including the image (the
@@ -191,6 +194,7 @@ class JobLaunch:
             "device_nodes",
             "cpus",
             "nodelist",
+            "member_addrs",
             "container_argv",
             "array_shape",
             "script_args",

@@ -46,11 +46,13 @@ import ipaddress
 import logging
 import os
 import re
+import shlex
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
@@ -68,6 +70,18 @@ VETH_PREFIX = "mtn"
 DNS_MAX_PENDING = 64
 DNS_MAX_TCP = 16
 DNS_TIMEOUT = 5.0
+
+#: Multi-member jobs' own networks: where their /24s come from, the VXLAN port between
+#: members (IANA's), the link name prefix and the most members one joins.
+JOB_NET_SUBNET = ipaddress.IPv4Network("100.80.0.0/12")
+JOB_NET_PORT = 4789
+JOB_NET_PREFIX = "mtj"
+JOB_NET_MAX = 254
+JOB_NET_PART = "multi-member job network (VXLAN between the job's members)"
+JOB_NET_FIX = (
+    "see the cause in the daemon's log (the vxlan kernel module, UDP port 4789 between members) "
+    "and remove it, or set TENANT_NETWORK: shared"
+)
 
 #: The fence part this module makes, as refusals name it, and what the admin can do.
 NET_PART = "private network namespace (TENANT_NETWORK: private)"
@@ -173,6 +187,64 @@ def block(subnet: ipaddress.IPv4Network, slot: int) -> tuple[str, str]:
     return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
 
 
+def _ipv6_off(dev: str) -> None:
+    """Turn IPv6 off on ``dev`` (in the calling thread's network namespace)."""
+    with open(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6", "w") as f:
+        f.write("1")
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds ``address`` here, or None."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class JobNet:
+    """A multi-member job's own network (``TENANT_NETWORK: private``): a VXLAN segment
+    (``vni``) between its members, one link ``dev`` in each part's tenant namespace,
+    rank r at ``address(r)`` of ``subnet`` with MAC ``mac(r)``. Derived from the job id
+    alone, so every member computes the same without asking.
+
+    >>> n = job_net("42")
+    >>> n.dev == f"mtj{n.vni:06x}", ipaddress.ip_address(n.address(0)) in n.subnet, n.subnet.subnet_of(JOB_NET_SUBNET)
+    (True, True, True)
+    >>> n.address(1) == str(n.subnet.network_address + 2), n.mac(1)[-2:]
+    (True, '01')
+    """
+
+    vni: int
+    subnet: ipaddress.IPv4Network
+
+    @property
+    def dev(self) -> str:
+        return f"{JOB_NET_PREFIX}{self.vni:06x}"
+
+    def address(self, rank: int) -> str:
+        return str(self.subnet.network_address + rank + 1)
+
+    def mac(self, rank: int) -> str:
+        """Locally administered, unicast: 02:VNI:rank."""
+        v = self.vni
+        return (
+            f"02:{v >> 16 & 255:02x}:{v >> 8 & 255:02x}:{v & 255:02x}:{rank >> 8 & 255:02x}:{rank & 255:02x}"
+        )
+
+
+def job_net(job_id: str) -> JobNet:
+    """``job_id``'s :class:`JobNet`: its VNI (1 to 2**24-2) and /24 of
+    :data:`JOB_NET_SUBNET` from a digest of the id."""
+    h = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
+    vni = 1 + h % 0xFFFFFE
+    blocks = JOB_NET_SUBNET.num_addresses // 256
+    base = int(JOB_NET_SUBNET.network_address) + 256 * ((h >> 24) % blocks)
+    return JobNet(vni, ipaddress.IPv4Network((base, 24)))
+
+
 def loopback_nameservers(text: str) -> list[str]:
     """The loopback nameservers of a resolv.conf, which a tenant namespace must relay.
 
@@ -242,7 +314,7 @@ class TenantNetwork:
         self.resolv_conf = resolv_conf
         self.tools = {
             t: shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin")
-            for t in ("ip", "iptables", "unshare", "nsenter", "setpriv")
+            for t in ("ip", "bridge", "iptables", "unshare", "nsenter", "setpriv")
         }
         # Rules carry the namespace directory's digest: two daemons on one host (tests)
         # never take each other's rules for their own.
@@ -252,8 +324,8 @@ class TenantNetwork:
         #: uid -> the DNS relays listening in its namespace (closed with it).
         self._relays: dict[int, list[Any]] = {}
         self._forwarding_was: str | None = None
-        #: Multi-member jobs with rendezvous rules here (None: not looked up yet).
-        self._jobs: set[str] | None = None
+        #: Job networks here: link name -> uid (None: not looked up yet).
+        self._jobs: dict[str, int] | None = None
         #: The daemon's event loop, which runs the DNS relays.
         self.loop = loop
         #: The tenants whose namespace cannot be made now (the fence shares its own).
@@ -365,10 +437,13 @@ class TenantNetwork:
         log.info("uid %d: private network an earlier daemon bound at %s taken over", uid, path)
         return True
 
-    def _run(self, argv: list[str], check: bool = True) -> CompletedProcess[str]:
+    def _run(
+        self, argv: list[str], check: bool = True, stdin_text: str | None = None
+    ) -> CompletedProcess[str]:
         try:
             r = run(
                 argv,
+                input=stdin_text,
                 check=False,
                 timeout=30,
                 cwd="/",
@@ -493,13 +568,8 @@ class TenantNetwork:
         (``[fe80::…%eth0]``) past them. A kernel without IPv6 has nothing to turn off."""
         if not os.path.isdir("/proc/sys/net/ipv6"):
             return
-
-        def off(dev: str) -> None:
-            with open(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6", "w") as f:
-                f.write("1")
-
-        off(veth)  # an OSError (naming the file) refuses the namespace, as any part does
-        in_namespace(path, lambda: off("eth0"))
+        _ipv6_off(veth)  # an OSError (naming the file) refuses the namespace, as any part does
+        in_namespace(path, functools.partial(_ipv6_off, "eth0"))
 
     def _tenant_address(self, path: str) -> str | None:
         r = self._run(
@@ -539,7 +609,7 @@ class TenantNetwork:
         """``uid``'s iptables rules: (table, chain, match and target), in insert order.
 
         >>> [r[:2] for r in TenantNetwork("/run/t", "100.72.0.0/16").rule_specs(1, "100.72.0.6")]
-        [('nat', 'POSTROUTING'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD')]
+        [('nat', 'POSTROUTING'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'INPUT')]
         """
         veth, note = veth_name(uid), ["-m", "comment", "--comment", f"mtgpu-net {self.tag} {uid}"]
         return [
@@ -553,6 +623,14 @@ class TenantNetwork:
             ),
             ("filter", "FORWARD", ["-i", veth, *note, "-j", "ACCEPT"]),
             ("filter", "FORWARD", ["-i", veth, "-o", f"{VETH_PREFIX}+", *note, "-j", "DROP"]),
+            # No tenant sends into a job network: VXLAN to any member's port, which
+            # NAT would send with this member's address, one the others take it from.
+            (
+                "filter",
+                "FORWARD",
+                ["-i", veth, "-p", "udp", "--dport", str(JOB_NET_PORT), *note, "-j", "DROP"],
+            ),
+            ("filter", "INPUT", ["-i", veth, "-p", "udp", "--dport", str(JOB_NET_PORT), *note, "-j", "DROP"]),
         ]
 
     def _rules(self, uid: int, tenant: str, *, add: bool) -> None:
@@ -570,8 +648,6 @@ class TenantNetwork:
 
     def _delete_rules(self, note: str, tables: tuple[str, ...] = ("filter",)) -> None:
         """Delete every rule whose comment is ``note`` (this daemon's tag in it)."""
-        import shlex
-
         ipt = str(self.tools["iptables"])
         for table in tables:
             for line in self._run([ipt, "-w", "-t", table, "-S"], check=False).stdout.splitlines():
@@ -584,77 +660,153 @@ class TenantNetwork:
 
     # ------------------------------------------------------ multi-member jobs
 
-    def job_rule_specs(
-        self, job_id: str, uid: int, addr: str, port: int, master: bool
-    ) -> list[tuple[str, list[str]]]:
-        """The rules that keep a multi-member job's rendezvous port (``addr:port``, on
-        the rank-0 member) to the job's own ranks: (chain, match and target).
+    def open_job(
+        self, job_id: str, uid: int, rank: int, members: tuple[str, ...], ports: tuple[int, int] = (0, 0)
+    ) -> JobNet:
+        """Give the part of multi-member job ``job_id`` that runs here (rank ``rank``;
+        ``members``: each rank's member address, in rank order) its job network in
+        ``uid``'s namespace: a VXLAN link to the other members' parts, whose address is
+        ``job_net(job_id).address(rank)``.
 
-        The ranks run in the host's network as ``uid``. Every member of the job refuses
-        connections to the port from other users' processes in the host's network
-        (``OUTPUT`` by owner) and from every tenant's private namespace (``FORWARD``
-        from ``mtn+``); the rank-0 member also refuses them from namespaces towards
-        its own address (``INPUT`` from ``mtn+``).
+        Scripts that take a member's own address for the rendezvous (``MASTER_ADDR=$(
+        scontrol show hostnames | head -n 1)``, as on Slurm) still meet: inside the
+        namespace, TCP to a member's address on ``ports`` (RENDEZVOUS_PORTS) goes to
+        that member's rank on the job network instead (``nat OUTPUT DNAT``, tagged
+        with the link's name), for as long as the job runs.
 
-        >>> [c for c, _ in TenantNetwork("/run/t", "100.72.0.0/16").job_rule_specs(
-        ...     "7", 20001, "10.0.0.2", 29500, True)]
-        ['OUTPUT', 'FORWARD', 'INPUT']
+        Fails closed: raises :class:`~mtgpu.errors.FenceError` (the part is refused,
+        never started in the host's network) when the link cannot be made.
         """
-        note = ["-m", "comment", "--comment", f"mtgpu-job {self.tag} {job_id}"]
-        reject = ["-j", "REJECT", "--reject-with", "tcp-reset"]
-        tcp = ["-p", "tcp", "--dport", str(port)]
-        out = [
-            (
-                "OUTPUT",
-                ["-d", f"{addr}/32", *tcp, "-m", "owner", "!", "--uid-owner", str(uid), *note, *reject],
-            ),
-            ("FORWARD", ["-i", f"{VETH_PREFIX}+", "-d", f"{addr}/32", *tcp, *note, *reject]),
-        ]
-        if master:
-            out.append(("INPUT", ["-i", f"{VETH_PREFIX}+", *tcp, *note, *reject]))
-        return out
-
-    def open_job(self, job_id: str, uid: int, addr: str, port: int, master: bool) -> None:
-        """Put up :meth:`job_rule_specs` for a multi-member job starting here (logged,
-        not raised, if it cannot be: the job runs as it would without them)."""
-        if not self.private or not port:
-            return
-        ipt = str(self.tools["iptables"])
+        plan = job_net(job_id)
+        if not 2 <= len(members) <= JOB_NET_MAX or not 0 <= rank < len(members):
+            raise FenceError(
+                f"a job network joins 2 to {JOB_NET_MAX} members; this job has {len(members)}: "
+                "ask for fewer nodes"
+            )
+        path = self.namespace(uid)
+        assert path is not None
+        ip, bridge = str(self.tools["ip"]), str(self.tools["bridge"])
+        inside = [str(self.tools["nsenter"]), f"--net={path}", "--", ip]
         try:
-            ipaddress.IPv4Address(addr)
-        except ValueError:
-            try:
-                addr = socket.gethostbyname(addr)
-            except OSError:
-                log.warning("job %s: rendezvous address %s unknown: its port is not walled off", job_id, addr)
-                return
-        if self._jobs is not None:
-            self._jobs.add(job_id)
-        try:
-            for chain, spec in self.job_rule_specs(job_id, uid, addr, port, master):
-                if self._run([ipt, "-w", "-C", chain, *spec], check=False).returncode != 0:
-                    self._run([ipt, "-w", "-I", chain, *spec])
+            addrs = [socket.gethostbyname(m) for m in members]
+            for line in self._run([*inside, "-o", "-4", "addr", "show"]).stdout.splitlines():
+                words = line.split()  # "3: DEV inet ADDR/LEN ..."
+                if len(words) >= 4 and words[1] != plan.dev and words[2] == "inet":
+                    if ipaddress.IPv4Interface(words[3]).network.overlaps(plan.subnet):
+                        raise FenceError(
+                            f"this job's network {plan.subnet} is taken here by another job "
+                            "of yours; resubmit it (it gets another)"
+                        )
+            # Left by an earlier run of this job that a killed daemon did not end.
+            self._run([*inside, "link", "del", plan.dev], check=False)
+            self._run([ip, "link", "del", plan.dev], check=False)
+            add = [ip, "link", "add", plan.dev, "address", plan.mac(rank), "type", "vxlan"]
+            add += ["id", str(plan.vni), "dstport", str(JOB_NET_PORT), "local", addrs[rank], "nolearning"]
+            underlay = interface_of(addrs[rank])
+            if underlay:  # the link's MTU is then the underlay's less VXLAN's 50 bytes
+                add += ["dev", underlay]
+            self._run(add)
         except (OSError, CommandError) as exc:
-            log.warning("job %s: its rendezvous port cannot be walled off: %s", job_id, exc)
-            return
-        log.info("job %s: rendezvous port %s:%d open to its own ranks only", job_id, addr, port)
+            raise self.refusals.refuse(uid, JOB_NET_PART, str(exc), JOB_NET_FIX) from exc
+        try:
+            fdb, neigh = [], []
+            for r, a in enumerate(addrs):
+                if r != rank:
+                    fdb.append(f"fdb append 00:00:00:00:00:00 dev {plan.dev} dst {a}")
+                    fdb.append(f"fdb append {plan.mac(r)} dev {plan.dev} dst {a}")
+                    neigh.append(
+                        f"neigh replace {plan.address(r)} lladdr {plan.mac(r)} dev {plan.dev} nud permanent"
+                    )
+            self._run([bridge, "-batch", "-"], stdin_text="\n".join(fdb) + "\n")
+            self._run([ip, "link", "set", plan.dev, "netns", path])
+            if os.path.isdir("/proc/sys/net/ipv6"):  # IPv4 only, as the tenant's own link
+                in_namespace(path, functools.partial(_ipv6_off, plan.dev))
+            self._run(
+                [*inside, "addr", "add", f"{plan.address(rank)}/{plan.subnet.prefixlen}", "dev", plan.dev]
+            )
+            self._run([*inside, "-batch", "-"], stdin_text="\n".join(neigh) + "\n")
+            self._run([*inside, "link", "set", plan.dev, "up"])
+            if ports[0] and self.tools["iptables"]:
+                nat = [str(self.tools["nsenter"]), f"--net={path}", "--", str(self.tools["iptables"]), "-w"]
+                note = ["-m", "comment", "--comment", f"mtgpu-jobnet {plan.dev}"]
+                for r, a in enumerate(addrs):
+                    self._run(
+                        [*nat, "-t", "nat", "-A", "OUTPUT", "-d", f"{a}/32", "-p", "tcp"]
+                        + ["--dport", f"{ports[0]}:{ports[1]}", *note]
+                        + ["-j", "DNAT", "--to-destination", plan.address(r)]
+                    )
+                # ... from the link's own address (the socket took eth0's), for replies.
+                self._run([*nat, "-t", "nat", "-A", "POSTROUTING", "-o", plan.dev, *note, "-j", "MASQUERADE"])
+        except (OSError, CommandError) as exc:
+            self._run([*inside, "link", "del", plan.dev], check=False)
+            self._run([ip, "link", "del", plan.dev], check=False)
+            raise self.refusals.refuse(uid, JOB_NET_PART, str(exc), JOB_NET_FIX) from exc
+        with self._guard:
+            if self._jobs is not None:
+                self._jobs[plan.dev] = uid
+        self.refusals.cleared(uid, JOB_NET_PART)
+        log.info(
+            "job %s: rank %d on its network %s (%s, VXLAN %d to %s)",
+            job_id,
+            rank,
+            plan.address(rank),
+            plan.dev,
+            plan.vni,
+            ", ".join(a for r, a in enumerate(addrs) if r != rank),
+        )
+        return plan
 
     def close_job(self, job_id: str) -> None:
-        """Remove the rules :meth:`open_job` put up for ``job_id``."""
-        if not self.tools["iptables"]:
+        """Remove ``job_id``'s job network here, if it has one (every job's end calls
+        this: it is a lookup unless the job had one)."""
+        if not self.tools["ip"] or not self.tools["nsenter"]:
             return
-        ipt = str(self.tools["iptables"])
-        if self._jobs is None:  # the first end seen: what an earlier daemon left too
-            self._jobs = {
-                line.split(f"mtgpu-job {self.tag} ", 1)[1].split('"')[0]
-                for line in self._run([ipt, "-w", "-S"], check=False).stdout.splitlines()
-                if f"mtgpu-job {self.tag} " in line
-            }
-        if job_id not in self._jobs:
+        with self._guard:
+            if self._jobs is None:  # the first end seen: what an earlier daemon made too
+                self._jobs = self._job_links()
+            dev = job_net(job_id).dev
+            uid = self._jobs.pop(dev, None)
+        if uid is None:
             return
-        self._jobs.discard(job_id)
-        log.info("job %s: rendezvous rules removed", job_id)
-        self._delete_rules(f"mtgpu-job {self.tag} {job_id}")
+        path = self.path(uid)
+        if os.path.ismount(path):
+            enter = [str(self.tools["nsenter"]), f"--net={path}", "--"]
+            self._run([*enter, str(self.tools["ip"]), "link", "del", dev], check=False)
+            if self.tools["iptables"]:
+                ipt = [*enter, str(self.tools["iptables"]), "-w", "-t", "nat"]
+                for line in self._run([*ipt, "-S"], check=False).stdout.splitlines():
+                    if line.startswith("-A ") and f'"mtgpu-jobnet {dev}"' in line:
+                        self._run([*ipt, "-D", *shlex.split(line)[1:]], check=False)
+        log.info("job %s: its network %s removed", job_id, dev)
+
+    def _job_links(self) -> dict[str, int]:
+        """The job networks in the namespaces here (an earlier daemon's too): link name
+        (:attr:`JobNet.dev`) -> uid."""
+        out: dict[str, int] = {}
+        if self.tools["iptables"]:  # an earlier version walled rendezvous ports off instead
+            ipt = str(self.tools["iptables"])
+            for line in self._run([ipt, "-w", "-S"], check=False).stdout.splitlines():
+                if line.startswith("-A ") and f"mtgpu-job {self.tag} " in line:
+                    self._run([ipt, "-w", "-D", *shlex.split(line)[1:]], check=False)
+        for uid in self.known():
+            path = self.path(uid)
+            r = self._run(
+                [
+                    str(self.tools["nsenter"]),
+                    f"--net={path}",
+                    "--",
+                    str(self.tools["ip"]),
+                    "-o",
+                    "link",
+                    "show",
+                ],
+                check=False,
+            )
+            for line in r.stdout.splitlines():
+                name = line.split(":", 2)[1].strip().split("@", 1)[0] if line.count(":") >= 2 else ""
+                if name.startswith(JOB_NET_PREFIX):
+                    out[name] = uid
+        return out
 
     # --------------------------------------------------------------- DNS relay
 

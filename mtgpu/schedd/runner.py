@@ -296,8 +296,8 @@ class Runner:
         #: Given a tenant's uid, the file of its private network namespace
         #: (mtgpu.schedd.netns), which its jobs enter; None leaves jobs in ours.
         self.tenant_net_namespace = tenant_net_namespace
-        #: A multi-member job starts here (its launch) and ends (its id): the daemon walls
-        #: its rendezvous port off from everyone but the job's own ranks.
+        #: A multi-member job starts here (its launch: its job network is made, or
+        #: FenceError) and a job ends (its id: its job network, if any, is removed).
         self.job_network_on = job_network_on
         self.job_network_off = job_network_off
         #: Given a tenant's uid and gid, variables its jobs get as its sessions do
@@ -371,14 +371,16 @@ class Runner:
                 ) from None
         try:
             mount_ns = self.tenant_namespace(launch.user.uid) if self.tenant_namespace else None
-            # A multi-member job's ranks reach each other on the members' own
-            # addresses (rendezvous, then gloo/NCCL on ports of their choosing): it
-            # keeps the host's network until jobs get an address of their own.
-            net_ns = (
-                self.tenant_net_namespace(launch.user.uid)
-                if self.tenant_net_namespace and launch.nnodes == 1
-                else None
-            )
+            net_ns = self.tenant_net_namespace(launch.user.uid) if self.tenant_net_namespace else None
+            if launch.nnodes > 1 and net_ns is not None:
+                # A multi-member job's ranks run in their tenant's namespace too and
+                # reach each other on the job's own network (netns.JobNet), made first.
+                if self.job_network_on is None or len(launch.member_addrs) != launch.nnodes:
+                    raise FenceError(
+                        "this member cannot give the job a network of its own between its "
+                        "members (an older member placed it?), and it never runs in the host's"
+                    )
+                self.job_network_on(launch)
         except FenceError as exc:
             # Its tenant's private /tmp or network cannot be made: the job does not
             # start (never in ours instead); nothing of it ran, so no trace is kept.
@@ -399,8 +401,6 @@ class Runner:
         }
         write_json(job_dir / SPEC, spec, durable=False)
         self._spec_written[launch.job_id] = time.monotonic()
-        if launch.nnodes > 1 and self.job_network_on is not None:
-            self.job_network_on(launch)
         # A clean environment; the supervisor runs this very code (python_argv).
         env = dict(ROOT_CHILD_ENV)
         try:
