@@ -843,6 +843,7 @@ def from_options(
         wanted=o.tenant_network == "private",
         prepare=f._prepare_dir,
         loop=loop,
+        open_ports=(o.ssh_listen[1], 22),  # this server's and OpenSSH's
     )
     f.network.refusals = f.refusals
     return f

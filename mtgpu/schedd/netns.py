@@ -306,8 +306,12 @@ class TenantNetwork:
         prepare: Callable[[], None] | None = None,
         resolv_conf: str = "/etc/resolv.conf",
         loop: asyncio.AbstractEventLoop | None = None,
+        open_ports: tuple[int, ...] = (),
     ) -> None:
         self.ns_dir = ns_dir
+        #: The TCP ports of this host that tenants' namespaces may open connections
+        #: to (its SSH servers'); every other new connection to the host is refused.
+        self.open_ports = tuple(sorted(set(open_ports)))
         self.subnet = ipaddress.IPv4Network(subnet)
         self.wanted = wanted
         self.prepare = prepare
@@ -609,7 +613,7 @@ class TenantNetwork:
         """``uid``'s iptables rules: (table, chain, match and target), in insert order.
 
         >>> [r[:2] for r in TenantNetwork("/run/t", "100.72.0.0/16").rule_specs(1, "100.72.0.6")]
-        [('nat', 'POSTROUTING'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'INPUT')]
+        [('nat', 'POSTROUTING'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'FORWARD'), ('filter', 'INPUT'), ('filter', 'FORWARD'), ('filter', 'INPUT')]
         """
         veth, note = veth_name(uid), ["-m", "comment", "--comment", f"mtgpu-net {self.tag} {uid}"]
         return [
@@ -623,6 +627,14 @@ class TenantNetwork:
             ),
             ("filter", "FORWARD", ["-i", veth, *note, "-j", "ACCEPT"]),
             ("filter", "FORWARD", ["-i", veth, "-o", f"{VETH_PREFIX}+", *note, "-j", "DROP"]),
+            # No new connection from the namespace to this host's own services (a
+            # database on 0.0.0.0, another tenant's job in the host's network) but its
+            # SSH server's ports: a new connection is refused (REJECT), replies pass.
+            ("filter", "INPUT", ["-i", veth, "-m", "conntrack", "--ctstate", "NEW", *note, "-j", "REJECT"]),
+            *(
+                ("filter", "INPUT", ["-i", veth, "-p", "tcp", "--dport", str(p), *note, "-j", "ACCEPT"])
+                for p in self.open_ports
+            ),
             # No tenant sends into a job network: VXLAN to any member's port, which
             # NAT would send with this member's address, one the others take it from.
             (

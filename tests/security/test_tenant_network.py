@@ -395,6 +395,37 @@ def test_a_tenant_reaches_no_host_service_over_ipv6(host: Host) -> None:
         srv.wait()
 
 
+SERVE4 = SERVE6.replace("socket.AF_INET6", "socket.AF_INET").replace('("::", ', '("0.0.0.0", ')
+
+
+def test_a_tenant_reaches_no_host_service_over_ipv4_but_the_ssh_server(host: Host) -> None:
+    """A host service bound to ``0.0.0.0`` (a database, a job of a tenant who runs in
+    the host's network) is reached from a tenant's namespace on none of the host's
+    addresses; the host's SSH server still is (``ssh`` to one's own host works)."""
+    port = free_port()
+    srv = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{host.netns}", sys.executable, "-c", SERVE4, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        veth = netns.veth_name(uid_of(host, "bob"))
+        gateway = (
+            in_host_ns(host, "ip", "-4", "-o", "addr", "show", "dev", veth).stdout.split()[3].split("/")[0]
+        )
+        for target in (gateway, host.address):
+            out = sh(host, "bob", f"{DIAL6} {target} {port}").stdout.decode()
+            assert "host-service" not in out and "FAILED" in out and "refused" in out, (target, out)
+            tally("attacks_refused")
+        ssh_port = int(str(host.config["SSH_LISTEN"]).rsplit(":", 1)[1])
+        banner = sh(host, "bob", f"{DIAL6} {host.address} {ssh_port}").stdout.decode()
+        assert banner.startswith("SSH-2.0-"), banner
+    finally:
+        srv.kill()
+        srv.wait()
+
+
 def test_a_tenant_cannot_enter_another_tenants_namespace(host: Host) -> None:
     bob_ns = host.run_dir / "tenants" / f"{uid_of(host, 'bob')}.net"
     r = sh(
