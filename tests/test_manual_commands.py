@@ -6,7 +6,8 @@ Every ``console`` block in docs/manual.md is preceded by a marker comment:
   host (``sudo`` dropped), with ``MTGPU_CONFIG`` naming the test host's configuration;
 - ``<!-- example: run as=alice -->``: each line is run in the tenant alice's session
   over the real ``ssh``; a line that starts with ``ssh -p 2222 gpu01`` is run from
-  "the laptop" (here), with that ``ssh`` pointed at the host;
+  "the laptop" (here), with that ``ssh`` pointed at the host, and a line that starts
+  with ``sudo`` is run as root on the host, as in a ``run as=root`` block;
 - ``<!-- example: not run: REASON -->``: the block needs what one test host has not
   (a cluster, a GPU, podman, a day's history), and the reason says what.
 
@@ -16,9 +17,11 @@ appear, in order, in what the command printed, with every number standing for an
 number, runs of spaces for any spaces and ``...`` for anything; ``/etc/mtgpu/mtgpu.yaml``
 stands for the host's configuration file. A command exits 0, unless the output shown
 for it is its own error line (``mtgpu-server: ...``). A ``$ cat FILE`` line followed
-by the file's lines writes that file first.
+by the file's lines writes that file first (in ``as=alice``, in her home and on "the
+laptop", where its ``ssh`` lines run).
 
-The host is named gpu01 and has two simulated rtx4090 cards, as the manual's are.
+The host is named gpu01 and has two simulated rtx4090 cards, as the manual's are, and
+16 CPUs for the scheduler (SIMULATED_CPUS).
 """
 
 from __future__ import annotations
@@ -128,19 +131,34 @@ def pattern(line: str) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
-def matches_in_order(expected: list[str], actual: list[str]) -> str | None:
-    """None if each expected line matches an actual line, in order; else the first that does not."""
+def matches_in_order(expected: list[str], actual: list[str], ids: dict[str, str] | None = None) -> str | None:
+    """None if each expected line matches an actual line, in order; else the first that does not.
+
+    A job id the manual shows as given (``Submitted job 12``, ``Submitted batch job
+    12``, or ``12`` alone, as ``--parsable`` prints it) is recorded in ``ids`` with the
+    id the daemon gave, for the block's later commands.
+    """
     rest = iter(line.strip() for line in actual)
     for want in expected:
         p = pattern(want)
-        if not any(p.fullmatch(got) for got in rest):
+        got = next((got for got in rest if p.fullmatch(got)), None)
+        if got is None:
             return want
+        given = re.fullmatch(r"(?:Submitted (?:batch )?job )?([0-9]+)", want.strip())
+        if given is not None and ids is not None:
+            ids[given.group(1)] = re.findall(r"[0-9]+", got)[-1]
     return None
+
+
+def with_ids(command: str, ids: dict[str, str]) -> str:
+    """The command with each job id the manual shows replaced by the one the daemon gave."""
+    return re.sub(r"(?<![\w.])[0-9]+(?![\w.])", lambda m: ids.get(m.group(0), m.group(0)), command)
 
 
 @pytest.fixture(scope="module")
 def gpu01(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Path, Path]]:
-    host = Host({"SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}]}, name="gpu01")
+    config = {"SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}], "SIMULATED_CPUS": 16}
+    host = Host(config, name="gpu01")
     host.start()
     try:
         key = host.add_user("alice")
@@ -153,7 +171,7 @@ def gpu01(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Path
 def _run(block: Block, step: Step, host: Host, key: Path, work: Path) -> subprocess.CompletedProcess[str]:
     config = str(host.config_path)
     command = step.command.replace(DEFAULT_CONFIG, config)
-    if block.options["as"] == "root":
+    if block.options["as"] == "root" or command.startswith("sudo "):
         command = command.removeprefix("sudo ")
         env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "MTGPU_CONFIG": config, "COLUMNS": "100"}
         env.pop("PYTHONPATH", None)
@@ -162,9 +180,8 @@ def _run(block: Block, step: Step, host: Host, key: Path, work: Path) -> subproc
         )
     if LAPTOP_SSH in command:
         ssh = shlex.join(host.ssh_argv("alice", key))
-        return subprocess.run(
-            ["bash", "-c", command.replace(LAPTOP_SSH, ssh, 1)], capture_output=True, text=True, timeout=120
-        )
+        argv = ["bash", "-c", command.replace(LAPTOP_SSH, ssh, 1)]
+        return subprocess.run(argv, capture_output=True, text=True, cwd=work, timeout=120)
     r = host.ssh("alice", key, command, timeout=120)
     return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(), r.stderr.decode())
 
@@ -173,8 +190,8 @@ def _write(block: Block, step: Step, host: Host, key: Path, work: Path) -> None:
     """``$ cat FILE`` with the file's lines after it: make that file."""
     name = step.command.split()[1]
     body = "".join(line + "\n" for line in step.output)
+    (work / name).write_text(body)
     if block.options["as"] == "root":
-        (work / name).write_text(body)
         return
     r = host.ssh("alice", key, f"cat > {shlex.quote(name)}", input=body.encode(), timeout=120)
     assert r.returncode == 0, r.stderr
@@ -184,11 +201,12 @@ def _write(block: Block, step: Step, host: Host, key: Path, work: Path) -> None:
 @pytest.mark.parametrize("block", RUN, ids=[f"manual.md:{b.line}" for b in RUN])
 def test_the_manual_example_works_as_shown(block: Block, gpu01: tuple[Host, Path, Path]) -> None:
     host, key, work = gpu01
+    ids: dict[str, str] = {}
     for step in block.steps:
         if re.fullmatch(r"cat \S+", step.command) and step.output:
             _write(block, step, host, key, work)
             continue
-        r = _run(block, step, host, key, work)
+        r = _run(block, Step(with_ids(step.command, ids)), host, key, work)
         where = f"docs/manual.md:{block.line}: $ {step.command}"
         printed = r.stdout.splitlines() + r.stderr.splitlines()
         program = step.command.removeprefix("sudo ").split()[0]
@@ -197,5 +215,5 @@ def test_the_manual_example_works_as_shown(block: Block, gpu01: tuple[Host, Path
         if block.options.get("check") == "status":
             continue
         expected = [line.replace(DEFAULT_CONFIG, str(host.config_path)) for line in step.output]
-        missing = matches_in_order(expected, printed)
+        missing = matches_in_order(expected, printed, ids)
         assert missing is None, f"{where}\nthe manual shows {missing!r}; it printed:\n" + "\n".join(printed)
