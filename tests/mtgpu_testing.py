@@ -383,6 +383,9 @@ class Host:
     #: Shell commands run in the daemon's mount namespace just before it starts, each
     #: ending in `` && `` (the mounts a killed daemon left there, say).
     before_start = ""
+    #: Run the daemon with ``--log-file`` at ``log_path``: it writes and rotates the
+    #: file itself (LOG_MAX_SIZE, LOG_KEEP), as off systemd.
+    log_file = False
 
     def start(self, timeout: float = 30, wait_port: bool = True) -> Host:
         if self.etc_baseline is None:
@@ -393,7 +396,7 @@ class Host:
         )
         script = (
             f"mount --bind {self.etc} /etc && {hide}{self.before_start}exec {sys.executable} -m mtgpu.server "
-            f"--config {self.config_path}"
+            f"--config {self.config_path}" + (f" --log-file {self.log_path}" if self.log_file else "")
         )
         log = open(self.log_path, "ab")  # noqa: SIM115
         # Only the network namespace (not `ip netns exec`, which mounts the namespace's

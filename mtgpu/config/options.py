@@ -1207,7 +1207,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "ALLOW_AGENT_FORWARDING": _bool,
     "WSL_LOCK_DRIVES": _bool,
     "LOG_LEVEL": _log_level,
-    "LOG_MAX_SIZE": lambda v: _bounded_size(v, 1 << 20, 1 << 40),
+    "LOG_MAX_SIZE": lambda v: _bounded_size(v, 64 << 10, 1 << 40),
     "LOG_KEEP": _log_keep,
 }
 

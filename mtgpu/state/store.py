@@ -164,6 +164,12 @@ LEADER_FALLBACK = 5.0
 ELECTION_STEP = 0.5
 
 
+#: ``ENTRIES:SECONDS`` in the daemon's environment replaces the journal's compaction
+#: thresholds (20,000 entries, 600 s apart), so that a test sees compactions within
+#: minutes (a year of state); production never sets it.
+COMPACTION_ENV = "MTGPU_RAFT_COMPACTION"
+
+
 def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
     """The SyncObjConf MTGPU runs with, journaling under ``state_dir``.
 
@@ -194,6 +200,9 @@ def make_conf(state_dir: str, **overrides: Any) -> SyncObjConf:
         # A leader cut off from its majority steps down after this long (default 30 s).
         leaderFallbackTimeout=LEADER_FALLBACK,
     )
+    if spec := os.environ.get(COMPACTION_ENV):
+        entries, _, seconds = spec.partition(":")
+        kw.update(logCompactionMinEntries=int(entries), logCompactionMinTime=float(seconds or 0))
     kw.update(overrides)
     return SyncObjConf(**kw)
 

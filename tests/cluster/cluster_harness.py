@@ -80,13 +80,15 @@ def cluster(mtjob_client: str) -> Iterator[Callable[..., Cluster]]:
         env=None,
         settled=True,
         member_env=None,
+        log_file=False,
     ):
         """Members from (name, GPUs, extra configuration) triples. With
         ``private_homes`` each member sees only its own home directory, as separate
         machines do (the members share this machine's filesystem otherwise);
         ``private_dirs`` maps a member's name to directories it has its own empty
         copy of (``/run/user``, say); ``env`` is added to the daemons' environment,
-        and ``member_env`` (a member's name -> variables) to one member's.
+        and ``member_env`` (a member's name -> variables) to one member's; with
+        ``log_file`` the daemons write and rotate their logs themselves (--log-file).
         With ``settled`` False it returns as soon as every daemon runs, before every
         member is in every member's view (the first seconds of a cluster)."""
         net = Network()
@@ -95,6 +97,7 @@ def cluster(mtjob_client: str) -> Iterator[Callable[..., Cluster]]:
             h.private_dirs = tuple((private_dirs or {}).get(h.config["SERVER_NAME"], ()))
             h.env.update(env or {})  # the daemons' environment, such as a policy clock
             h.env.update((member_env or {}).get(h.config["SERVER_NAME"], {}))
+            h.log_file = log_file
         if private_homes:
             for h in hosts:
                 h.hidden = tuple(str(o.homes) for o in hosts if o is not h)

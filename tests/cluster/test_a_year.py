@@ -21,7 +21,9 @@ time; the new user logs in everywhere and the removed one nowhere; a
 job for each simulated day, submitted through the members in turn, runs and
 completes; nothing was re-elected and no member was lost. At the end the daemons are
 still the ones started, and their state, logs and memory are within the bounds
-docs/SECURITY.md states.
+docs/SECURITY.md states; each journal was compacted while it ran (every 200 entries
+here), and the daemons' own log files (``--log-file``, as off systemd) rotated at
+LOG_MAX_SIZE, keeping LOG_KEEP (one member logs at DEBUG to pass the size).
 
 The short form (CI) runs 96 simulated days; the full year is
 ``MTGPU_YEAR_DAYS=400 python -m pytest -q tests/cluster/test_a_year.py`` (about
@@ -44,6 +46,7 @@ from mtgpu_testing import wait_for
 from security_testing import api_socket, call
 
 from mtgpu.cluster.identity import CERT_VALIDITY
+from mtgpu.state.store import COMPACTION_ENV
 
 pytestmark = pytest.mark.root
 
@@ -55,6 +58,10 @@ LIB = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), None)
 STATE_BOUND = 64 << 20
 LOG_BOUND = 64 << 20
 RSS_BOUND = 400 << 20
+#: The daemons write their own logs (--log-file), rotated at 64 KiB with two kept, and
+#: compact their journals every 200 entries (at most every 5 s) instead of 20,000.
+LOGS = {"LOG_MAX_SIZE": "64K", "LOG_KEEP": 2}
+COMPACT_AT = "200:5"
 
 
 #: A fresh dial from one member to others, as the member makes one: its host key, a
@@ -89,8 +96,11 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
     for f in offsets.values():
         f.write_text("0")
     c = cluster(
-        [(n, 1, {}) for n in names],
+        # m2 logs at DEBUG, so that its log passes LOG_MAX_SIZE and rotates within the run.
+        [(n, 1, {**LOGS, **({"LOG_LEVEL": "DEBUG"} if n == "m2" else {})}) for n in names],
+        env={COMPACTION_ENV: COMPACT_AT},
         member_env={n: {"MTGPU_WALL_CLOCK_OFFSET_FILE": str(offsets[n])} for n in names},
+        log_file=True,
     )
     pids = {h.config["SERVER_NAME"]: h.proc.pid for h in c.hosts}
     leader = c.scheduler()
@@ -132,7 +142,8 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
             offsets["m4"] = tmp_path / "m4.offset"
             offsets["m4"].write_text(str(day * 86400))
             shifts["m4"] = day * 86400
-            added = join(c, "m4", 1, env={"MTGPU_WALL_CLOCK_OFFSET_FILE": str(offsets["m4"])})
+            env = {"MTGPU_WALL_CLOCK_OFFSET_FILE": str(offsets["m4"]), COMPACTION_ENV: COMPACT_AT}
+            added = join(c, "m4", 1, env=env, **LOGS)
             members.append(added)
             wait_for(
                 lambda: all(len(h.api("cluster.status")["result"]["members"]) == 4 for h in members),
@@ -233,9 +244,22 @@ def test_a_cluster_runs_a_year_on_one_start(cluster, tmp_path):
         n = h.config["SERVER_NAME"]
         assert h.proc.poll() is None and h.proc.pid == pids[n], f"{n} restarted"
         rss = psutil.Process(h._server_pid()).memory_info().rss
-        state, log = _du(Path(h.config["STATE_DIR"])), h.log_path.stat().st_size
-        figures[n] = {"rss_mib": rss >> 20, "state_kib": state >> 10, "log_kib": log >> 10}
+        state = _du(Path(h.config["STATE_DIR"]))
+        logs = sorted(h.log_path.parent.glob(h.log_path.name + "*"))
+        log = sum(p.stat().st_size for p in logs)
+        figures[n] = {
+            "rss_mib": rss >> 20,
+            "state_kib": state >> 10,
+            "log_kib": log >> 10,
+            "log_files": len(logs),
+        }
         assert rss < RSS_BOUND and state < STATE_BOUND and log < LOG_BOUND, (n, figures[n])
+        # The journal was compacted while it ran (a full dump, the journal trimmed)...
+        assert (Path(h.config["STATE_DIR"]) / "raft.dump").exists(), (n, "never compacted")
+        # ... and the log rotated itself at its size, keeping LOG_KEEP files.
+        assert len(logs) <= 1 + LOGS["LOG_KEEP"], (n, logs)
+        assert all(p.stat().st_size <= (64 << 10) + 4096 for p in logs), (n, [p.stat().st_size for p in logs])
+    assert figures["m2"]["log_files"] > 1, ("m2's DEBUG log never rotated", figures["m2"])
     print(
         f"\nyear test: {DAYS} simulated days in steps of {STEP}, {dials} fresh dials: {json.dumps(figures)}"
     )

@@ -142,7 +142,7 @@ def test_show_prints_every_key_with_its_origin(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("LOG_MAX_SIZE: 10K\n", "expected a size from 1M to 1T"),
+        ("LOG_MAX_SIZE: 10K\n", "expected a size from 64K to 1T"),
         ("LOG_MAX_SIZE: lots\n", "is not a size"),
         ("LOG_KEEP: -1\n", "0 to 100"),
         ("LOG_KEEP: true\n", "0 to 100"),
