@@ -842,9 +842,17 @@ def register(d: Dispatcher, host: JobHost) -> None:
                     held.setdefault(m.node, {}).setdefault(i, []).append(shown)
         out = []
         drains = host.scheduler.drains
+        # What running work holds on each member (scontrol's CPUAlloc and AllocMem,
+        # sinfo's %C): the scheduler's own committed figures; a member held whole
+        # (--exclusive) has all its CPUs allocated, as in Slurm.
+        committed = {n.name: n for n in host.scheduler.snapshot().nodes}
         for name, inv in sorted(host.scheduler.nodes.items()):
             state = str(host.scheduler.state_of(name))
             d = inv.to_dict(held.get(name, {}), state=state)
+            snap = committed.get(name)
+            if snap is not None:
+                d["cpus_alloc"] = snap.cpus if snap.whole_job else min(snap.cpus, snap.cpus_committed)
+                d["ram_alloc"] = min(snap.ram_total, snap.ram_committed)
             drain = drains.get(name) if drains is not None else None
             d["drain_reason"] = drain["reason"] if drain else None
             out.append(d)

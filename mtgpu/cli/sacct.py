@@ -415,61 +415,138 @@ def render(
     return "\n".join(lines)
 
 
-def slurm_json(views: list[dict[str, Any]]) -> dict[str, Any]:
-    """Slurm's ``sacct --json`` shape, for the fields MTGPU has (integer job ids)."""
+def _ended_exit(status: int, sig: int) -> dict[str, Any]:
+    """An ended job's or step's ``exit_code`` in Slurm 22.05's (dbv0.0.38) shape:
+    ``status`` one word, ``return_code`` a number, ``signal`` with ``signal_id`` and
+    strsignal's name. A nonzero status is ``ERROR`` with its code (22.05 itself says
+    ``SUCCESS`` and 0 for every status, which loses it)."""
+    if sig:
+        return {
+            "status": "SIGNALED",
+            "return_code": None,
+            "signal": {"signal_id": sig, "name": _signal.strsignal(sig) or f"Signal {sig}"},
+        }
+    return {"status": "SUCCESS" if status == 0 else "ERROR", "return_code": status}
+
+
+def _json_time(seconds: float | None) -> int:
+    return int(seconds or 0)
+
+
+def _cpu_time(seconds: float | None) -> dict[str, int]:
+    """CPU time as Slurm's JSON splits it (0 where it was not measured, as Slurm's)."""
+    us = round((seconds or 0) * 1_000_000)
+    return {"seconds": us // 1_000_000, "microseconds": us % 1_000_000}
+
+
+def slurm_json(
+    views: list[dict[str, Any]], steps_of: Callable[[str], list[dict[str, Any]]] | None = None
+) -> dict[str, Any]:
+    """Slurm 22.05's ``sacct --json`` shape (openapi dbv0.0.38), for the fields MTGPU
+    has: ``job_id`` a number, ``state`` ``{"current": "COMPLETED", "reason": ...}`` with
+    one word as squeue's ``job_state``, ``array`` ``{"job_id": 0, "task_id": null}``
+    outside an array, ``time.limit`` minutes (null: none), each job's steps in its
+    ``steps`` (``steps_of``: a job id -> its steps)."""
+    from mtgpu.cli.slurm.formats import json_meta
+
     jobs = []
     for v in views:
         code, _, sig = exit_code(v).partition(":")
+        ended = v.get("exit") is not None
+        steps = list(steps_of(v["job_id"])) if steps_of and v["state"] != PENDING else []
+        number = json_id(v.get("numeric_id") or v["job_id"])
+        step_json = []
+        for st in steps:
+            s_code = st.get("exit_code")
+            s_start, s_end = st.get("start_time"), st.get("end_time")
+            node = st.get("node") or (v["nodes"][0] if v["nodes"] else "")
+            step_json.append(
+                {
+                    "step": {"job_id": number, "id": st["step"], "name": step_view(v, st)["name"]},
+                    "state": st["state"],
+                    "exit_code": _ended_exit(int(s_code), 0)
+                    if s_code is not None
+                    else {"status": "PENDING", "return_code": None},
+                    "nodes": {"count": 1, "range": node, "list": [node]},
+                    "tasks": {"count": st.get("ntasks", 1)},
+                    "time": {
+                        "start": _json_time(s_start),
+                        "end": _json_time(s_end),
+                        "elapsed": _json_time((s_end - s_start) if s_start and s_end else 0),
+                        "suspended": 0,
+                    },
+                }
+            )
+        codes = [int(code)] + [int(st["exit_code"]) for st in steps if st.get("exit_code") is not None]
         jobs.append(
             {
-                "job_id": json_id(v.get("numeric_id") or v["job_id"]),
-                "array": {"job_id": json_id(v.get("array_id")), "task_id": v.get("array_task")},
+                "job_id": number,
+                "array": {
+                    "job_id": json_id(v.get("array_id")) or 0,
+                    "task_id": v.get("array_task"),
+                    "task": None,
+                    "limits": {"max": {"running": {"tasks": 0}}},
+                },
                 "name": v["name"],
                 "user": v["user"],
                 "account": v["user"],
                 "partition": PARTITION,
                 "cluster": v.get("cluster") or "",
-                "state": {"current": [v["state"]], "reason": v.get("reason") or "None"},
-                "exit_code": {
-                    "status": ["SIGNALED" if int(sig) else ("SUCCESS" if int(code) == 0 else "ERROR")]
-                    if v.get("exit")
-                    else ["PENDING"],
-                    "return_code": {"set": v.get("exit") is not None, "number": int(code)},
-                    "signal": {
-                        "id": {"set": bool(int(sig)), "number": int(sig)},
-                        "name": signal_name(int(sig)),
-                    },
-                },
+                "priority": v.get("priority"),
+                "state": {"current": v["state"], "reason": v.get("reason") or "None"},
+                "exit_code": _ended_exit(int(code), int(sig))
+                if ended
+                else {"status": "PENDING", "return_code": None},
+                "derived_exit_code": _ended_exit(max(codes), 0)
+                if ended
+                else {"status": "PENDING", "return_code": None},
                 "time": {
-                    "submission": int(v["submit_time"]),
-                    "start": int(v["start_time"] or 0),
-                    "end": int(v["end_time"] or 0),
+                    "submission": _json_time(v["submit_time"]),
+                    "eligible": _json_time(v["submit_time"]),
+                    "start": _json_time(v["start_time"]),
+                    "end": _json_time(v["end_time"]),
                     "elapsed": round(elapsed(v) or 0),
-                    "limit": {
-                        "set": v.get("time_limit") is not None,
-                        "infinite": v.get("time_limit") is None,
-                        "number": round(v["time_limit"] / 60) if v.get("time_limit") else 0,
-                    },
-                    "user": {"seconds": v.get("cpu_user")},
-                    "system": {"seconds": v.get("cpu_system")},
-                    "total": {"seconds": v.get("total_cpu")},
+                    "suspended": 0,
+                    "limit": round(v["time_limit"] / 60) if v.get("time_limit") else None,
+                    "user": _cpu_time(v.get("cpu_user")),
+                    "system": _cpu_time(v.get("cpu_system")),
+                    "total": _cpu_time(v.get("total_cpu")),
                 },
-                "nodes": ",".join(v["nodes"]),
+                "nodes": ",".join(v["nodes"]) or "None assigned",
                 "allocation_nodes": len(v["nodes"]),
+                "required": {"CPUs": v.get("cpus"), "memory": (v.get("ram") or 0) >> 20},
                 "tres": {
                     "allocated": [
-                        {"type": "cpu", "count": v["alloc_cpus"]},
-                        {"type": "mem", "count": v["alloc_ram"]},
-                        {"type": "node", "count": len(v["nodes"])},
+                        {"type": "cpu", "name": "", "id": 1, "count": v["alloc_cpus"]},
+                        {"type": "mem", "name": "", "id": 2, "count": v["alloc_ram"] >> 20},
+                        {"type": "node", "name": "", "id": 4, "count": len(v["nodes"])},
                     ]
-                    + ([{"type": "gres", "name": "gpu", "count": v["alloc_gpus"]}] if v["alloc_gpus"] else [])
+                    + (
+                        [{"type": "gres", "name": "gpu", "id": 1001, "count": v["alloc_gpus"]}]
+                        if v["alloc_gpus"]
+                        else []
+                    )
+                    if v["nodes"]
+                    else [],
+                    "requested": [
+                        {"type": "cpu", "name": "", "id": 1, "count": v.get("cpus")},
+                        {"type": "mem", "name": "", "id": 2, "count": (v.get("ram") or 0) >> 20},
+                        {"type": "node", "name": "", "id": 4, "count": v.get("req_nodes") or 1},
+                    ]
+                    + (
+                        [{"type": "gres", "name": "gpu", "id": 1001, "count": v["req_gpus"]}]
+                        if v.get("req_gpus")
+                        else []
+                    ),
                 },
+                "working_directory": v.get("workdir"),
+                "steps": step_json,
                 "gpus": v["gpus"],
                 "max_rss": v.get("max_rss"),
                 "restart_cnt": v.get("restarts", 0),
             }
         )
-    return {"jobs": jobs}
+    return {"meta": json_meta(), "errors": [], "jobs": jobs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,17 +624,18 @@ def main(argv: list[str] | None = None) -> int:
         shown = select(views, job_ids=job_ids, states=states, start=start, end=end, now=now)
         if names is not None:
             shown = [v for v in shown if v["name"] in names]
+
+        def steps_of(jid: str) -> list[dict[str, Any]]:
+            try:
+                return list(api.call("job.show", job_id=jid).get("steps") or [])
+            except MtgpuError:  # ended and purged meanwhile, or another member's
+                return []
+
+        with_them = not args.allocations and len(shown) <= STEP_JOBS
         if args.json:
-            print(json.dumps(slurm_json(shown), indent=2, sort_keys=True))
+            print(json.dumps(slurm_json(shown, steps_of if with_them else None), indent=2, sort_keys=True))
             return 0
-        if not args.allocations and len(shown) <= STEP_JOBS:
-
-            def steps_of(jid: str) -> list[dict[str, Any]]:
-                try:
-                    return list(api.call("job.show", job_id=jid).get("steps") or [])
-                except MtgpuError:  # ended and purged meanwhile, or another member's
-                    return []
-
+        if with_them:
             shown = with_steps(shown, steps_of)
         if args.units:
             shown = [{**v, "_units": args.units} for v in shown]

@@ -618,3 +618,62 @@ def test_squeue_start_shows_when_the_next_job_in_line_should_start(host) -> None
         assert waiting["position"] is None, waiting
     finally:
         run(host, "sam", "scancel", running, nxt, after)
+
+
+def test_json_of_squeue_scontrol_and_sacct_has_slurm_22_05s_shapes(host) -> None:
+    """``job_id`` a number and ``job_state`` one word in all three (sacct's as
+    ``state.current``, dbv0.0.38); sacct nests the job's steps in ``steps`` and gives
+    ``exit_code`` as ``{"status", "return_code", "signal": {"signal_id", "name"}}``."""
+    jid = sbatch(host, "sam", "#!/bin/sh\n#SBATCH -J shaped\n#MTGPU ram=64M\nsrun true\nsleep 300\n")
+    wait_for(lambda: show(host, "sam", jid).get("steps"), 60, "the job's first step")
+    try:
+        rc, out, err = run(host, "sam", "squeue", "-j", jid, "--json")
+        (sq,) = json.loads(out)["jobs"]
+        rc, out, err = run(host, "sam", "scontrol", "show", "job", jid, "--json")
+        (sc,) = json.loads(out)["jobs"]
+        rc, out, err = run(host, "sam", "sacct", "-j", jid, "--json")
+        (sa,) = json.loads(out)["jobs"]
+        assert sq["job_id"] == sc["job_id"] == sa["job_id"] == int(jid)
+        assert sq["job_state"] == sc["job_state"] == sa["state"]["current"] == "RUNNING", (sq, sa)
+        assert sq["array_job_id"] == 0 and sa["array"] == {**sa["array"], "job_id": 0, "task_id": None}
+        assert [(s["step"]["job_id"], s["step"]["id"], s["state"]) for s in sa["steps"]] == [
+            (int(jid), 0, "COMPLETED")
+        ]
+        assert sa["steps"][0]["exit_code"] == {"status": "SUCCESS", "return_code": 0}
+    finally:
+        run(host, "sam", "scancel", jid)
+    wait_end(host, "sam", jid)
+    rc, out, err = run(host, "sam", "sacct", "-j", jid, "--json")
+    (sa,) = json.loads(out)["jobs"]
+    assert sa["state"]["current"] == "CANCELLED" and sa["exit_code"]["status"] == "SIGNALED", sa
+    assert sa["exit_code"]["signal"] == {"signal_id": 15, "name": "Terminated"}
+
+
+def test_sinfo_cpus_summary_long_nodes_and_scontrol_allocs_of_a_running_job(host) -> None:
+    """A running 2-CPU, 64M job: scontrol show node's CPUAlloc=2 and AllocMem=64,
+    sinfo's %C 2/6/0/8, ``-s`` NODES(A/I/O/T) and ``-N -l`` as Slurm 22.05's."""
+    jid = sbatch(host, "sam", "#!/bin/sh\n#MTGPU cpus=2 ram=64M\nsleep 300\n")
+    wait_for(lambda: show(host, "sam", jid)["state"] == "RUNNING", 60, "the job to run")
+    try:
+        rc, out, err = run(host, "sam", "scontrol", "-o", "show", "node")
+        assert rc == 0, err
+        fields = dict(f.split("=", 1) for f in out.split())
+        assert (fields["CPUAlloc"], fields["CPUTot"], fields["AllocMem"]) == ("2", "8", "64"), out
+        rc, out, err = run(host, "sam", "sinfo", "-h", "-o", "%C")
+        assert (rc, out) == (0, "2/6/0/8\n"), err
+        rc, out, err = run(host, "sam", "sinfo", "-s")
+        assert rc == 0 and out.splitlines()[0].split() == [
+            "PARTITION",
+            "AVAIL",
+            "TIMELIMIT",
+            "NODES(A/I/O/T)",
+            "NODELIST",
+        ]
+        assert out.splitlines()[1].split()[3] == "1/0/0/1", out
+        rc, out, err = run(host, "sam", "sinfo", "-N", "-l")
+        lines = out.splitlines()
+        assert rc == 0 and len(lines) == 3 and lines[0][:3].isalpha(), out  # the date first, as Slurm's
+        assert lines[1].split()[:6] == ["NODELIST", "NODES", "PARTITION", "STATE", "CPUS", "S:C:T"], out
+        assert lines[2].split()[3:5] == ["mixed", "8"], out
+    finally:
+        run(host, "sam", "scancel", jid)

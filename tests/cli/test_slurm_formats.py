@@ -117,6 +117,59 @@ def test_sinfo_groups_states_and_compresses_host_lists() -> None:
     assert formats.sinfo_lines(nodes, True, "%N %G", False)[0] == "gpu01 gpu:rtx4090:1"
 
 
+def test_sinfo_cpus_and_nodes_by_state_summary_and_long_node_lines_as_slurms() -> None:
+    """``%C`` CPUS(A/I/O/T) and ``%F`` NODES(A/I/O/T) (a drained member's free CPUs
+    are "other"); ``-s`` one line for the partition; ``-N -l`` Slurm 22.05's columns."""
+    gpu = {"index": 0, "type": "rtx4090", "jobs": ["7"]}
+    busy = {"name": "gpu01", "state": "up", "gpus": [gpu], "cpus": 8, "cpus_alloc": 2, "ram_total": 16 << 30}
+    idle = {"name": "gpu02", "state": "up", "gpus": [], "cpus": 8, "ram_total": 16 << 30}
+    drained = {"name": "gpu03", "state": "drain", "gpus": [], "cpus": 4, "ram_total": 8 << 30}
+    nodes = [busy, idle, drained]
+    assert formats.sinfo_lines(nodes, False, "%t %C", True) == [
+        "STATE CPUS(A/I/O/T)",
+        "alloc 2/6/0/8",
+        "idle 0/8/0/8",
+        "drain 0/0/4/4",
+    ]
+    # A member without GPUs is mixed or allocated by its CPUs, as Slurm's.
+    assert formats.node_state({**idle, "cpus_alloc": 2}) == "mix"
+    assert formats.node_state({**idle, "cpus_alloc": 8}) == "alloc"
+    assert formats.sinfo_lines(nodes, False, None, True, summary=True) == [
+        "PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST",
+        "mtgpu*       up   infinite          1/1/1/3 gpu[01-03]",
+    ]
+    assert formats.sinfo_lines(nodes, False, "%C", False, summary=True) == ["2/14/4/20"]
+    long = formats.sinfo_lines([busy], True, formats.SINFO_NODES_LONG, True)
+    assert (
+        long[0].split()
+        == "NODELIST NODES PARTITION STATE CPUS S:C:T MEMORY TMP_DISK WEIGHT AVAIL_FE REASON".split()
+    )
+    assert long[1].split() == [
+        "gpu01",
+        "1",
+        "mtgpu*",
+        "allocated",
+        "8",
+        "1:8:1",
+        "16384",
+        "0",
+        "1",
+        "(null)",
+        "none",
+    ]
+    head = formats.sinfo_lines([busy], False, formats.SINFO_LONG, True)[0]
+    assert (
+        head.split() == "PARTITION AVAIL TIMELIMIT JOB_SIZE ROOT OVERSUBS GROUPS NODES STATE NODELIST".split()
+    )
+
+
+def test_scontrol_show_node_gives_cpualloc_and_allocmem() -> None:
+    n = {"name": "gpu01", "state": "up", "gpus": [], "cpus": 8, "cpus_alloc": 3, "ram_total": 16 << 30}
+    text = formats.scontrol_node({**n, "ram_alloc": 512 << 20, "ram_used": 1 << 30})
+    assert "   CPUAlloc=3 CPUTot=8\n" in text
+    assert "   RealMemory=16384 AllocMem=512 FreeMem=15360\n" in text
+
+
 def test_scontrol_show_job_is_slurms_key_value_record() -> None:
     j = view("12", "RUNNING", name="train", exit_code=None, workdir="/w", stdout="/w/o", stderr="/w/o")
     text = formats.scontrol_job(j, NOW)
@@ -193,6 +246,18 @@ def test_json_job_ids_are_integers_as_slurms() -> None:
     task = formats.slurm_job_json(view("15_3", "PENDING", numeric_id="19"), NOW)
     assert (task["job_id"], task["array_job_id"], task["array_task_id"]) == (19, 15, 3)
     assert formats.json_id("15_[1-9]") == "15_[1-9]"
+
+
+def test_squeue_json_fields_have_slurm_22_05s_shapes() -> None:
+    """openapi v0.0.38 (what squeue 22.05 prints): ``job_state`` one word,
+    ``array_job_id`` 0 outside an array and ``array_task_id`` null, ``exit_code`` the
+    wait status (``exit 3``: 768; a SIGSEGV: 11), ``time_limit`` minutes or null."""
+    j = formats.slurm_job_json(view("12", "COMPLETED", exit="3:0", exit_code=3, time_limit=300.0), NOW)
+    assert (j["job_state"], j["array_job_id"], j["array_task_id"]) == ("COMPLETED", 0, None)
+    assert (j["exit_code"], j["time_limit"]) == (768, 5)
+    segv = formats.slurm_job_json(view("13", "FAILED", exit="0:11", exit_code=-11), NOW)
+    assert (segv["exit_code"], segv["time_limit"]) == (11, None)
+    assert formats.slurm_job_json(view("14", "RUNNING", exit_code=None), NOW)["exit_code"] == 0
 
 
 def test_states_accept_slurms_codes_and_names_and_name_a_bad_one() -> None:

@@ -167,7 +167,7 @@ def test_sacct_shows_the_same_fields_as_slurm_does(acct_host, endings):
     # Cut to the column's width with a "+", as Slurm's sacct does.
     assert sorted(line.split()[5] for line in table.splitlines()[2:]) == ["OUT_OF_ME+", "TIMEOUT"]
     js = json.loads(sacct(host, keys["acca"], "acca", "--json", "-j", endings["SIGNAL"]["job_id"]))
-    assert js["jobs"][0]["exit_code"]["signal"]["id"]["number"] == 11
+    assert js["jobs"][0]["exit_code"]["signal"]["signal_id"] == 11
     bad = host.ssh("acca", keys["acca"], "sacct", "-S", "soon")
     assert bad.returncode == 2 and b"not a time" in bad.stderr and b"Traceback" not in bad.stderr
 

@@ -268,11 +268,20 @@ def test_sacct_times_and_json_shape():
     assert j["job_id"] == 7  # an integer, as Slurm's
     task = sacct.slurm_json([view(job_id="8_0", array_id="8", numeric_id="12")])["jobs"][0]
     assert (task["job_id"], task["array"]["job_id"]) == (12, 8)
-    assert j["exit_code"]["return_code"]["number"] == 0 and j["exit_code"]["signal"]["id"]["number"] == 11
-    assert j["exit_code"]["signal"]["name"] == "SIGSEGV" and j["exit_code"]["status"] == ["SIGNALED"]
-    assert j["state"]["current"] == ["FAILED"] and j["restart_cnt"] == 1
-    assert {"type": "gres", "name": "gpu", "count": 1} in j["tres"]["allocated"]
-    assert j["time"]["limit"]["number"] == 120 and j["time"]["elapsed"] == 3725
+    # Slurm 22.05's shape (dbv0.0.38): one-word status and state, signal_id, strsignal's name.
+    assert j["exit_code"] == {
+        "status": "SIGNALED",
+        "return_code": None,
+        "signal": {"signal_id": 11, "name": "Segmentation fault"},
+    }
+    assert j["state"] == {"current": "FAILED", "reason": "the job was killed by SIGSEGV"}
+    assert j["restart_cnt"] == 1 and j["array"]["job_id"] == 0 and j["array"]["task_id"] is None
+    assert {"type": "gres", "name": "gpu", "id": 1001, "count": 1} in j["tres"]["allocated"]
+    assert j["time"]["limit"] == 120 and j["time"]["elapsed"] == 3725
+    assert j["time"]["user"] == {"seconds": 1, "microseconds": 500000}
+    failed = sacct.slurm_json([view(exit="3:0", exit_code=3, signal=None)])["jobs"][0]
+    assert failed["exit_code"] == {"status": "ERROR", "return_code": 3}
+    assert sacct.slurm_json([view(time_limit=None)])["jobs"][0]["time"]["limit"] is None
 
 
 def test_show_lines_give_exit_status_and_signal_apart():

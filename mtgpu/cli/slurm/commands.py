@@ -84,9 +84,7 @@ def _print_lines(prog: str, make: Callable[[], list[str]]) -> int:
 
 
 def _meta() -> dict[str, Any]:
-    import mtgpu
-
-    return {"plugin": {"name": "MTGPU"}, "Slurm": {"release": f"MTGPU {mtgpu.__version__}"}}
+    return formats.json_meta()
 
 
 # ------------------------------------------------------------------ sbatch
@@ -483,6 +481,9 @@ SINFO_EXAMPLES = """\
 sinfo                    members grouped by state (idle, mix, alloc, drain, down)
 sinfo -N                 one line per member
 sinfo -N -o "%N %c %m %G"  name, CPUs, memory (MB) and GPUs of each member
+sinfo -o "%C"            CPUs allocated/idle/other/total
+sinfo -s                 one line: members allocated/idle/other/total
+sinfo -N -l              one long line per member (CPUs, S:C:T, memory, features, reason)
 """
 
 
@@ -490,7 +491,12 @@ def sinfo_parser() -> argparse.ArgumentParser:
     p = _listing_parser("sinfo", "Show MTGPU's members in Slurm's format.")
     p.add_argument("-N", "--Node", action="store_true", help="one line per member")
     p.add_argument("-o", "--format", help='output format, such as "%%N %%t %%G"')
-    p.add_argument("-l", "--long", action="store_true", help="long state names")
+    p.add_argument(
+        "-l", "--long", action="store_true", help="more columns and long state names, after the date"
+    )
+    p.add_argument(
+        "-s", "--summarize", action="store_true", help="one line: members allocated/idle/other/total"
+    )
     p.add_argument("-p", "--partition", help="accepted for Slurm's sake (one partition)")
     p.add_argument("--json", action="store_true", help="JSON")
     return with_examples(p, {"": SINFO_EXAMPLES})
@@ -505,13 +511,14 @@ def sinfo_main(argv: list[str] | None = None) -> int:
             _print_json({"meta": _meta(), "errors": [], "nodes": nodes})
             return 0
         fmt = args.format
-        if args.long and not fmt:
-            fmt = (
-                formats.SINFO_NODES.replace("%6t", "%10T")
-                if args.Node
-                else formats.SINFO_DEFAULT.replace("%.6t", "%.10T")
-            )
-        return _print_lines("sinfo", lambda: formats.sinfo_lines(nodes, args.Node, fmt, not args.noheader))
+        if args.long and not fmt and not args.summarize:
+            fmt = formats.SINFO_NODES_LONG if args.Node else formats.SINFO_LONG
+        summary = args.summarize and not args.Node
+        if args.long and not args.noheader:
+            print(time.strftime("%a %b %d %H:%M:%S %Y"))  # as Slurm's long forms begin
+        return _print_lines(
+            "sinfo", lambda: formats.sinfo_lines(nodes, args.Node, fmt, not args.noheader, summary)
+        )
 
     return _run("sinfo", args, body)
 

@@ -120,6 +120,10 @@ SQUEUE_START = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %R"
 #: sinfo's default format, and ``sinfo -N``.
 SINFO_DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
 SINFO_NODES = "%#N %.6D %#P %6t"
+#: ``sinfo -l``, ``sinfo -N -l`` and ``sinfo -s``, as Slurm 22.05's opts.c has them.
+SINFO_LONG = "%#P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"
+SINFO_NODES_LONG = "%#N %.6D %#P %.11T %4c %.8z %.6m %.8d %.6w %.8f %20E"
+SINFO_SUMMARY = "%#P %.5a %.10l %.16F %N"
 #: The one partition MTGPU has: the whole cluster (shown with sinfo's default mark).
 PARTITION = "mtgpu"
 
@@ -354,9 +358,10 @@ def node_state(node: dict[str, Any]) -> str:
         return "down"
     if state not in ("up",):
         return "unk"
-    if not gpus:
-        return "idle"
-    return "alloc" if busy == len(gpus) else "mix" if busy else "idle"
+    cpus, cpus_alloc = int(node.get("cpus") or 0), int(node.get("cpus_alloc") or 0)
+    if not gpus:  # by its CPUs, as Slurm's
+        return "alloc" if cpus and cpus_alloc >= cpus else "mix" if cpus_alloc else "idle"
+    return "alloc" if busy == len(gpus) else "mix" if busy or cpus_alloc else "idle"
 
 
 def compress_hostlist(names: Iterable[str]) -> str:
@@ -461,19 +466,54 @@ def expand_hostlist(text: str) -> list[str]:
     return out
 
 
+#: sinfo's states whose CPUs and members count as "other" in %C and %F.
+_OTHER_STATES = ("drain", "drng", "down", "unk")
+
+
+def cpus_aiot(nodes: Sequence[dict[str, Any]]) -> str:
+    """sinfo's ``%C``: CPUs allocated/idle/other/total over ``nodes`` (other: those
+    of drained, down or unknown members not allocated), as Slurm's."""
+    a = i = o = t = 0
+    for n in nodes:
+        total = int(n.get("cpus") or 0)
+        alloc = min(total, int(n.get("cpus_alloc") or 0))
+        t += total
+        a += alloc
+        if node_state(n) in _OTHER_STATES:
+            o += total - alloc
+        else:
+            i += total - alloc
+    return f"{a}/{i}/{o}/{t}"
+
+
+def nodes_aiot(nodes: Sequence[dict[str, Any]]) -> str:
+    """sinfo's ``%F``: members allocated (in whole or part)/idle/other/total."""
+    states = [node_state(n) for n in nodes]
+    other = sum(1 for s in states if s in _OTHER_STATES)
+    idle = states.count("idle")
+    return f"{len(states) - other - idle}/{idle}/{other}/{len(states)}"
+
+
 def sinfo_lines(
-    nodes: Sequence[dict[str, Any]], node_oriented: bool, fmt: str | None, header: bool
+    nodes: Sequence[dict[str, Any]], node_oriented: bool, fmt: str | None, header: bool, summary: bool = False
 ) -> list[str]:
-    """``sinfo`` output: one row per state (or per member with ``-N``)."""
+    """``sinfo`` output: one row per state (or per member with ``-N``, or one for the
+    partition with ``summary``, sinfo's ``-s``)."""
     if node_oriented:
-        groups = [{"names": [n["name"]], "state": node_state(n), "node": n} for n in nodes]
+        groups = [{"names": [n["name"]], "state": node_state(n), "node": n, "all": [n]} for n in nodes]
+    elif summary:
+        groups = [{"names": [n["name"] for n in nodes], "state": "", "node": nodes[0] if nodes else {}}]
+        groups[0]["all"] = list(nodes)
     else:
         by_state: dict[str, list[dict[str, Any]]] = {}
         for n in nodes:
             by_state.setdefault(node_state(n), []).append(n)
-        groups = [{"names": [n["name"] for n in ns], "state": s, "node": ns[0]} for s, ns in by_state.items()]
+        groups = [
+            {"names": [n["name"] for n in ns], "state": s, "node": ns[0], "all": ns}
+            for s, ns in by_state.items()
+        ]
         if not groups:
-            groups = [{"names": [], "state": "n/a", "node": {}}]
+            groups = [{"names": [], "state": "n/a", "node": {}, "all": []}]
     fields: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
         "P": ("PARTITION", lambda g: PARTITION + "*"),
         "R": ("PARTITION", lambda g: PARTITION),
@@ -488,9 +528,23 @@ def sinfo_lines(
         "m": ("MEMORY", lambda g: (g["node"].get("ram_total") or 0) >> 20),
         "G": ("GRES", lambda g: gres_of(g["node"])),
         "E": ("REASON", lambda g: g["node"].get("drain_reason") or "none"),
+        "C": ("CPUS(A/I/O/T)", lambda g: cpus_aiot(g["all"])),
+        "F": ("NODES(A/I/O/T)", lambda g: nodes_aiot(g["all"])),
+        "e": (
+            "FREE_MEM",
+            lambda g: ((g["node"].get("ram_total") or 0) - (g["node"].get("ram_used") or 0)) >> 20,
+        ),
+        "z": ("S:C:T", lambda g: f"1:{g['node'].get('cpus', 0)}:1"),
+        "d": ("TMP_DISK", lambda g: 0),
+        "w": ("WEIGHT", lambda g: 1),
+        "f": ("AVAIL_FEATURES", lambda g: ",".join(g["node"].get("features") or ()) or "(null)"),
+        "s": ("JOB_SIZE", lambda g: "1-infinite"),
+        "r": ("ROOT", lambda g: "no"),
+        "h": ("OVERSUBSCRIBE", lambda g: "NO"),
+        "g": ("GROUPS", lambda g: "all"),
         "%": ("%", lambda g: "%"),
     }
-    default = SINFO_NODES if node_oriented else SINFO_DEFAULT
+    default = SINFO_SUMMARY if summary else SINFO_NODES if node_oriented else SINFO_DEFAULT
     return render(groups, fmt or default, fields, header)
 
 
@@ -548,15 +602,21 @@ def slurm_reason(j: dict[str, Any]) -> str:
     return "_".join(reason.split()) or "None"
 
 
+def exit_pair(j: dict[str, Any]) -> tuple[int, int]:
+    """A job's (exit status, signal), as sacct's ``ExitCode`` ``status:signal``
+    gives them ((0, 0) while it has not ended)."""
+    if j.get("exit"):
+        status, _, sig = str(j["exit"]).partition(":")
+        return int(status or 0), int(sig or 0)
+    ec = j.get("exit_code")
+    if isinstance(ec, int):
+        return (ec, 0) if ec >= 0 else (0, -ec)
+    return 0, 0
+
+
 def scontrol_job(j: dict[str, Any], now: float, one_liner: bool = False) -> str:
     """``scontrol show job``'s record for one job view."""
-    if j.get("exit"):
-        exit_code = str(j["exit"])  # status:signal, as sacct's ExitCode
-    else:
-        ec = j.get("exit_code")
-        exit_code = (
-            f"{ec}:0" if isinstance(ec, int) and ec >= 0 else f"0:{-ec}" if isinstance(ec, int) else "0:0"
-        )
+    exit_code = ":".join(map(str, exit_pair(j)))
     nodes = j.get("nodes") or []
     groups = [
         [f"JobId={j['job_id']}", f"JobName={j['name']}"],
@@ -617,9 +677,13 @@ def scontrol_node(n: dict[str, Any], one_liner: bool = False) -> str:
     state = long_node_state(node_state(n)).upper()
     groups = [
         [f"NodeName={n['name']}"],
-        [f"CPUTot={n.get('cpus', 0)}"],
+        [f"CPUAlloc={n.get('cpus_alloc', 0)}", f"CPUTot={n.get('cpus', 0)}"],
         [f"Gres={gres_of(n)}", f"GresUsed=gpu:{busy}"],
-        [f"RealMemory={total}", f"FreeMem={max(0, total - used)}"],
+        [
+            f"RealMemory={total}",
+            f"AllocMem={(n.get('ram_alloc') or 0) >> 20}",
+            f"FreeMem={max(0, total - used)}",
+        ],
         [f"State={state}"],
         [f"Partitions={PARTITION}"],
         [f"Reason={n.get('drain_reason') or 'none'}"] if n.get("drain_reason") else [],
@@ -630,6 +694,13 @@ def scontrol_node(n: dict[str, Any], one_liner: bool = False) -> str:
     return "\n".join(("   " if i else "") + " ".join(g) for i, g in enumerate(groups)) + "\n"
 
 
+def json_meta() -> dict[str, Any]:
+    """The ``meta`` of every ``--json`` answer (Slurm's names its plugin and release)."""
+    import mtgpu
+
+    return {"plugin": {"name": "MTGPU"}, "Slurm": {"release": f"MTGPU {mtgpu.__version__}"}}
+
+
 def json_id(text: Any) -> Any:
     """A job id as Slurm's ``--json`` gives one: an integer (``"12"`` -> 12); an id
     that is no number (a collapsed array such as ``15_[1-9]``) stays as it is."""
@@ -638,10 +709,13 @@ def json_id(text: Any) -> Any:
 
 def slurm_job_json(j: dict[str, Any], now: float) -> dict[str, Any]:
     """A job view under Slurm's ``--json`` key names (the fields MTGPU has): ``job_id``
-    is the job's number, for an array task its own (its ``SLURM_JOB_ID``), as Slurm's."""
+    is the job's number, for an array task its own (its ``SLURM_JOB_ID``), as Slurm's;
+    ``job_state`` one word; ``array_job_id`` 0 outside an array; ``exit_code`` the
+    wait status (``exit 3``: 768, a SIGSEGV: 11), as Slurm 22.05's openapi v0.0.38."""
+    status, sig = exit_pair(j)
     return {
         "job_id": json_id(j.get("numeric_id") or j["job_id"]),
-        "array_job_id": json_id(j.get("array_id")),
+        "array_job_id": json_id(j.get("array_id")) or 0,
         "array_task_id": j.get("array_task"),
         "name": j["name"],
         "user_name": j["user"],
@@ -659,7 +733,7 @@ def slurm_job_json(j: dict[str, Any], now: float) -> dict[str, Any]:
         "start_time": int(j.get("start_time") or 0),
         "end_time": int(j.get("end_time") or 0),
         "run_time": int(run_time(j, now)),
-        "exit_code": j.get("exit_code"),
+        "exit_code": (status << 8) | sig,
         "current_working_directory": j.get("workdir"),
         "standard_output": j.get("stdout"),
         "standard_error": j.get("stderr"),
