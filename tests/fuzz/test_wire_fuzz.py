@@ -24,11 +24,11 @@ import socket
 import asyncssh
 import psutil
 import pytest
-from figures import tally
+from figures import highest, tally
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mtgpu_testing import Host
-from security_testing import api_socket
+from security_testing import Tenant, Witness, api_socket
 
 from mtgpu.config.units import MAX_SIZE
 from mtgpu.schedd.jobfile import DIRECTIVES
@@ -154,8 +154,14 @@ def target():
     sock = api_socket(h.run_dir, uid)
     global WATCH
     WATCH = Watch(h, "bystander", other)
-    yield h, key, uid, sock.makefile("rwb")
-    WATCH.check(login=True)
+    # Another tenant logs in with OpenSSH one login after another for the whole run,
+    # each within LOGIN_BOUND (its figures go to the closing report).
+    bystander = Tenant("bystander", int(h.passwd("bystander")[2]), other, h.homes / "bystander")
+    with Witness(h, bystander, bound=LOGIN_BOUND, label="the wire fuzzing"):
+        yield h, key, uid, sock.makefile("rwb")
+        WATCH.check(login=True)
+    grown = psutil.Process(h._server_pid()).memory_info().rss - WATCH.rss0
+    highest("fuzz_daemon_rss_growth_mib", grown >> 20)
     sock.close()
     with api_socket(h.run_dir, 0) as s:  # what the fuzzing submitted, if anything
         f = s.makefile("rwb")
