@@ -31,6 +31,8 @@ LEADER_OPS = frozenset(
         "job.cancel",
         "job.hold",
         "job.release",
+        "job.requeue",
+        "job.update",
         "nodes",
         "node.drain",
         "node.undrain",

@@ -20,7 +20,7 @@ from mtgpu.config import Options
 from mtgpu.config.options import MAX_JOB_SCRIPT
 from mtgpu.errors import ApiError, JobError, MtgpuError, ValidationError
 from mtgpu.jobspec import spec_to_dict
-from mtgpu.jobstate import FINAL_STATES, PENDING
+from mtgpu.jobstate import FINAL_STATES, PENDING, RUNNING
 from mtgpu.jsonl import Page
 from mtgpu.schedd import submitkeys
 from mtgpu.schedd.agent import job_output_paths
@@ -938,6 +938,64 @@ def register(d: Dispatcher, host: JobHost) -> None:
         """Release held jobs, so that the queue considers them."""
         return await set_held(caller, args, False)
 
+    def own_tasks(caller: Caller, ids: list[Any], what: str) -> tuple[list[str], list[str]]:
+        """The jobs (an array's id: its tasks) that ``ids`` name, and the ids naming none."""
+        if not 0 < len(ids) <= MAX_CANCEL_IDS:
+            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs to {what}")
+        targets, missing = [], []
+        for raw in ids:
+            tasks = [j for j in host.jobs.tasks_of(str(raw)) if _own(caller, j)]
+            if not tasks:
+                missing.append(str(raw))
+            targets += [t["job_id"] for t in tasks]
+        return targets, missing
+
+    async def requeue(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Put running jobs back in the queue (admins): each runs again from its start,
+        as Slurm's ``scontrol requeue``."""
+        targets, missing = own_tasks(caller, arg(args, "job_ids", list), "requeue")
+        reason = " ".join(arg(args, "reason", str, "").split())[:500]
+        why = f"requeued by {caller.name}" + (f": {reason}" if reason else "")
+        requeued: list[str] = []
+        not_running: list[str] = []
+        for jid in targets:
+            rec = host.jobs.record(jid)
+            if rec is None or rec.state != RUNNING or rec.cancel_requested:
+                not_running.append(jid)
+                continue
+            r = await host.replicate(host.jobs.requeue, jid, why, time.time(), rec.attempt)
+            (not_running if r.get("error") else requeued).append(jid)
+        host.scheduler.kick()
+        return {"requeued": requeued, "not_running": not_running, "not_found": missing}
+
+    async def update(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Change pending jobs' time limit or priority (admins), as Slurm's ``scontrol
+        update JobId=N TimeLimit=... Priority=...``."""
+        from mtgpu.jobspec import MAX_PRIORITY, MIN_PRIORITY
+        from mtgpu.schedd.timefmt import parse_time_limit
+
+        targets, missing = own_tasks(caller, arg(args, "job_ids", list), "update")
+        changes: dict[str, Any] = {}
+        if "time_limit" in args:
+            try:
+                changes["time_limit"] = parse_time_limit(arg(args, "time_limit", str))
+            except ValueError as exc:
+                raise ValidationError(f"time_limit: {exc}") from None
+        if "priority" in args:
+            prio = arg(args, "priority", int)
+            if not MIN_PRIORITY <= prio <= MAX_PRIORITY:
+                raise ValidationError(f"priority: {prio} is not {MIN_PRIORITY} to {MAX_PRIORITY}")
+            changes["priority"] = prio
+        if not changes:
+            raise ValidationError("nothing to change: give time_limit and/or priority")
+        r = await host.replicate(host.jobs.update, targets, changes)
+        for jid in r["changed"]:
+            # Queued again, at its new priority and with its new limit (the queue keeps
+            # what a job had when it was queued).
+            host.scheduler.queue.remove(jid)
+        host.scheduler.kick()
+        return {**r, "not_found": missing, "changes": changes}
+
     d.register("job.submit", submit)
     d.register("job.usage", usage_)
     d.register("job.hold", hold, audit=True)  # audited when an admin holds another's job
@@ -945,4 +1003,6 @@ def register(d: Dispatcher, host: JobHost) -> None:
     d.register("job.list", list_)
     d.register("job.show", show)
     d.register("job.cancel", cancel, audit=True)  # audited when an admin cancels
+    d.register("job.requeue", requeue, admin=True, audit=True)
+    d.register("job.update", update, admin=True, audit=True)
     d.register("nodes", nodes)

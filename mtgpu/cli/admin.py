@@ -107,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
         hr.add_argument(
             "job_ids", nargs="+", metavar="JOBID", help="jobs (an array's id: all its pending tasks)"
         )
+    rq = sub.add_parser("requeue", help="put any tenant's running jobs back in the queue, to run again")
+    add_common(rq)
+    rq.add_argument("job_ids", nargs="+", metavar="JOBID", help="jobs (an array's id: all its running tasks)")
+    rq.add_argument("--reason", default="", help="why; the job's owner sees it with the job")
+    up = sub.add_parser("update", help="change pending jobs' time limit or priority")
+    add_common(up)
+    up.add_argument("job_ids", nargs="+", metavar="JOBID", help="jobs (an array's id: all its pending tasks)")
+    up.add_argument(
+        "-t",
+        "--time-limit",
+        dest="time_limit",
+        help="the new limit, as sbatch's --time (2:00:00, 90, UNLIMITED)",
+    )
+    up.add_argument("--priority", type=int, help="the new priority, 0 to 100 (default 50)")
     aud = sub.add_parser("audit", help="admin actions: who did what, when, with which arguments")
     add_common(aud)
     aud.add_argument(
@@ -179,6 +193,8 @@ EXAMPLES = {
     "cancel": 'sudo mtgpu-admin cancel 2 --reason "runs on the wrong dataset"',
     "hold": "sudo mtgpu-admin hold 42 43",
     "release": "sudo mtgpu-admin release 42",
+    "requeue": 'sudo mtgpu-admin requeue 42 --reason "gpu01 is going down"',
+    "update": "sudo mtgpu-admin update 42 --time-limit 4:00:00\nsudo mtgpu-admin update 42 43 --priority 90",
     "audit": "sudo mtgpu-admin audit\nsudo mtgpu-admin audit --action node --json -n 1",
     "logs": "sudo mtgpu-admin logs -n 20\nsudo mtgpu-admin logs --level ERROR --node gpu02",
     "cluster": "sudo mtgpu-admin cluster status",
@@ -235,6 +251,31 @@ def _dispatch(args: argparse.Namespace) -> int:
         for line in err:
             print(f"mtgpu-admin: {line}", file=sys.stderr)
         return rc
+    elif args.cmd == "requeue":
+        r = api.call("job.requeue", job_ids=args.job_ids, reason=args.reason or None)
+        out = [f"Requeued job {jid}" for jid in r["requeued"]]
+        err = [f"job {jid} is not running" for jid in r["not_running"]]
+        err += [f"no job {jid}" for jid in r["not_found"]]
+        emit(args, r, "\n".join(out) or None)
+        for line in err:
+            print(f"mtgpu-admin: {line}", file=sys.stderr)
+        return 1 if err else 0
+    elif args.cmd == "update":
+        if args.time_limit is None and args.priority is None:
+            raise ValidationError("nothing to change: give --time-limit and/or --priority")
+        changes: dict[str, Any] = {}
+        if args.time_limit is not None:
+            changes["time_limit"] = args.time_limit
+        if args.priority is not None:
+            changes["priority"] = args.priority
+        r = api.call("job.update", job_ids=args.job_ids, **changes)
+        out = [f"Updated job {jid}" for jid in r["changed"]]
+        err = [f"job {jid} is no longer pending" for jid in r["not_pending"]]
+        err += [f"no job {jid}" for jid in r["not_found"]]
+        emit(args, r, "\n".join(out) or None)
+        for line in err:
+            print(f"mtgpu-admin: {line}", file=sys.stderr)
+        return 1 if err else 0
     elif args.cmd == "audit":
         if args.limit < 0:
             raise ValidationError("--limit must be 0 (all) or more")

@@ -593,6 +593,27 @@ class JobTable(SyncObjConsumer):
             self.pending_version += 1
         return {"changed": changed, "not_pending": not_pending}
 
+    @replicated
+    def update(self, job_ids: list[str], changes: dict[str, Any]) -> dict[str, Any]:
+        """Change pending jobs' ``time_limit`` (seconds, None: none) and/or
+        ``priority`` (an admin's ``mtgpu-admin update``). Jobs no longer pending are in
+        ``not_pending``: a running job's limit is its member's to enforce since it
+        started."""
+        changes = {k: v for k, v in changes.items() if k in ("time_limit", "priority")}
+        changed, not_pending = [], []
+        for jid in job_ids:
+            j = self.jobs.get(jid)
+            if j is None:
+                continue
+            if j["state"] != PENDING:
+                not_pending.append(jid)
+            elif changes:
+                self._put({**j, "spec": {**j["spec"], **changes}})
+                changed.append(jid)
+        if changed:
+            self.pending_version += 1
+        return {"changed": changed, "not_pending": not_pending}
+
     def _old_part_over(self, j: dict[str, Any], node: str) -> None:
         old = j["old_run"]
         left = [m for m in old["members"] if m != node]

@@ -297,3 +297,45 @@ def test_every_admin_command_answers_json(pair, capsys):
     assert "user.list" not in actions and "audit" not in actions  # reads are not actions
     for argv in (("user", "list"), ("audit",), ("cluster", "status"), ("jobs", "--all")):
         assert admin_here(b, capsys, *argv).strip()  # readable tables too
+
+
+def test_an_admin_requeues_a_running_job_and_updates_a_pending_ones_limit_and_priority(pair):
+    """``mtgpu-admin requeue`` puts any tenant's running job back in the queue (it runs
+    again, attempt 2); ``update`` changes a pending job's time limit and priority and
+    refuses a running one's; a tenant cannot use either; both are audited."""
+    a = pair.alpha
+    key = a.add_user("rhea")
+    running = submit(a, "rhea", key, "#!/bin/bash\n#MTGPU cpus=1 ram=10M\nsleep 300\n")
+    waiting = submit(
+        a,
+        "rhea",
+        key,
+        f"#!/bin/bash\n#SBATCH --dependency=afterok:{running} -t 10\n#MTGPU cpus=1 ram=10M\ntrue\n",
+    )
+    try:
+        wait_job(a, running, lambda j: j["state"] == "RUNNING", "RUNNING")
+        r = a.admin("update", waiting, "--time-limit", "2:00:00", "--priority", "90")
+        assert r.stdout.strip() == f"Updated job {waiting}", r.stdout + r.stderr
+        j = wait_job(a, waiting, lambda j: j["state"] == "PENDING", "PENDING")
+        assert (j["time_limit"], j["priority"]) == (7200, 90), j
+        r = a.admin("update", running, "--priority", "10", check=False)
+        assert r.returncode == 1 and f"mtgpu-admin: job {running} is no longer pending" in r.stderr
+        r = a.admin("update", waiting, "--priority", "101", check=False)
+        assert r.returncode != 0 and "0 to 100" in r.stderr, r.stderr
+        refused = a.ssh("rhea", key, "mtgpu-admin", "requeue", running)
+        assert refused.returncode != 0 and b"admin" in refused.stderr, refused.stderr
+        r = a.admin("requeue", running, "--reason", "moving it")
+        assert r.stdout.strip() == f"Requeued job {running}", r.stdout + r.stderr
+        j = wait_job(
+            a, running, lambda j: j["state"] == "RUNNING" and j["requeues"] == 1, "its second run", 60
+        )
+        assert j["requeue_reason"] == "requeued by root: moving it", j
+        r = a.admin("requeue", waiting, check=False)
+        assert r.returncode == 1 and f"mtgpu-admin: job {waiting} is not running" in r.stderr
+    finally:
+        a.admin("cancel", running, waiting)
+    audit = [
+        (e["action"], e["args"]) for e in json.loads(a.admin("audit", "--action", "job", "--json").stdout)
+    ]
+    assert ("job.update", {"job_ids": [waiting], "time_limit": "2:00:00", "priority": 90}) in audit, audit
+    assert ("job.requeue", {"job_ids": [running], "reason": "moving it"}) in audit, audit

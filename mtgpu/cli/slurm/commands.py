@@ -625,7 +625,7 @@ def scontrol_main(argv: list[str] | None = None) -> int:
     if args.verb != "show":
         print(
             f"scontrol: error: `{args.verb}` is not available in MTGPU; use `show job|node`, "
-            "`hold`, `release`, `mt-job cancel`, or `mtgpu-admin` for an admin's changes",
+            "`hold`, `release`, `mt-job cancel`, or an admin's `mtgpu-admin requeue|update`",
             file=sys.stderr,
         )
         return 1
