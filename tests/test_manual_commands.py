@@ -18,7 +18,10 @@ number, runs of spaces for any spaces and ``...`` for anything; ``/etc/mtgpu/mtg
 stands for the host's configuration file. A command exits 0, unless the output shown
 for it is its own error line (``mtgpu-server: ...``). A ``$ cat FILE`` line followed
 by the file's lines writes that file first (in ``as=alice``, in her home and on "the
-laptop", where its ``ssh`` lines run).
+laptop", where its ``ssh`` lines run). A job id the manual shows as given (``Submitted
+job 12``, or ``12`` alone from ``--parsable``) stands, in the commands after it (in
+that block and the later ones: the blocks run in the manual's order, on one daemon),
+for the id the daemon gave.
 
 The host is named gpu01 and has two simulated rtx4090 cards, as the manual's are, and
 16 CPUs for the scheduler (SIMULATED_CPUS).
@@ -136,7 +139,7 @@ def matches_in_order(expected: list[str], actual: list[str], ids: dict[str, str]
 
     A job id the manual shows as given (``Submitted job 12``, ``Submitted batch job
     12``, or ``12`` alone, as ``--parsable`` prints it) is recorded in ``ids`` with the
-    id the daemon gave, for the block's later commands.
+    id the daemon gave, for the later commands.
     """
     rest = iter(line.strip() for line in actual)
     for want in expected:
@@ -197,11 +200,16 @@ def _write(block: Block, step: Step, host: Host, key: Path, work: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+#: The job ids the manual showed as given, with those the daemon gave: a block goes on
+#: with the jobs of the blocks before it (the examples run in the manual's order).
+JOB_IDS: dict[str, str] = {}
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("block", RUN, ids=[f"manual.md:{b.line}" for b in RUN])
 def test_the_manual_example_works_as_shown(block: Block, gpu01: tuple[Host, Path, Path]) -> None:
     host, key, work = gpu01
-    ids: dict[str, str] = {}
+    ids = JOB_IDS
     for step in block.steps:
         if re.fullmatch(r"cat \S+", step.command) and step.output:
             _write(block, step, host, key, work)
