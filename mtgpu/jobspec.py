@@ -92,7 +92,7 @@ class ResourceRequest:
             vram = f" with {format_size(self.vram)} VRAM each" if self.vram else ""
             bits.append(f"{self.gpus} {kind}GPU{'s' if self.gpus > 1 else ''}{vram} ({self.gpu_mode})")
         bits.append(f"{self.cpus} CPU{'s' if self.cpus != 1 else ''}")
-        bits.append(f"{format_size(self.ram)} RAM")
+        bits.append(f"{format_size(self.ram)} RAM" if self.ram else "all its RAM")  # ram 0: --mem=0
         where = f"on each of {self.nodes} members" if self.nodes > 1 else "on one member"
         if self.whole_member:
             where = f"on each of {self.nodes} whole members" if self.nodes > 1 else "on one whole member"

@@ -689,7 +689,9 @@ def member_fits(
         gpu_mode=mode,
         vram=member.vram_per_gpu,
         cpus=member.cpus,
-        ram=member.ram,
+        # A whole member's RAM, all given to the job (--mem=0), is free when the member
+        # is: measured use by the system never makes it not fit.
+        ram=0 if whole and member.ram >= layout.ram_total[i] else member.ram,
         whole_member=whole,
     )
     c = Check(layout, use, req, {i: tuple(by_index[x] for x in member.gpu_indices)})

@@ -494,13 +494,27 @@ def expand_output_pattern(
 
 
 def _sbatch_mem(value: str) -> str:
-    # Slurm reads a bare --mem as megabytes.
+    # Slurm reads a bare --mem as megabytes (--mem=0: all of each member's, see _ram).
     v = value.strip()
     if re.fullmatch(r"\d+", v):
-        if int(v) == 0:
-            raise ValueError("--mem=0 (all of a node's memory) is not supported")
         return v + "M"
     return v
+
+
+#: ``ram`` for "all of each member's memory" (sbatch's ``--mem=0``).
+ALL_RAM = 0
+
+
+def _ram(value: str) -> int:
+    """A job's RAM per member; a zero size (sbatch's ``--mem=0``) is :data:`ALL_RAM`:
+    as in Slurm, the job gets all of each member's memory (so it holds its members
+    whole: no other job could get memory there)."""
+    try:
+        if parse_size(value.strip()) == 0:
+            return ALL_RAM
+    except ValueError:
+        pass
+    return _size(value)
 
 
 def _sbatch_gres(value: str) -> str:
@@ -785,7 +799,7 @@ def _build(
     else:
         cpus = max(DEFAULT_CPUS, tasks)
     cpus = max(cpus, get("mincpus", _positive_int, 1))
-    ram = get("ram", _size, DEFAULT_RAM)
+    ram = get("ram", _ram, DEFAULT_RAM)
     if "ram_per_cpu" in raw:
         ram = get("ram_per_cpu", _size, 0) * cpus
     elif "ram_per_gpu" in raw:
@@ -808,7 +822,7 @@ def _build(
         servers=servers,
         exclude=get("exclude", expand_hostlist, ()),
         constraint=get("constraint", _constraint, None),
-        whole_member=get("exclusive", _exclusive, False),
+        whole_member=get("exclusive", _exclusive, False) or ram == ALL_RAM,
     )
     array = get("array", lambda v: (v.strip(), parse_array(v)), None)
     workdir = get("workdir", _text, default_workdir)

@@ -404,9 +404,9 @@ class Plan:
                 rank=rank,
                 gpu_indices=tuple(layout.gpu_index[g] for g in chosen),
                 # A whole member's CPUs are all the job's, as in Slurm; RAM and GPUs
-                # are what it asked for.
+                # are what it asked for (ram 0, sbatch's --mem=0: all of the member's).
                 cpus=layout.cpus[i] if req.whole_member else req.cpus,
-                ram=req.ram,
+                ram=req.ram or layout.ram_total[i],
                 vram_per_gpu=req.vram,
                 scores=score_node(layout, use, i, req, chosen, match, seed, detail=True)[1],
             )

@@ -677,3 +677,15 @@ def test_sinfo_cpus_summary_long_nodes_and_scontrol_allocs_of_a_running_job(host
         assert lines[2].split()[3:5] == ["mixed", "8"], out
     finally:
         run(host, "sam", "scancel", jid)
+
+
+def test_mem_0_gives_the_job_all_of_its_members_memory(host) -> None:
+    """``sbatch --mem=0``: all of the member's memory, as Slurm's (it was refused):
+    the job is allocated the member's RealMemory and holds the member whole."""
+    rc, out, err = run(host, "sam", "scontrol", "-o", "show", "node")
+    real = int(dict(f.split("=", 1) for f in out.split())["RealMemory"])
+    jid = sbatch(host, "sam", "#!/bin/sh\ntrue\n", "--mem=0")
+    j = wait_end(host, "sam", jid)
+    assert j["state"] == "COMPLETED" and j["alloc_ram"] >> 20 == real, j
+    rc, out, err = run(host, "sam", "scontrol", "-o", "show", "job", jid)
+    assert "MinMemoryNode=0" in out and "OverSubscribe=NO" in out, out

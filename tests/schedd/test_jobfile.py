@@ -132,6 +132,15 @@ def test_later_directive_of_the_same_kind_wins() -> None:
     assert parse("#MTGPU cpus=2", "#MTGPU cpus=8").request.cpus == 8
     assert parse("#SBATCH -c 2", "#SBATCH -c 4").request.cpus == 4
     assert parse("#SBATCH --mem=1G", "#SBATCH --mem=3G").request.ram == 3 * G
+
+
+def test_mem_0_asks_for_all_of_each_members_memory_as_slurm() -> None:
+    """sbatch's --mem=0 (and 0G, mt-job's --mem 0): all of each member's memory, so
+    the job holds its members whole; it was refused."""
+    for directive in ("#SBATCH --mem=0", "#SBATCH --mem=0G", "#MTGPU ram=0"):
+        req = parse(directive).request
+        assert (req.ram, req.whole_member) == (0, True), directive
+    assert "all its RAM" in parse("#SBATCH --mem=0").request.describe()
     # The same setting in both kinds of line, with the same value, is no conflict.
     assert parse("#SBATCH -c 4", "#MTGPU cpus=4").request.cpus == 4
     assert parse("#MTGPU gpus=2", "#SBATCH --gpus=2").request.gpus == 2
@@ -452,7 +461,7 @@ def test_override_error_names_the_command_line() -> None:
             r"line 2: #MTGPU vram=20: '20' has no unit; expected a size per GPU with a unit",
         ),
         ("#MTGPU gpus=1 vram=20X", r"line 2: #MTGPU vram=20X: '20X' is not a size; expected"),
-        ("#MTGPU ram=0", r"line 2: #MTGPU ram=0: .*not a positive size; expected a size per member"),
+        ("#MTGPU ram=-1G", r"line 2: #MTGPU ram=-1G: .*expected a size per member"),
         ("#MTGPU ram=32", r"has no unit"),
         ("#MTGPU cpus=0", r"line 2: #MTGPU cpus=0: .*expected a whole number of CPUs"),
         ("#MTGPU cpus=two", r"line 2: #MTGPU cpus=two: "),
@@ -476,7 +485,7 @@ def test_override_error_names_the_command_line() -> None:
         ("#MTGPU gpuz=1", r"line 2: #MTGPU gpuz=1: unknown directive 'gpuz'; did you mean gpus\?"),
         ("#MTGPU colour=red", r"unknown directive 'colour'; expected one of gpus, gpu_mode"),
         ('#MTGPU name="open', r"line 2: #MTGPU: .*close the quote"),
-        ("#SBATCH --mem=0", r"line 2: #SBATCH --mem=0: .*not supported; expected a size per member"),
+        ("#SBATCH --mem-per-cpu=0", r"line 2: #SBATCH --mem-per-cpu=0: .*not a positive size"),
         ("#SBATCH --mem=lots", r"line 2: #SBATCH --mem=lots: .*expected a size"),
         ("#SBATCH --mem", r"line 2: #SBATCH --mem: needs a value; expected --mem=VALUE"),
         ("#SBATCH -c zero", r"line 2: #SBATCH -c zero: .*expected a whole number of CPUs"),

@@ -756,6 +756,17 @@ def test_nothing_is_placed_on_a_member_held_whole_until_its_job_is_released() ->
     assert isinstance(place(plan, job("g", gpus=1)), Placement)
 
 
+def test_mem_0_gets_all_of_a_whole_members_ram_and_its_placement_still_fits() -> None:
+    """sbatch's --mem=0 (ram 0, held whole): the member's RAM is all the job's (its
+    memory limit), though the system uses some of it; nothing fits beside it."""
+    plan = Plan(ClusterSnapshot(nodes=(node("a", gpus(2), ram=64, ram_used=3),)))
+    got = place(plan, job("m", ram=0, whole_member=True))
+    assert isinstance(got, Placement) and got.members[0].ram == 64 * G, got
+    assert plan.fits(got)
+    plan.commit(got)
+    assert isinstance(explain(plan, job("c", cpus=1)), Reason)
+
+
 def test_a_whole_member_survives_the_round_trip_through_the_snapshot() -> None:
     from mtgpu.jobspec import placement_from_dict
 
