@@ -80,10 +80,13 @@ def containers_enabled(config: Path) -> bool:
     return isinstance(c, dict) and c.get("enabled") is True
 
 
-def missing(config: Path, *, python: str, venv_check: str) -> list[OsPackage]:
-    """What this host lacks (podman only where the configuration turns workspaces on)."""
+def missing(config: Path, *, python: str, venv_check: str, containers: bool | None = None) -> list[OsPackage]:
+    """What this host lacks (podman only where the configuration turns workspaces on:
+    ``containers``, or read from ``config`` where PyYAML is there to read it)."""
     root = host_root()
-    wanted = [p for p in OS_PACKAGES if p.command != "podman" or containers_enabled(config)]
+    if containers is None:
+        containers = containers_enabled(config)
+    wanted = [p for p in OS_PACKAGES if p.command != "podman" or containers]
     out = [p for p in wanted if not have(p.command, root)]
     if run([python, "-c", venv_check], check=False).returncode != 0:
         out.append(VENV)
@@ -91,11 +94,17 @@ def missing(config: Path, *, python: str, venv_check: str) -> list[OsPackage]:
 
 
 def ensure(
-    config: Path, *, skip: bool, python: str, venv_check: str, say: Callable[[str], None]
+    config: Path,
+    *,
+    skip: bool,
+    python: str,
+    venv_check: str,
+    say: Callable[[str], None],
+    containers: bool | None = None,
 ) -> tuple[list[OsPackage], str]:
     """Install what is missing with apt-get where it can; return what is still missing
     and why it could not be installed."""
-    lacking = missing(config, python=python, venv_check=venv_check)
+    lacking = missing(config, python=python, venv_check=venv_check, containers=containers)
     if not lacking:
         return [], ""
     if skip:
@@ -114,4 +123,4 @@ def ensure(
         proc = run(argv, env=env, check=False, timeout=None)
     last = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
     why = f"apt-get could not install them (no package mirror answered: {last[-1] if last else 'no output'})"
-    return missing(config, python=python, venv_check=venv_check), why
+    return missing(config, python=python, venv_check=venv_check, containers=containers), why

@@ -362,6 +362,8 @@ def stage_one(args: argparse.Namespace) -> int:
         argv.append("--no-start")
     if args.restart:
         argv.append("--restart")
+    if args.skip_os_packages:
+        argv.append("--skip-os-packages")
     argv += ["--source-root", str(root)]
     if without:
         argv += ["--without", ",".join(without)]
@@ -409,6 +411,19 @@ def stage_two(args: argparse.Namespace) -> int:
         else "no C compiler: job supervisors fork their jobs (slower starts)"
     )
     if options.containers.enabled and os.geteuid() == 0:
+        if not ospackages.have("podman"):
+            # The first stage reads the configuration with the system Python, which
+            # may lack PyYAML: podman for the workspaces it turns on is asked for here.
+            still, why = ospackages.ensure(
+                config,
+                skip=args.skip_os_packages,
+                python=SYSTEM_PYTHON,
+                venv_check="import venv",
+                say=say,
+                containers=True,
+            )
+            if still:
+                say(f"podman is missing ({why}): container workspaces do not work until it is installed")
         podman_check(argparse.Namespace(config=str(config), fix=True))  # workspaces' host needs
     kept: set[str] = set()
     for name in linked_scripts():
