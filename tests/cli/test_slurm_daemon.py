@@ -105,10 +105,20 @@ def test_a_failing_step_fails_the_job_with_its_exit_code(host) -> None:
 
 def test_srun_outside_a_job_is_a_blocking_job_with_its_output_and_exit_code(host) -> None:
     rc, out, err = run(
-        host, "sam", "srun", "--mem=64", "sh", "-c", "echo out-$SLURM_PROCID; echo err >&2; exit 4"
+        host,
+        "sam",
+        "srun",
+        "--mem=64",
+        "sh",
+        "-c",
+        "echo out-$SLURM_PROCID job-$SLURM_JOB_ID; echo err >&2; exit 4",
     )
     assert rc == 4, err
     assert "out-0" in out and "err" in err
+    # Started at once (within srun's second): as Slurm's, srun says nothing of a queue.
+    j = show(host, "sam", out.split("job-")[1].split()[0])
+    if j["start_time"] - j["submit_time"] < 0.8:
+        assert "queued" not in err and "allocated resources" not in err, err
 
 
 def test_squeue_scontrol_scancel_main_paths_and_exit_codes(host) -> None:
