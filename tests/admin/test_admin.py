@@ -339,3 +339,21 @@ def test_an_admin_requeues_a_running_job_and_updates_a_pending_ones_limit_and_pr
     ]
     assert ("job.update", {"job_ids": [waiting], "time_limit": "2:00:00", "priority": 90}) in audit, audit
     assert ("job.requeue", {"job_ids": [running], "reason": "moving it"}) in audit, audit
+
+
+def test_an_admins_new_priority_moves_a_pending_job_in_the_queue(pair):
+    """Two jobs wait behind one holding every CPU; raising the second's priority with
+    ``mtgpu-admin update`` puts it first in line (the queue takes the job again at
+    its new priority)."""
+    a = pair.alpha
+    key = a.add_user("pia")
+    full = submit(a, "pia", key, "#!/bin/bash\n#MTGPU cpus=4 ram=10M\nsleep 300\n")
+    wait_job(a, full, lambda j: j["state"] == "RUNNING", "RUNNING")
+    first, second = (submit(a, "pia", key, "#!/bin/bash\n#MTGPU cpus=1 ram=10M\ntrue\n") for _ in range(2))
+    try:
+        wait_job(a, second, lambda j: j.get("position") == 2, "second in line")
+        a.admin("update", second, "--priority", "90")
+        wait_job(a, second, lambda j: j.get("position") == 1, "first in line after the update")
+        assert wait_job(a, first, lambda j: True, "listed").get("position") == 2
+    finally:
+        a.admin("cancel", full, first, second)
