@@ -308,6 +308,72 @@ def load(
 # ========================================================================= replay
 
 
+#: What one calibration slice takes at the reference speed (CPU-seconds): the
+#: normalised figures are CPU-seconds on a CPU that runs the slice in this time.
+CAL_REF = 0.001
+#: A slice: decoding and encoding a report line this many times (about half of it)...
+CAL_ROUNDS = 12
+#: ... and reading this many of a thousand members' reports, in a shuffled order.
+CAL_TOUCH = 80
+#: Slices whose median gives the current speed.
+CAL_WINDOW = 9
+
+
+class Calibration:
+    """The CPU's speed as this process sees it now, from a fixed piece of work.
+
+    On a shared machine the same instructions take more or less CPU time as the
+    other tenants of the core change (their caches, SMT siblings, the host's clock):
+    replays of one recording differed by up to 40 % on the 2-vCPU VM, their median
+    event as much as their mean. A slice of fixed work (decoding a member's report
+    line and reading its GPU entries into tuples: stdlib and this file only, so that
+    no change to MTGPU changes it) runs before every placement pass; each event's
+    CPU time is scaled by ``CAL_REF`` over the median of the last ``CAL_WINDOW``
+    slices. The raw figures are reported beside the scaled ones."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        rng = random.Random(0)
+        self.line = _j(
+            {"op": "node.report", "args": {"inventory": _report_args(rng, "cal", 0, [(0, 0)] * GPUS, 0.0)}}
+        )
+        # A working set the size of the scheduler's (a thousand members' reports), so
+        # that the slice meets the caches the replay meets, not only the core.
+        self.heap = [
+            _report_args(rng, f"c{i:04d}", i % len(KINDS), [(300 << 20, 0)] * GPUS, 0.0) for i in range(1000)
+        ]
+        self.order = list(range(len(self.heap)))
+        rng.shuffle(self.order)
+        self.pos = 0
+        self.recent: deque[float] = deque(maxlen=CAL_WINDOW)
+        self.slices: list[float] = []
+
+    def slice(self) -> float:
+        t0 = time.thread_time()
+        for _ in range(CAL_ROUNDS):
+            d = json.loads(self.line)["args"]["inventory"]
+            json.dumps(d, separators=(",", ":"))
+        free = 0
+        for _ in range(CAL_TOUCH):
+            inv = self.heap[self.order[self.pos]]
+            self.pos = (self.pos + 1) % len(self.order)
+            gpus = tuple(
+                (int(g["index"]), str(g["type"]), int(g["vram_total"]), int(g["vram_used"]))
+                for g in inv["gpus"]
+            )
+            seen = {g[0]: g for g in gpus}
+            free += sum(g[2] - g[3] for g in sorted(seen.values(), key=lambda g: (g[3], -g[0])))
+        took = time.thread_time() - t0
+        self.recent.append(took)
+        self.slices.append(took)
+        return took
+
+    def factor(self) -> float:
+        v = sorted(self.recent)
+        return CAL_REF / v[len(v) // 2] if v else 1.0
+
+
 class Channel:
     """One member's peer channel to the scheduler, in memory: request lines go in,
     the daemon's ``serve_lines`` answers them."""
@@ -338,6 +404,10 @@ class Channel:
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _sys() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 class Host:
@@ -529,6 +599,13 @@ async def replay(path: Path, state_dir: str) -> dict[str, Any]:
         # ---------------------------------------------------------------- the events
         kinds = ("report", "submit", "pass", "start", "end")
         cpu = {k: 0.0 for k in kinds}
+        scaled = {k: 0.0 for k in kinds}  # CPU at the reference speed (Calibration)
+        system = {k: 0.0 for k in kinds}  # of cpu, in the kernel
+        cal = Calibration()
+        cal_cpu = 0.0
+        for _ in range(CAL_WINDOW):
+            cal.slice()
+        each: dict[str, list[float]] = {k: [] for k in kinds}  # per event, measured window
         thread = {k: 0.0 for k in kinds}
         count = {k: 0 for k in kinds}
         warm_count = {k: 0 for k in kinds}
@@ -596,13 +673,20 @@ async def replay(path: Path, state_dir: str) -> dict[str, Any]:
             if not measured and head["t"] >= 0:
                 measured = True
                 warm_count = dict(count)
+                cal.slices.clear()
+                cal_cpu = 0.0
                 for k in kinds:
-                    cpu[k] = thread[k] = 0.0
+                    cpu[k] = thread[k] = scaled[k] = system[k] = 0.0
                     count[k] = 0
                 placed = end_parts = 0
                 total0, thread0, wall0 = _cpu(), time.thread_time(), time.perf_counter()
             kind = head["k"]
-            c0, th0 = _cpu(), time.thread_time()
+            if kind == "pass":
+                c0 = _cpu()
+                cal.slice()
+                cal_cpu += _cpu() - c0
+            speed = cal.factor()
+            c0, th0, s0 = _cpu(), time.thread_time(), _sys()
             if kind == "report":
                 ans = await channels[head["m"]].ask(line or b"")
                 if not ans.get("ok"):
@@ -620,20 +704,29 @@ async def replay(path: Path, state_dir: str) -> dict[str, Any]:
                     end_parts += await end_tasks(ids_of(head["n"]))
             else:
                 raise ValueError(f"unknown event {kind!r}")
-            cpu[kind] += _cpu() - c0
+            took = _cpu() - c0
+            cpu[kind] += took
+            scaled[kind] += took * speed
+            system[kind] += _sys() - s0
+            if measured:
+                each[kind].append(took)
             thread[kind] += time.thread_time() - th0
             count[kind] += 1
             replayed += 1
             if started:  # the members record the parts the pass started
-                c0, th0 = _cpu(), time.thread_time()
+                c0, th0, s0 = _cpu(), time.thread_time(), _sys()
                 await apply_starts()
+                system["start"] += _sys() - s0
                 cpu["start"] += _cpu() - c0
+                scaled["start"] += (_cpu() - c0) * speed
                 thread["start"] += time.thread_time() - th0
             if deferred and kind == "pass":  # ends that came before their job was placed
                 again, deferred[:] = list(deferred), []
-                c0, th0 = _cpu(), time.thread_time()
+                c0, th0, s0 = _cpu(), time.thread_time(), _sys()
                 end_parts += await end_tasks(again)
+                system["end"] += _sys() - s0
                 cpu["end"] += _cpu() - c0
+                scaled["end"] += (_cpu() - c0) * speed
                 thread["end"] += time.thread_time() - th0
         total = _cpu() - total0
         total_thread = time.thread_time() - thread0
@@ -658,19 +751,40 @@ async def replay(path: Path, state_dir: str) -> dict[str, Any]:
             "jobs": len(jobs.jobs),
             "dispatch_requests": dispatch_lines[0],
             "cpu_s": {k: round(v, 4) for k, v in cpu.items()},
+            "scaled_cpu_s": {k: round(v, 4) for k, v in scaled.items()},
+            "system_cpu_s": {k: round(v, 4) for k, v in system.items()},
+            "calibration": {
+                "slices": len(cal.slices),
+                "cpu_s": round(cal_cpu, 4),
+                "slice_ms": _spread(cal.slices) if cal.slices else {},
+            },
+            # Per event (the process's CPU, ms): the median and the mean of the events
+            # below the 95th percentile (GC, a preemption's cold caches: the noise).
+            "event_ms": {k: _spread(v) for k, v in each.items() if v},
             "loop_thread_s": {k: round(v, 4) for k, v in thread.items()},
             "total_cpu_s": round(total, 3),
             "total_loop_thread_s": round(total_thread, 3),
-            "unattributed_cpu_s": round(total - sum(cpu.values()), 4),
+            "unattributed_cpu_s": round(total - sum(cpu.values()) - cal_cpu, 4),
             "wall_s": round(wall, 2),
         }
     finally:
         store.close()
 
 
-def figures(r: dict[str, Any]) -> dict[str, float]:
+def _spread(values: list[float]) -> dict[str, float]:
+    v = sorted(values)
+    cut = v[: max(1, int(len(v) * 0.95))]
+    return {
+        "median": round(v[len(v) // 2] * 1e3, 4),
+        "p95": round(v[min(len(v) - 1, int(len(v) * 0.95))] * 1e3, 4),
+        "mean_below_p95": round(sum(cut) / len(cut) * 1e3, 4),
+        "mean": round(sum(v) / len(v) * 1e3, 4),
+    }
+
+
+def figures(r: dict[str, Any], key: str = "cpu_s") -> dict[str, float]:
     """CPU-seconds per 1,000 reports, per 1,000 submissions, per pass, per 1,000 parts."""
-    c, n = r["cpu_s"], r["counts"]
+    c, n = r[key], r["counts"]
 
     def per(k: str, unit: int) -> float:
         return round(c[k] / n[k] * unit, 4) if n[k] else float("nan")
@@ -712,6 +826,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--record-only", action="store_true", help="write the recording and stop")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    ap.add_argument("--cpu", type=int, help="the CPU to pin to (default: the last one)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("mtgpu").setLevel(logging.WARNING)
@@ -731,10 +847,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.record_only:
             return 0
+        pinned = None
+        every = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        if not args.no_pin and every:
+            # One CPU for every thread (the loop, PySyncObj's tick, the parsers): the
+            # GIL passes between threads on one CPU, not across two.
+            pinned = args.cpu if args.cpu is not None else max(every)
+            os.sched_setaffinity(0, {pinned})
         t0 = time.perf_counter()
-        r = asyncio.run(replay(path, str(Path(tmp) / "state")))
+        try:
+            r = asyncio.run(replay(path, str(Path(tmp) / "state")))
+        finally:
+            if pinned is not None:
+                os.sched_setaffinity(0, every)
+        r["pinned_cpu"] = pinned
         r["run_wall_s"] = round(time.perf_counter() - t0, 2)
         r["figures"] = figures(r)
+        r["scaled_figures"] = figures(r, "scaled_cpu_s")
         r["machine"] = machine()
         if made is not None:
             r["recorded"] = made
