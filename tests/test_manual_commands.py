@@ -24,7 +24,8 @@ that block and the later ones: the blocks run in the manual's order, on one daem
 for the id the daemon gave.
 
 The host is named gpu01 and has two simulated rtx4090 cards, as the manual's are, and
-16 CPUs for the scheduler (SIMULATED_CPUS).
+16 CPUs for the scheduler (SIMULATED_CPUS); its file says ``ADMINS: []``, as an
+installed one does.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def blocks(text: str) -> list[Block]:
         else:
             options = dict(w.split("=", 1) for w in rest.split() if "=" in w)
         steps: list[Step] = []
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]  # a block in a list item
         i += 1
         while i < len(lines) and lines[i].strip() != "```":
-            line = lines[i]
+            line = lines[i].removeprefix(indent)
             if line.startswith("$ "):
                 steps.append(Step(line[2:]))
             elif steps:
@@ -160,7 +162,11 @@ def with_ids(command: str, ids: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def gpu01(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Path, Path]]:
-    config = {"SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}], "SIMULATED_CPUS": 16}
+    config = {
+        "SIMULATED_GPUS": [{"type": "rtx4090", "count": 2, "vram": "24G"}],
+        "SIMULATED_CPUS": 16,
+        "ADMINS": [],
+    }
     host = Host(config, name="gpu01")
     host.start()
     try:
