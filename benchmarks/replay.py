@@ -40,10 +40,13 @@ committed and answered, a pass until its placements are committed and its starts
 sent). The CPU of each kind of event is the process's own (``getrusage(RUSAGE_SELF)``,
 user + system, every thread: PySyncObj's tick thread, the job-file parsers) across the
 events of that kind; the event loop's own thread time (``time.thread_time``) is given
-beside it. Figures: CPU-seconds per 1,000 reports, per 1,000 submissions and per
-placement pass (its snapshot, placement, the commit of its placements and the sending
-of its starts); the members' starts and ends (log entries applied on the scheduler)
-per 1,000 parts.
+beside it. The process is pinned to one CPU (``--no-pin``: not). Each figure is also
+given scaled to a reference speed (see ``Calibration``: on a shared machine the same
+work takes more or less CPU time as the neighbours change). Figures: CPU-seconds per
+1,000 reports, per 1,000 submissions and per placement pass (its snapshot, placement,
+the commit of its placements and the sending of its starts); the members' starts
+per 1,000 parts and their ends per 1,000 end events (every part of one submission:
+log entries applied on the scheduler).
 
     python benchmarks/replay.py                       # 1,000 members, 60 s of traffic
     python benchmarks/replay.py --json
@@ -872,16 +875,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(r, indent=1))
     else:
-        f, n = r["figures"], r["counts"]
+        f, n, sc = r["figures"], r["counts"], r["scaled_figures"]
         print(
             f"replay {r['recording']['members']} members, {r['recording']['seconds']:g} s "
-            f"[{r['recording']['sha256']}]: {n['report']} reports {f['per_1000_reports']:.3f} CPU-s/1000, "
-            f"{n['submit']} submissions {f['per_1000_submissions']:.3f} CPU-s/1000, "
-            f"{n['pass']} passes {f['per_pass'] * 1e3:.2f} CPU-ms each ({r['placed']} placed), "
-            f"{n['start']} starts {f['per_1000_starts']:.3f} and {r['parts_ended']} part ends in {n['end']} events "
-            f"{f['per_1000_end_events']:.3f} CPU-s/1000; total {r['total_cpu_s']:.2f} CPU-s "
-            f"({r['unattributed_cpu_s']:+.3f} between events), replay {r['wall_s']:.1f} s wall, "
-            f"whole run {r['run_wall_s']:.1f} s; {r['machine']}"
+            f"[{r['recording']['sha256']}], CPU-s (scaled): {n['report']} reports "
+            f"{f['per_1000_reports']:.3f} ({sc['per_1000_reports']:.3f})/1000, "
+            f"{n['submit']} submissions {f['per_1000_submissions']:.3f} ({sc['per_1000_submissions']:.3f})/1000, "
+            f"{n['pass']} passes {f['per_pass'] * 1e3:.2f} ({sc['per_pass'] * 1e3:.2f}) ms each "
+            f"({r['placed']} placed), {n['start']} starts {f['per_1000_starts']:.3f}/1000, "
+            f"{r['parts_ended']} part ends in {n['end']} events {f['per_1000_end_events']:.3f}/1000; "
+            f"total {r['total_cpu_s']:.2f} CPU-s ({r['unattributed_cpu_s']:+.3f} between events), "
+            f"calibration slice median {r['calibration']['slice_ms'].get('median', 0):.3f} ms; "
+            f"replay {r['wall_s']:.1f} s wall, whole run {r['run_wall_s']:.1f} s; {r['machine']}"
         )
     return 0
 
