@@ -106,7 +106,8 @@ def launch_for(
         gpu_indices=gpus,
         device_nodes=tuple(sampler.device_nodes(list(gpus))) if sampler and gpus else (),
         cpus=cpus,
-        ram=spec.request.ram or None,
+        # --mem=0 (ram 0): the member's whole RAM, which the placement gave the job.
+        ram=spec.request.ram or (member.ram if member and member.ram else None),
         time_limit=spec.time_limit,
         node_rank=member.rank if member else 0,
         nnodes=max(1, len(members)),

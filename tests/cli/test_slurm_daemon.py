@@ -694,8 +694,11 @@ def test_mem_0_gives_the_job_all_of_its_members_memory(host) -> None:
     the job is allocated the member's RealMemory and holds the member whole."""
     rc, out, err = run(host, "sam", "scontrol", "-o", "show", "node")
     real = int(dict(f.split("=", 1) for f in out.split())["RealMemory"])
-    jid = sbatch(host, "sam", "#!/bin/sh\ntrue\n", "--mem=0")
+    jid = sbatch(host, "sam", "#!/bin/sh\necho MEM=$SLURM_MEM_PER_NODE\n", "--mem=0")
     j = wait_end(host, "sam", jid)
     assert j["state"] == "COMPLETED" and j["alloc_ram"] >> 20 == real, j
+    # As Slurm's: the job's memory is the member's, in MiB.
+    rc, out, err = run(host, "sam", "cat", j["stdout"])
+    assert f"MEM={real}" in out, (out, err)
     rc, out, err = run(host, "sam", "scontrol", "-o", "show", "job", jid)
     assert "MinMemoryNode=0" in out and "OverSubscribe=NO" in out, out
