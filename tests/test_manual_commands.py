@@ -35,6 +35,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +207,18 @@ def _write(block: Block, step: Step, host: Host, key: Path, work: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def settle(host: Host, timeout: float = 15) -> None:
+    """Wait until no GPU without a job shows VRAM in use: the host's measured use (taken
+    every USAGE_SAMPLE_INTERVAL) has caught up with the jobs the blocks before ended, as
+    it has for someone who reads the text between two examples."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = host.api("nodes")["result"]
+        if all(g["vram_used"] == 0 for n in nodes for g in n["gpus"] if not g["jobs"]):
+            return
+        time.sleep(0.2)
+
+
 #: The job ids the manual showed as given, with those the daemon gave: a block goes on
 #: with the jobs of the blocks before it (the examples run in the manual's order).
 JOB_IDS: dict[str, str] = {}
@@ -215,6 +228,7 @@ JOB_IDS: dict[str, str] = {}
 @pytest.mark.parametrize("block", RUN, ids=[f"manual.md:{b.line}" for b in RUN])
 def test_the_manual_example_works_as_shown(block: Block, gpu01: tuple[Host, Path, Path]) -> None:
     host, key, work = gpu01
+    settle(host)
     ids = JOB_IDS
     for step in block.steps:
         if re.fullmatch(r"cat \S+", step.command) and step.output:
