@@ -272,6 +272,20 @@ def exec_argv(info: dict[str, Any], cmd: list[str], tty: bool) -> list[str]:
     return argv + [info["container"], *(cmd or login)]
 
 
+def join_reservation(api: Any, info: dict[str, Any]) -> None:
+    """Move this process into the cgroups of the job that holds the workspace's
+    reservation (``job.adopt``), so that what ``podman exec`` starts inside is bound
+    by the reservation (its GPUs, its memory) as the container is, never by the
+    session's cgroup, which denies every GPU. Refuses rather than run outside it."""
+    jid = info.get("reservation")
+    if not jid:
+        raise SystemExit(
+            f"{PROG}: workspace {info['name']} holds no reservation on this server; "
+            f"`mt-container start {info['name']}` reserves again"
+        )
+    api.call("job.adopt", job_id=jid, pid=os.getpid())
+
+
 def cmd_shell(args: argparse.Namespace, api: Any) -> int:
     info = api.call("workspace.shell", name=args.name)
     env = podman_env(info)
@@ -293,15 +307,15 @@ def cmd_shell(args: argparse.Namespace, api: Any) -> int:
             },
         )
         return 0
-    if not tty or args.no_tmux:
+    if not tty or args.no_tmux or shutil.which("tmux") is None:
+        if tty and not args.no_tmux:
+            print(f"{PROG}: tmux is not installed here; running without it", file=sys.stderr)
+        join_reservation(api, info)
         os.execve(argv[0], argv, env)
-    tmux = shutil.which("tmux")
-    if tmux is None:
-        print(f"{PROG}: tmux is not installed here; running without it", file=sys.stderr)
-        os.execve(argv[0], argv, env)
-    # The pane starts from the tmux server's environment: podman's variables go with it.
+    # The pane runs this command again without tmux: it joins the reservation itself
+    # (the tmux server, which starts it, is in the session's cgroup).
     pane = shlex.join(
-        ["env", *(f"{k}={env[k]}" for k in ("XDG_RUNTIME_DIR", "CONTAINERS_STORAGE_CONF") if k in env), *argv]
+        [sys.executable, "-P", "-m", "mtgpu.cli.container", "shell", "--no-tmux", args.name, "--", *cmd]
     )
     # The tenant's tmux is mtgpu.tmux's to drive: it opens the window and attaches.
     window = [

@@ -858,6 +858,8 @@ class Workspaces:
             "storage_conf": t.storage_conf,
             "podman": getattr(self.runtime, "binary", "podman"),
             "home": t.home,
+            # The job holding its reservation here, which the shell joins (job.adopt).
+            "reservation": v.get("reservation"),
         }
 
     async def policy_view(self, user: str, uid: int) -> dict[str, Any]:

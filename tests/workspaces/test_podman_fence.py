@@ -107,5 +107,29 @@ def test_a_workspace_runs_in_its_reservations_cgroups_not_the_sessions(ws_host) 
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         assert f"mtgpu_job_{job}_" in cgroup, cgroup
         assert f"tenant-{ws_host.uid}" not in cgroup, cgroup
+        # What `mt-container shell` runs inside (from the session, whose cgroup denies
+        # every GPU) is in the reservation's cgroups too: the shell joins them first.
+        shell = subprocess.Popen(
+            ws_host.host.ssh_argv(ws_host.user, ws_host.key, "mt-container shell boxed -- sleep 60"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            inside = wait_for(
+                lambda: next(
+                    (p for p, cmd in procs_of(ws_host.uid).items() if cmd.strip() == "sleep 60"), None
+                ),
+                60,
+                "the shell's command to run in the workspace",
+            )
+            cgroup = Path(f"/proc/{inside}/cgroup").read_text()
+            lines = {ln.split(":")[1]: ln.split(":", 2)[2] for ln in cgroup.splitlines()}
+            # The walls (devices, memory, pids; v2's one hierarchy) are the reservation's.
+            walls = [c for c in ("devices", "memory", "pids") if c in lines] or [""]
+            assert all(f"mtgpu_job_{job}_" in lines[c] for c in walls), cgroup
+        finally:
+            shell.kill()
+            shell.wait()
     finally:
         ws_host.ssh("mt-container", "rm", "boxed")
