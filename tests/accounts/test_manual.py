@@ -32,10 +32,11 @@ def test_the_configuration_example_loads() -> None:
 
 
 def test_the_quoted_duplicate_refusal_is_real() -> None:
-    quoted = re.search(r"mtgpu-server: (/etc/mtgpu/mtgpu.yaml:3: DATASETS_DIRECTORIES.*)", section()).group(1)
+    quoted = re.search(r"mtgpu-server: (site.yaml:4: DATASETS_DIRECTORIES.*)", section()).group(1)
     with pytest.raises(ConfigError) as info:
         load_text(
-            "DATASETS_DIRECTORIES:\n  - /srv/a/imagenet\n  - /mnt/b/imagenet\n", "/etc/mtgpu/mtgpu.yaml"
+            "SERVER_NAME: gpu01\nDATASETS_DIRECTORIES:\n  - /srv/a/imagenet\n  - /mnt/b/imagenet\n",
+            "site.yaml",
         )
     assert str(info.value) == quoted
 
