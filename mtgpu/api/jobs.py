@@ -915,15 +915,7 @@ def register(d: Dispatcher, host: JobHost) -> None:
         }
 
     async def set_held(caller: Caller, args: dict[str, Any], held: bool) -> dict[str, Any]:
-        ids = arg(args, "job_ids", list)
-        if not 0 < len(ids) <= MAX_CANCEL_IDS:
-            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs")
-        targets, missing = [], []
-        for raw in ids:
-            tasks = [j for j in host.jobs.tasks_of(str(raw)) if _own(caller, j)]
-            if not tasks:
-                missing.append(str(raw))
-            targets += [t["job_id"] for t in tasks]
+        targets, missing = own_tasks(caller, arg(args, "job_ids", list))
         if not targets:
             raise ApiError(f"no job {', '.join(missing)} of yours", "not_found")
         r = await host.replicate(host.jobs.set_held, targets, held)
@@ -938,10 +930,10 @@ def register(d: Dispatcher, host: JobHost) -> None:
         """Release held jobs, so that the queue considers them."""
         return await set_held(caller, args, False)
 
-    def own_tasks(caller: Caller, ids: list[Any], what: str) -> tuple[list[str], list[str]]:
+    def own_tasks(caller: Caller, ids: list[Any], what: str = "") -> tuple[list[str], list[str]]:
         """The jobs (an array's id: its tasks) that ``ids`` name, and the ids naming none."""
         if not 0 < len(ids) <= MAX_CANCEL_IDS:
-            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs to {what}")
+            raise ValidationError(f"name 1 to {MAX_CANCEL_IDS} jobs" + (f" to {what}" if what else ""))
         targets, missing = [], []
         for raw in ids:
             tasks = [j for j in host.jobs.tasks_of(str(raw)) if _own(caller, j)]

@@ -579,19 +579,9 @@ class JobTable(SyncObjConsumer):
     def set_held(self, job_ids: list[str], held: bool) -> dict[str, Any]:
         """Hold pending jobs (the queue passes them over) or release them (sbatch's
         --hold, ``mt-job release``). Jobs no longer pending are in ``not_pending``."""
-        changed, not_pending = [], []
-        for jid in job_ids:
-            j = self.jobs.get(jid)
-            if j is None:
-                continue
-            if j["state"] != PENDING:
-                not_pending.append(jid)
-            elif bool(j.get("held")) != held:
-                self._put({**j, "held": held})
-                changed.append(jid)
-        if changed:
-            self.pending_version += 1
-        return {"changed": changed, "not_pending": not_pending}
+        return self._change_pending(
+            job_ids, lambda j: {**j, "held": held} if bool(j.get("held")) != held else None
+        )
 
     @replicated
     def update(self, job_ids: list[str], changes: dict[str, Any]) -> dict[str, Any]:
@@ -600,6 +590,15 @@ class JobTable(SyncObjConsumer):
         ``not_pending``: a running job's limit is its member's to enforce since it
         started."""
         changes = {k: v for k, v in changes.items() if k in ("time_limit", "priority")}
+        return self._change_pending(
+            job_ids, lambda j: {**j, "spec": {**j["spec"], **changes}} if changes else None
+        )
+
+    def _change_pending(
+        self, job_ids: list[str], change: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> dict[str, Any]:
+        """Put ``change(job)`` for each pending job of ``job_ids`` (None: unchanged);
+        the others that exist are in ``not_pending``."""
         changed, not_pending = [], []
         for jid in job_ids:
             j = self.jobs.get(jid)
@@ -607,8 +606,8 @@ class JobTable(SyncObjConsumer):
                 continue
             if j["state"] != PENDING:
                 not_pending.append(jid)
-            elif changes:
-                self._put({**j, "spec": {**j["spec"], **changes}})
+            elif (new := change(j)) is not None:
+                self._put(new)
                 changed.append(jid)
         if changed:
             self.pending_version += 1

@@ -429,9 +429,7 @@ class TenantNetwork:
         if r.returncode != 0:
             return False
         ifindex = r.stdout.split(":", 1)[0].strip()
-        links = self._run(
-            [str(self.tools["nsenter"]), f"--net={path}", "--", ip, "-o", "link", "show", "eth0"], check=False
-        )
+        links = self._run([*self._enter(path), ip, "-o", "link", "show", "eth0"], check=False)
         if links.returncode != 0 or f"eth0@if{ifindex}:" not in links.stdout:
             return False
         tenant = self._tenant_address(path)
@@ -488,7 +486,7 @@ class TenantNetwork:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         self._run([str(self.tools["unshare"]), f"--net={path}", "true"])
         host, tenant = block(self.subnet, self._slot(uid))
-        inside = [str(self.tools["nsenter"]), f"--net={path}", "--", ip]
+        inside = [*self._enter(path), ip]
         self._run([ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", path])
         self._ipv4_only(veth, path)
         self._run([ip, "addr", "add", f"{host}/30", "dev", veth])
@@ -577,18 +575,7 @@ class TenantNetwork:
 
     def _tenant_address(self, path: str) -> str | None:
         r = self._run(
-            [
-                str(self.tools["nsenter"]),
-                f"--net={path}",
-                "--",
-                str(self.tools["ip"]),
-                "-o",
-                "-4",
-                "addr",
-                "show",
-                "dev",
-                "eth0",
-            ],
+            [*self._enter(path), str(self.tools["ip"]), "-o", "-4", "addr", "show", "dev", "eth0"],
             check=False,
         )
         for word in r.stdout.split():
@@ -658,13 +645,21 @@ class TenantNetwork:
                         self._run([ipt, "-w", "-t", table, "-C", chain, *spec], check=False).returncode == 0
                     )
 
-    def _delete_rules(self, note: str, tables: tuple[str, ...] = ("filter",)) -> None:
-        """Delete every rule whose comment is ``note`` (this daemon's tag in it)."""
-        ipt = str(self.tools["iptables"])
+    def _delete_rules(
+        self, note: str, tables: tuple[str, ...] = ("filter",), *, prefix: bool = False, path: str = ""
+    ) -> None:
+        """Delete every rule whose comment is ``note`` (this daemon's tag in it), or
+        begins with it (``prefix``), in the namespace at ``path`` (default: ours)."""
+        ipt = [*(self._enter(path) if path else []), str(self.tools["iptables"]), "-w"]
+        quoted = f'"{note}' if prefix else f'"{note}"'
         for table in tables:
-            for line in self._run([ipt, "-w", "-t", table, "-S"], check=False).stdout.splitlines():
-                if line.startswith("-A ") and f'"{note}"' in line:
-                    self._run([ipt, "-w", "-t", table, "-D", *shlex.split(line)[1:]], check=False)
+            for line in self._run([*ipt, "-t", table, "-S"], check=False).stdout.splitlines():
+                if line.startswith("-A ") and quoted in line:
+                    self._run([*ipt, "-t", table, "-D", *shlex.split(line)[1:]], check=False)
+
+    def _enter(self, path: str) -> list[str]:
+        """The argv prefix that runs a command in the network namespace at ``path``."""
+        return [str(self.tools["nsenter"]), f"--net={path}", "--"]
 
     def _remove_tagged_rules(self, uid: int) -> None:
         """Every rule of ``uid`` this daemon made, whatever address it named."""
@@ -698,7 +693,7 @@ class TenantNetwork:
         path = self.namespace(uid)
         assert path is not None
         ip, bridge = str(self.tools["ip"]), str(self.tools["bridge"])
-        inside = [str(self.tools["nsenter"]), f"--net={path}", "--", ip]
+        inside = [*self._enter(path), ip]
         try:
             addrs = [socket.gethostbyname(m) for m in members]
             for line in self._run([*inside, "-o", "-4", "addr", "show"]).stdout.splitlines():
@@ -739,7 +734,7 @@ class TenantNetwork:
             self._run([*inside, "-batch", "-"], stdin_text="\n".join(neigh) + "\n")
             self._run([*inside, "link", "set", plan.dev, "up"])
             if ports[0] and self.tools["iptables"]:
-                nat = [str(self.tools["nsenter"]), f"--net={path}", "--", str(self.tools["iptables"]), "-w"]
+                nat = [*self._enter(path), str(self.tools["iptables"]), "-w"]
                 note = ["-m", "comment", "--comment", f"mtgpu-jobnet {plan.dev}"]
                 for r, a in enumerate(addrs):
                     self._run(
@@ -782,13 +777,9 @@ class TenantNetwork:
             return
         path = self.path(uid)
         if os.path.ismount(path):
-            enter = [str(self.tools["nsenter"]), f"--net={path}", "--"]
-            self._run([*enter, str(self.tools["ip"]), "link", "del", dev], check=False)
+            self._run([*self._enter(path), str(self.tools["ip"]), "link", "del", dev], check=False)
             if self.tools["iptables"]:
-                ipt = [*enter, str(self.tools["iptables"]), "-w", "-t", "nat"]
-                for line in self._run([*ipt, "-S"], check=False).stdout.splitlines():
-                    if line.startswith("-A ") and f'"mtgpu-jobnet {dev}"' in line:
-                        self._run([*ipt, "-D", *shlex.split(line)[1:]], check=False)
+                self._delete_rules(f"mtgpu-jobnet {dev}", ("nat",), path=path)
         log.info("job %s: its network %s removed", job_id, dev)
 
     def _job_links(self) -> dict[str, int]:
@@ -796,23 +787,10 @@ class TenantNetwork:
         (:attr:`JobNet.dev`) -> uid."""
         out: dict[str, int] = {}
         if self.tools["iptables"]:  # an earlier version walled rendezvous ports off instead
-            ipt = str(self.tools["iptables"])
-            for line in self._run([ipt, "-w", "-S"], check=False).stdout.splitlines():
-                if line.startswith("-A ") and f"mtgpu-job {self.tag} " in line:
-                    self._run([ipt, "-w", "-D", *shlex.split(line)[1:]], check=False)
+            self._delete_rules(f"mtgpu-job {self.tag} ", prefix=True)
         for uid in self.known():
-            path = self.path(uid)
             r = self._run(
-                [
-                    str(self.tools["nsenter"]),
-                    f"--net={path}",
-                    "--",
-                    str(self.tools["ip"]),
-                    "-o",
-                    "link",
-                    "show",
-                ],
-                check=False,
+                [*self._enter(self.path(uid)), str(self.tools["ip"]), "-o", "link", "show"], check=False
             )
             for line in r.stdout.splitlines():
                 name = line.split(":", 2)[1].strip().split("@", 1)[0] if line.count(":") >= 2 else ""
